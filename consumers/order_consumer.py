@@ -1,0 +1,249 @@
+"""``flashsale consume``: the authoritative write of each queued order into MySQL.
+
+Per message, one transaction: INSERT the order (``pending_payment``) under ``UNIQUE(request_id)``,
+then ``UPDATE inventory SET stock = stock - q, sold = sold + q WHERE product_id = p AND stock >= q``.
+A duplicate request id (1062 on the insert) means the message was applied before: roll back and
+ack, no second decrement. An UPDATE that matches no row means MySQL has no stock: the order is
+recorded ``rejected`` (reason ``sold_out``) so the buyer sees a final answer. Deadlocks (1213) and
+lock wait timeouts (1205) retry the whole transaction with backoff. The message is acked only
+after the commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import signal
+from enum import Enum
+
+import aio_pika
+import msgspec
+import structlog
+from aio_pika.abc import AbstractIncomingMessage
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from db.engine import as_duplicate_key, is_retryable
+from db.models import OrderStatus
+from service.broker import OrderMessage, decode_order, declare_topology
+from service.keys import ProductKeys
+from service.order_no import is_valid_order_no
+from service.scripts import Scripts
+from service.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+MAX_TRANSACTION_ATTEMPTS = 6
+_REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
+_USER_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+
+_INSERT_ORDER = text(
+    "INSERT INTO orders (order_no, request_id, user_id, product_id, quantity, amount, status)"
+    " SELECT :order_no, :request_id, :user_id, p.id, :quantity, p.price * :quantity, :status"
+    " FROM products p WHERE p.id = :product_id"
+)
+_TAKE_STOCK = text(
+    "UPDATE inventory SET stock = stock - :quantity, sold = sold + :quantity, version = version + 1"
+    " WHERE product_id = :product_id AND stock >= :quantity"
+)
+_REJECT_ORDER = text("UPDATE orders SET status = :to_status, reason = :reason WHERE id = :id AND status = :from_status")
+_LOG_STATUS = text(
+    "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
+    " VALUES (:order_id, :from_status, :to_status, :reason)"
+)
+
+
+class Outcome(Enum):
+    """What one message did to MySQL."""
+
+    APPLIED = "applied"  # order pending_payment, stock taken
+    REJECTED = "rejected"  # order rejected/sold_out, no stock taken
+    DUPLICATE = "duplicate"  # already applied before; nothing written
+    UNKNOWN_PRODUCT = "unknown_product"  # nothing written
+
+
+class InvalidOrder(ValueError):
+    """A message that is not a well-formed order; it is dead-lettered at once."""
+
+
+class _Rollback(Exception):
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+
+def parse_order(body: bytes) -> OrderMessage:
+    """Decode and check a message body.
+
+    Raises:
+        InvalidOrder: not JSON of the order shape, or a field out of its domain.
+    """
+    try:
+        order = decode_order(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InvalidOrder(str(exc)) from exc
+    if not (
+        _REQUEST_ID.match(order.request_id)
+        and is_valid_order_no(order.order_no)
+        and _USER_ID.match(order.user_id)
+        and order.product_id > 0
+        and order.quantity > 0
+    ):
+        raise InvalidOrder("field out of domain")
+    return order
+
+
+async def apply_order(engine: AsyncEngine, order: OrderMessage) -> Outcome:
+    """Write one order in one transaction (see the module docstring); retried on 1213/1205.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted.
+        db.engine.DuplicateKeyError: the order number exists under another request id.
+    """
+    for attempt in range(1, MAX_TRANSACTION_ATTEMPTS + 1):
+        try:
+            return await _apply_once(engine, order)
+        except DBAPIError as exc:
+            if not is_retryable(exc) or attempt == MAX_TRANSACTION_ATTEMPTS:
+                raise
+            delay = min(0.02 * 2**attempt, 1.0) * (0.5 + random.random())
+            log.info("transaction_retry", request_id=order.request_id, attempt=attempt, delay=round(delay, 3))
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+async def _apply_once(engine: AsyncEngine, order: OrderMessage) -> Outcome:
+    params = {
+        "order_no": order.order_no,
+        "request_id": order.request_id,
+        "user_id": order.user_id,
+        "product_id": order.product_id,
+        "quantity": order.quantity,
+        "status": OrderStatus.PENDING_PAYMENT,
+    }
+    try:
+        async with engine.begin() as conn:
+            try:
+                inserted = await conn.execute(_INSERT_ORDER, params)
+            except IntegrityError as exc:
+                duplicate = as_duplicate_key(exc)
+                if duplicate is None:
+                    raise
+                if duplicate.key != "uq_orders_request_id":
+                    raise duplicate from exc
+                raise _Rollback(Outcome.DUPLICATE) from None
+            if inserted.rowcount == 0:
+                raise _Rollback(Outcome.UNKNOWN_PRODUCT)
+            order_id = inserted.lastrowid
+            await conn.execute(
+                _LOG_STATUS, {"order_id": order_id, "from_status": None, "to_status": OrderStatus.PENDING_PAYMENT, "reason": None}
+            )
+            # rowcount is matched rows on MySQL dialects; matched is what "had stock" means here.
+            if (await conn.execute(_TAKE_STOCK, params)).rowcount == 1:
+                return Outcome.APPLIED
+            change = {"from_status": OrderStatus.PENDING_PAYMENT, "to_status": OrderStatus.REJECTED, "reason": "sold_out"}
+            await conn.execute(_REJECT_ORDER, {"id": order_id, **change})
+            await conn.execute(_LOG_STATUS, {"order_id": order_id, **change})
+            return Outcome.REJECTED
+    except _Rollback as rollback:
+        return rollback.outcome
+
+
+class OrderConsumer:
+    """Handles deliveries from the order queue; tracks the ones in hand for a clean shutdown."""
+
+    def __init__(self, engine: AsyncEngine, redis: Redis, scripts: Scripts, key_prefix: str) -> None:
+        self._engine = engine
+        self._redis = redis
+        self._scripts = scripts
+        self._prefix = key_prefix
+        self._in_hand: set[asyncio.Task[None]] = set()
+        self.counts: dict[str, int] = {}
+
+    @property
+    def in_hand(self) -> int:
+        """Deliveries being processed right now."""
+        return len(self._in_hand)
+
+    def _count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    async def _claim(self, order: OrderMessage) -> str:
+        keys = ProductKeys(self._prefix, order.product_id)
+        try:
+            return await self._scripts.claim(keys=[keys.journal, keys.replay(order.request_id)], args=[order.request_id])
+        except RedisError as exc:
+            # Without Redis, MySQL's unique request id still decides: never drop an order for it.
+            log.warning("claim_failed", request_id=order.request_id, error=repr(exc))
+            return "unknown"
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        """Process one delivery; ack after commit, dead-letter what can never be applied."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._in_hand.add(task)
+        try:
+            await self._handle(message)
+        finally:
+            self._in_hand.discard(task)
+
+    async def _handle(self, message: AbstractIncomingMessage) -> None:
+        try:
+            order = parse_order(message.body)
+        except InvalidOrder as exc:
+            log.error("dead_lettered_invalid", message_id=message.message_id, error=str(exc))
+            self._count("invalid")
+            await message.reject(requeue=False)
+            return
+        if await self._claim(order) == "released":
+            # The API gave this reservation back (publish failed) and told the buyer 503.
+            self._count("released")
+            await message.ack()
+            return
+        try:
+            outcome = await apply_order(self._engine, order)
+        except Exception as exc:
+            # Requeued; the quorum queue's delivery limit dead-letters it after bounded attempts.
+            log.error("apply_failed", request_id=order.request_id, error=repr(exc))
+            self._count("failed")
+            await message.nack(requeue=True)
+            return
+        if outcome is Outcome.UNKNOWN_PRODUCT:
+            log.error("unknown_product", request_id=order.request_id, product_id=order.product_id)
+            self._count(outcome.value)
+            await message.nack(requeue=True)
+            return
+        self._count(outcome.value)
+        await message.ack()
+
+    async def drain(self) -> None:
+        """Wait for every delivery in hand to finish (used on SIGTERM)."""
+        while self._in_hand:
+            await asyncio.gather(*list(self._in_hand), return_exceptions=True)
+
+
+async def run_consumer(settings: Settings, engine: AsyncEngine, redis: Redis, scripts: Scripts, prefetch: int) -> None:
+    """Consume until SIGTERM/SIGINT, then stop taking messages, finish those in hand, and return."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    consumer = OrderConsumer(engine, redis, scripts, settings.redis.key_prefix)
+    connection = await aio_pika.connect_robust(settings.amqp.url)
+    try:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=prefetch)
+        _, queue = await declare_topology(channel, settings.amqp)
+        tag = await queue.consume(consumer.handle)
+        log.info("consuming", queue=settings.amqp.queue, prefetch=prefetch)
+        await stop.wait()
+        log.info("stopping", in_hand=consumer.in_hand)
+        await queue.cancel(tag)
+        await consumer.drain()
+    finally:
+        await connection.close()
+        log.info("stopped", **consumer.counts)

@@ -1,0 +1,188 @@
+"""Realignment: make Redis stock = MySQL stock - units of reservations MySQL has not resolved.
+
+Exact while the sale is live. Per product:
+
+1. Open one consistent MySQL snapshot (REPEATABLE READ, ``START TRANSACTION WITH CONSISTENT
+   SNAPSHOT``) and read the product's stock in it.
+2. Read the product's reservation journal from Redis.
+3. In the same snapshot, find which of those request ids have an order row (resolved).
+4. One Lua call (``realign.lua``) drops the resolved entries and sets
+   ``stock = snapshot stock - units of every entry still in the journal``.
+
+Opening the snapshot before reading the journal is what makes it exact: an entry added after
+the journal read was reserved after the snapshot began, so it cannot be in the snapshot and is
+rightly counted as unresolved; an entry the snapshot has not seen resolved is counted as in
+flight, and a consumer committing it after the snapshot does not change the result (its
+decrement is not in the snapshot stock either).
+
+A journal entry older than the grace period with no order row was accepted but its message
+never reached MySQL (e.g. the API died between reserve and publish): it is published again; the
+consumer's ``UNIQUE(request_id)`` makes that safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+import structlog
+from redis.asyncio import Redis
+from sqlalchemy import bindparam, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from db.models import OrderStatus
+from service.broker import OrderMessage, PublishFailed, Publisher
+from service.keys import ProductKeys
+from service.scripts import Scripts
+
+log = structlog.get_logger(__name__)
+
+_ORDERS_BY_REQUEST_ID = text("SELECT request_id, status FROM orders WHERE request_id IN :ids").bindparams(
+    bindparam("ids", expanding=True)
+)
+_CHUNK = 1000
+
+
+class RealignReport(msgspec.Struct, frozen=True):
+    """One product's realignment. Stock and units in units; ``redis_stock_before`` is None when
+    the product was not loaded in Redis. ``drift`` = before - after (None when not loaded)."""
+
+    product_id: int
+    mysql_stock: int
+    mysql_sold: int
+    redis_stock_before: int | None
+    redis_stock_after: int
+    in_flight: int
+    in_flight_units: int
+    drift: int | None
+    resolved_dropped: int
+    republished: int
+    dry_run: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """One reservation in a product's journal (``reserved_at_ms`` in Unix milliseconds)."""
+
+    request_id: str
+    user_id: str
+    quantity: int
+    order_no: str
+    reserved_at_ms: int
+
+
+def parse_journal(raw: dict[str, str]) -> list[JournalEntry]:
+    """Journal hash (request id -> ``user|quantity|order_no|reserved_at_ms|claimed``) to entries."""
+    entries = []
+    for request_id, value in raw.items():
+        user_id, quantity, order_no, reserved_at_ms, _claimed = value.rsplit("|", 4)
+        entries.append(JournalEntry(request_id, user_id, int(quantity), order_no, int(reserved_at_ms)))
+    return entries
+
+
+class Realigner:
+    """Runs realignment passes; ``publisher`` may be None (then nothing is re-published)."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        redis: Redis,
+        scripts: Scripts,
+        key_prefix: str,
+        grace_seconds: float,
+        publisher: Publisher | None = None,
+    ) -> None:
+        self._engine = engine
+        self._redis = redis
+        self._scripts = scripts
+        self._prefix = key_prefix
+        self._grace_ms = int(grace_seconds * 1000)
+        self._publisher = publisher
+
+    async def product_ids(self) -> list[int]:
+        """Every product that has an inventory row."""
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(text("SELECT product_id FROM inventory ORDER BY product_id"))
+            return [row[0] for row in rows]
+
+    async def realign_all(self, dry_run: bool = False) -> list[RealignReport]:
+        """One pass over every product."""
+        return [await self.realign(product_id, dry_run) for product_id in await self.product_ids()]
+
+    async def realign(self, product_id: int, dry_run: bool = False) -> RealignReport:
+        """One exact pass for one product (see the module docstring).
+
+        Raises:
+            LookupError: the product has no inventory row in MySQL.
+        """
+        keys = ProductKeys(self._prefix, product_id)
+        async with self._engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="REPEATABLE READ")
+            await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            row = (
+                await conn.execute(
+                    text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id}
+                )
+            ).first()
+            if row is None:
+                await conn.rollback()
+                raise LookupError(f"product {product_id} has no inventory row")
+            mysql_stock, mysql_sold = row
+            journal = parse_journal(await self._redis.hgetall(keys.journal))
+            ids = [entry.request_id for entry in journal]
+            resolved: dict[str, int] = {}
+            for start in range(0, len(ids), _CHUNK):
+                rows = await conn.execute(_ORDERS_BY_REQUEST_ID, {"ids": ids[start : start + _CHUNK]})
+                resolved.update({request_id: status for request_id, status in rows})
+            await conn.rollback()
+
+        pairs: list[str] = []
+        for request_id, status in resolved.items():
+            pairs += [request_id, "rejected" if status == OrderStatus.REJECTED else "applied"]
+        before, after, in_flight, units, dropped = await self._scripts.realign(
+            keys=[keys.stock, keys.journal, keys.quota], args=[mysql_stock, "0" if dry_run else "1", *pairs]
+        )
+        redis_before = int(before) if before != "" else None
+
+        republished = 0
+        if not dry_run and self._publisher is not None:
+            seconds, micros = await self._redis.time()
+            cutoff = seconds * 1000 + micros // 1000 - self._grace_ms
+            stale = [e for e in journal if e.request_id not in resolved and e.reserved_at_ms < cutoff]
+            republished = await self._republish(keys, product_id, stale)
+
+        report = RealignReport(
+            product_id=product_id,
+            mysql_stock=mysql_stock,
+            mysql_sold=mysql_sold,
+            redis_stock_before=redis_before,
+            redis_stock_after=int(after),
+            in_flight=int(in_flight),
+            in_flight_units=int(units),
+            drift=None if redis_before is None else redis_before - int(after),
+            resolved_dropped=int(dropped),
+            republished=republished,
+            dry_run=dry_run,
+        )
+        log.info("realigned", **msgspec.structs.asdict(report))
+        return report
+
+    async def _republish(self, keys: ProductKeys, product_id: int, stale: list[JournalEntry]) -> int:
+        assert self._publisher is not None
+        count = 0
+        for entry in stale:
+            message = OrderMessage(
+                entry.request_id, entry.order_no, entry.user_id, product_id, entry.quantity, entry.reserved_at_ms
+            )
+            try:
+                await self._publisher.publish(message)
+            except PublishFailed:
+                log.warning("republish_failed", request_id=entry.request_id)
+                continue
+            count += 1
+            replay = keys.replay(entry.request_id)
+            if await self._redis.hget(replay, "state") == "pending":
+                await self._redis.hset(replay, "state", "queued")
+        if count:
+            log.warning("republished_stale_reservations", product_id=product_id, count=count)
+        return count

@@ -1,0 +1,1 @@
+"""The authoritative store: SQLAlchemy models, engine, Alembic migrations."""

@@ -1,0 +1,52 @@
+"""Async engine and typed MySQL errors (the idea of advanced-alchemy's 1062 mapping)."""
+
+from __future__ import annotations
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from service.settings import DBSettings
+
+ER_DUP_ENTRY = 1062
+ER_LOCK_WAIT_TIMEOUT = 1205
+ER_LOCK_DEADLOCK = 1213
+
+
+class DuplicateKeyError(Exception):
+    """An INSERT hit a UNIQUE index (MySQL error 1062); ``key`` names the index when known."""
+
+    def __init__(self, key: str | None, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def mysql_errno(exc: BaseException) -> int | None:
+    """The MySQL error number behind a SQLAlchemy/asyncmy exception, if any."""
+    orig = getattr(exc, "orig", None)
+    args = getattr(orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Deadlock (1213) or lock wait timeout (1205): the whole transaction may be retried."""
+    return isinstance(exc, DBAPIError) and mysql_errno(exc) in (ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT)
+
+
+def as_duplicate_key(exc: DBAPIError) -> DuplicateKeyError | None:
+    """A :class:`DuplicateKeyError` for a 1062 error (``key`` parsed from "for key 'name'"), else None."""
+    if mysql_errno(exc) != ER_DUP_ENTRY:
+        return None
+    message = str(getattr(exc, "orig", exc))
+    key = message.rsplit("for key '", 1)[1].split("'", 1)[0] if "for key '" in message else None
+    return DuplicateKeyError(key.rsplit(".", 1)[-1] if key else None, message)
+
+
+def make_engine(settings: DBSettings) -> AsyncEngine:
+    """One pooled engine per process (no connection set-up per request)."""
+    return create_async_engine(
+        settings.url,
+        pool_size=settings.pool_size,
+        max_overflow=settings.max_overflow,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+    )

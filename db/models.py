@@ -1,0 +1,97 @@
+"""Tables of the authoritative store. Money is BIGINT in minor currency units."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import IntEnum
+
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, UniqueConstraint, func
+from sqlalchemy.dialects.mysql import TINYINT
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class OrderStatus(IntEnum):
+    """Order status codes as stored in ``orders.status`` (TINYINT)."""
+
+    PENDING_PAYMENT = 0
+    PAID = 1
+    SHIPPED = 2
+    COMPLETED = 3
+    CANCELLED = 4
+    REFUNDING = 5
+    REFUNDED = 6
+    REJECTED = 7
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+
+class Product(Base):
+    """A product on sale: price in minor units, per-user limit (units), sale window (UTC, naive)."""
+
+    __tablename__ = "products"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(String(200))
+    price: Mapped[int] = mapped_column(BigInteger)
+    per_user_limit: Mapped[int] = mapped_column(Integer)
+    sale_starts_at: Mapped[datetime] = mapped_column(DateTime)
+    sale_ends_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class Inventory(Base):
+    """Stock of one product (seed "order system database design"): stock + sold is constant
+    except when stock is added or returned."""
+
+    __tablename__ = "inventory"
+
+    product_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("products.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    stock: Mapped[int] = mapped_column(Integer)
+    sold: Mapped[int] = mapped_column(Integer, default=0)
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp(), onupdate=func.current_timestamp())
+
+
+class Order(Base):
+    """One accepted purchase. ``request_id`` and ``order_no`` are both unique; amount in minor units."""
+
+    __tablename__ = "orders"
+    __table_args__ = (
+        Index("ix_orders_user_created", "user_id", "created_at"),
+        Index("ix_orders_status_created", "status", "created_at"),
+        UniqueConstraint("order_no", name="uq_orders_order_no"),
+        UniqueConstraint("request_id", name="uq_orders_request_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    order_no: Mapped[str] = mapped_column(String(26))
+    request_id: Mapped[str] = mapped_column(String(32))
+    user_id: Mapped[str] = mapped_column(String(64))
+    product_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("products.id"))
+    quantity: Mapped[int] = mapped_column(Integer)
+    amount: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[int] = mapped_column(TINYINT)
+    reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
+    updated_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp(), onupdate=func.current_timestamp())
+
+
+class OrderStatusLog(Base):
+    """Every status change of an order, written in the same transaction as the change."""
+
+    __tablename__ = "order_status_log"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    order_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("orders.id", ondelete="CASCADE"), index=True)
+    from_status: Mapped[int | None] = mapped_column(TINYINT, nullable=True)
+    to_status: Mapped[int] = mapped_column(TINYINT)
+    reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())

@@ -1,0 +1,42 @@
+-- Reserve stock for one purchase, atomically (the hot path: one round trip, accept or reject).
+-- KEYS[1] stock   KEYS[2] sale   KEYS[3] journal   KEYS[4] quota   KEYS[5] replay record
+-- ARGV[1] request id   ARGV[2] user id   ARGV[3] quantity   ARGV[4] order number to use
+-- ARGV[5] replay record ttl (seconds)
+-- Returns {outcome, order_no, reserved_at_ms}. outcome: reserved | replay | in_flight | key_reused |
+-- not_loaded | sale_not_active | over_limit | limit_exceeded | sold_out.
+-- Only 'reserved' writes anything.
+local quantity = tonumber(ARGV[3])
+local record = redis.call('HMGET', KEYS[5], 'quantity', 'order_no', 'state')
+local order_no = ARGV[4]
+if record[1] then
+  if tonumber(record[1]) ~= quantity then return {'key_reused', record[2]} end
+  if record[3] == 'queued' then return {'replay', record[2]} end
+  if record[3] == 'pending' then return {'in_flight', record[2]} end
+  -- 'released': the first attempt never took effect; a retry reuses its order number, so a
+  -- delayed copy of the first message and this retry describe one and the same order.
+  order_no = record[2]
+end
+
+local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit')
+local stock = redis.call('GET', KEYS[1])
+if not sale[1] or not stock then return {'not_loaded', ''} end
+
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local ends_ms = tonumber(sale[2])
+if now_ms < tonumber(sale[1]) or (ends_ms > 0 and now_ms >= ends_ms) then
+  return {'sale_not_active', ''}
+end
+
+local limit = tonumber(sale[3])
+if quantity > limit then return {'over_limit', ''} end
+local held = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '0')
+if held + quantity > limit then return {'limit_exceeded', ''} end
+if tonumber(stock) < quantity then return {'sold_out', ''} end
+
+redis.call('DECRBY', KEYS[1], quantity)
+redis.call('HINCRBY', KEYS[4], ARGV[2], quantity)
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. quantity .. '|' .. order_no .. '|' .. now_ms .. '|0')
+redis.call('HSET', KEYS[5], 'quantity', quantity, 'order_no', order_no, 'state', 'pending')
+redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
+return {'reserved', order_no, now_ms}

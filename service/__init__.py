@@ -1,0 +1,1 @@
+"""flashsale: the purchase API, its domain, settings and the ``flashsale`` CLI."""

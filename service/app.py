@@ -1,0 +1,65 @@
+"""``create_app()``: the Litestar application with its routes, DI, auth and problem details."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar, Router
+from litestar.config.app import AppConfig
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+from litestar.plugins import InitPluginProtocol
+
+from service.auth import make_jwt_auth
+from service.controllers.admin import AdminController
+from service.controllers.health import HealthController
+from service.controllers.orders import OrderController
+from service.controllers.products import ProductController
+from service.log_setup import configure_logging
+from service.problems import UNEXPECTED_ERROR_HANDLERS, problem_details_plugin
+from service.resources import Resources
+from service.settings import Settings, get_settings
+
+
+class FlashsalePlugin(InitPluginProtocol):
+    """Wires routes under ``/api/v1``, the per-process resources (DI), auth and error handling."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def on_app_init(self, app_config: AppConfig) -> AppConfig:
+        settings = self._settings
+        resources: dict[str, Resources] = {}
+
+        @asynccontextmanager
+        async def lifespan(_: Litestar) -> AsyncIterator[None]:
+            resources["current"] = await Resources.open(settings)
+            try:
+                yield
+            finally:
+                await resources.pop("current").close()
+
+        def provide_resources() -> Resources:
+            return resources["current"]
+
+        app_config.route_handlers.append(
+            Router(
+                "/api/v1",
+                route_handlers=[OrderController, ProductController, AdminController, HealthController],
+            )
+        )
+        app_config.lifespan.append(lifespan)
+        app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)
+        app_config.exception_handlers.update(UNEXPECTED_ERROR_HANDLERS)
+        return make_jwt_auth(settings.auth.jwt_secret).on_app_init(app_config)
+
+
+def create_app(settings: Settings | None = None) -> Litestar:
+    """The purchase API. ``settings`` defaults to the process settings (environment, ``.env``)."""
+    settings = settings or get_settings()
+    configure_logging(settings.log_level)
+    return Litestar(
+        plugins=[problem_details_plugin(), FlashsalePlugin(settings)],
+        openapi_config=OpenAPIConfig(title="flashsale", version="0.1.0", path="/schema"),
+    )

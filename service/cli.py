@@ -1,0 +1,153 @@
+"""The ``flashsale`` console script: serve, consume, realign, sale, migrate, product, token."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from datetime import datetime
+
+import click
+import msgspec
+
+from service.settings import get_settings
+
+
+def _run(coro):  # type: ignore[no-untyped-def]
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:  # pragma: no cover - platforms without uvloop
+        return asyncio.run(coro)
+
+
+@click.group()
+def main() -> None:
+    """flashsale: inventory-aware order service for flash sales."""
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64))
+def serve(host: str, port: int, workers: int) -> None:
+    """Run the purchase API (granian, WORKERS processes)."""
+    from granian import Granian
+    from granian.constants import Interfaces, Loops
+
+    Granian(
+        "service.app:create_app",
+        factory=True,
+        address=host,
+        port=port,
+        interface=Interfaces.ASGI,
+        workers=workers,
+        loop=Loops.uvloop,
+        backlog=4096,
+        log_access=False,
+    ).serve()
+
+
+@main.command()
+@click.option("--prefetch", default=None, type=click.IntRange(1, 10_000), help="Unacked messages in hand (default from settings).")
+def consume(prefetch: int | None) -> None:
+    """Write queued orders to MySQL (run as many as you like). Exits 0 on SIGTERM after finishing its messages."""
+    from consumers.order_consumer import run_consumer
+    from db.engine import make_engine
+    from service.log_setup import configure_logging
+    from service.resources import make_redis
+    from service.scripts import Scripts
+
+    settings = get_settings()
+    configure_logging(settings.log_level)
+    prefetch = prefetch or settings.amqp.prefetch
+
+    async def go() -> None:
+        engine = make_engine(settings.db)
+        redis = make_redis(settings)
+        try:
+            await run_consumer(settings, engine, redis, Scripts.register(redis), prefetch)
+        finally:
+            await redis.aclose()
+            await engine.dispose()
+
+    _run(go())
+
+
+@main.command()
+@click.option("--product", "product_id", type=int, default=None, help="Only this product.")
+@click.option("--dry-run", is_flag=True, help="Report without writing.")
+@click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array per pass.")
+def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json: bool) -> None:
+    """Make Redis stock = MySQL stock - reservations in flight (one pass, or --watch)."""
+    from service.realign_cli import run_realign
+
+    sys.exit(_run(run_realign(get_settings(), product_id, dry_run, watch, as_json)))
+
+
+@main.command()
+@click.option("--stock", default=1000, show_default=True, type=click.IntRange(1))
+@click.option("--requests", "requests_", default=50_000, show_default=True, type=click.IntRange(1))
+@click.option("--users", default=20_000, show_default=True, type=click.IntRange(1))
+@click.option("--concurrency", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--limit", "per_user_limit", default=2, show_default=True, type=click.IntRange(1), help="Per-user limit.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1), help="API workers to start.")
+@click.option("--consumers", default=2, show_default=True, type=click.IntRange(1), help="Consumer processes to start.")
+@click.option("--url", default=None, help="Target a running API instead of starting one (admin token from settings).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def sale(**options) -> None:  # type: ignore[no-untyped-def]
+    """Run a whole flash sale end to end on the real services and check every invariant."""
+    from service.sale import run_sale
+
+    sys.exit(_run(run_sale(get_settings(), **options)))
+
+
+@main.command()
+def migrate() -> None:
+    """Create the database if missing and upgrade the schema to head (Alembic)."""
+    from db.migrate import upgrade
+
+    url = get_settings().db.url
+    _run(upgrade(url))
+    click.echo(f"migrated {url.split('@')[-1]}")
+
+
+@main.group()
+def product() -> None:
+    """Products and their stock."""
+
+
+@product.command("set")
+@click.argument("product_id", type=click.IntRange(1))
+@click.option("--stock", required=True, type=click.IntRange(0))
+@click.option("--price", default=0, type=click.IntRange(0), help="Minor currency units.")
+@click.option("--limit", "per_user_limit", default=1, type=click.IntRange(1), help="Per-user limit (units).")
+@click.option("--name", default="")
+@click.option("--starts", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
+@click.option("--ends", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
+def product_set(
+    product_id: int, stock: int, price: int, per_user_limit: int, name: str, starts: datetime | None, ends: datetime | None
+) -> None:
+    """Create or update PRODUCT_ID and load its stock into Redis safely (never over live stock)."""
+    from service.catalog import ProductInput
+    from service.realign_cli import set_product_cli
+
+    data = ProductInput(stock=stock, price=price, per_user_limit=per_user_limit, name=name, sale_starts_at=starts, sale_ends_at=ends)
+    report = _run(set_product_cli(get_settings(), product_id, data))
+    click.echo(msgspec.json.encode(report).decode())
+
+
+@main.command()
+@click.option("--user", "user_id", required=True)
+@click.option("--admin", is_flag=True)
+@click.option("--ttl", default=None, type=click.IntRange(1), help="Seconds (default from settings).")
+def token(user_id: str, admin: bool, ttl: int | None) -> None:
+    """Print a JWT for USER (HS256 with FLASHSALE_AUTH__JWT_SECRET)."""
+    from service.auth import issue_token
+
+    settings = get_settings()
+    try:
+        click.echo(issue_token(settings.auth.jwt_secret, user_id, admin, ttl or settings.auth.token_ttl_seconds))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--user") from None

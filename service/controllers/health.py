@@ -1,0 +1,43 @@
+"""Liveness and readiness."""
+
+from __future__ import annotations
+
+import msgspec
+from litestar import Controller, Response, get
+from sqlalchemy import text
+
+from service.resources import Resources
+
+
+class Readiness(msgspec.Struct):
+    ready: bool
+    redis: bool
+    rabbitmq: bool
+    mysql: bool
+    shard: int | None
+
+
+class HealthController(Controller):
+    path = "/health"
+    tags = ["health"]
+
+    @get("/live", summary="The process is up")
+    async def live(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @get("/ready", summary="Redis runs the script, RabbitMQ has a channel, MySQL answers")
+    async def ready(self, resources: Resources) -> Response[Readiness]:
+        redis_ok = rabbit_ok = mysql_ok = False
+        try:
+            redis_ok = all(await resources.redis.script_exists(resources.scripts.reserve.sha)) and resources.lease.held
+        except Exception:
+            pass
+        rabbit_ok = resources.publisher.ready
+        try:
+            async with resources.engine.connect() as conn:
+                mysql_ok = (await conn.execute(text("SELECT 1"))).scalar() == 1
+        except Exception:
+            pass
+        ready = redis_ok and rabbit_ok and mysql_ok
+        body = Readiness(ready, redis_ok, rabbit_ok, mysql_ok, resources.lease.shard)
+        return Response(body, status_code=200 if ready else 503)

@@ -1,0 +1,96 @@
+"""Buyer routes: place an order (the purchase path) and read it back."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Controller, Request, Response, get, post
+from litestar.params import Parameter
+from msgspec import Meta
+
+from service.auth import User
+from service.catalog import PositiveId, product_exists
+from service.orders import OrderView, find_order
+from service.order_no import is_valid_order_no
+from service.problems import Problem, field_error
+from service.purchase import PurchaseRejected
+from service.request_id import is_valid_idempotency_key, mint_request_id, request_id_from_key
+from service.resources import Resources
+
+
+class PurchaseRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """``quantity`` in units, 1 to the product's per-user limit."""
+
+    product_id: PositiveId
+    quantity: Annotated[int, Meta(ge=1, le=2**31 - 1)]
+
+
+class OrderAccepted(msgspec.Struct):
+    """The 202 body: the order is queued for MySQL."""
+
+    order_no: str
+    request_id: str
+    status: str
+    product_id: int
+    quantity: int
+
+
+_STATUS = {
+    "sold_out": 409,
+    "limit_exceeded": 409,
+    "sale_not_active": 409,
+    "request_in_progress": 409,
+    "idempotency_key_reused": 422,
+    "unavailable": 503,
+}
+
+
+class OrderController(Controller):
+    path = "/orders"
+    tags = ["orders"]
+
+    @post("/", status_code=202, summary="Buy: reserve stock and queue the order")
+    async def create_order(
+        self,
+        request: Request[User, Any, Any],
+        data: PurchaseRequest,
+        resources: Resources,
+        idempotency_key: Annotated[str | None, Parameter(header="Idempotency-Key", required=False)] = None,
+    ) -> Response[OrderAccepted]:
+        user = request.user
+        if idempotency_key is None:
+            request_id = mint_request_id()
+        elif is_valid_idempotency_key(idempotency_key):
+            request_id = request_id_from_key(user.id, data.product_id, idempotency_key)
+        else:
+            raise field_error("Idempotency-Key", "must be 1-64 visible ASCII characters", "invalid_idempotency_key")
+        try:
+            accepted = await resources.purchases.purchase(user.id, data.product_id, data.quantity, request_id)
+        except PurchaseRejected as rejected:
+            raise await self._problem(resources, data, rejected) from None
+        body = OrderAccepted(accepted.order_no, accepted.request_id, "queued", accepted.product_id, accepted.quantity)
+        return Response(body, status_code=202, headers={"Location": f"/api/v1/orders/{accepted.order_no}"})
+
+    @staticmethod
+    async def _problem(resources: Resources, data: PurchaseRequest, rejected: PurchaseRejected) -> Problem:
+        if rejected.code == "quantity_over_limit":
+            return field_error("quantity", rejected.detail)
+        if rejected.code == "not_loaded":
+            # Off the hot path: only a product Redis does not know costs a MySQL look-up.
+            if not await product_exists(resources.engine, data.product_id):
+                return Problem(404, "product_not_found", f"Product {data.product_id} does not exist.")
+            return Problem(503, "unavailable", "Stock is not loaded yet, retry shortly.", headers={"Retry-After": "1"})
+        headers = {"Retry-After": "1"} if rejected.code == "unavailable" else None
+        return Problem(_STATUS[rejected.code], rejected.code, rejected.detail, headers=headers)
+
+    @get("/{order_no:str}", summary="Read one of your orders")
+    async def get_order(self, request: Request[User, Any, Any], order_no: str, resources: Resources) -> OrderView:
+        if not is_valid_order_no(order_no):
+            raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
+        view = await find_order(
+            resources.engine, resources.redis, resources.settings.redis.key_prefix, request.user.id, order_no
+        )
+        if view is None:
+            raise Problem(404, "order_not_found", f"No order {order_no}.")
+        return view

@@ -1,0 +1,21 @@
+"""Public product route: sale info and remaining stock."""
+
+from __future__ import annotations
+
+from litestar import Controller, get
+
+from service.catalog import ProductView, get_product
+from service.problems import Problem
+from service.resources import Resources
+
+
+class ProductController(Controller):
+    path = "/products"
+    tags = ["products"]
+
+    @get("/{product_id:int}", summary="Sale info and remaining stock")
+    async def show(self, product_id: int, resources: Resources) -> ProductView:
+        view = await get_product(resources.engine, resources.redis, resources.settings.redis.key_prefix, product_id)
+        if view is None:
+            raise Problem(404, "product_not_found", f"Product {product_id} does not exist.")
+        return view

@@ -1,0 +1,63 @@
+"""Redis key names. Keys of one product share the hash tag ``{p:ID}`` (one Redis Cluster slot)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ProductKeys:
+    """The Redis keys of one product under a key prefix (the prefix isolates deployments and test runs).
+
+    - ``stock``: string, integer units still sellable in Redis.
+    - ``sale``: hash ``starts_ms``, ``ends_ms`` (0 = no end), ``limit`` (per-user limit, units).
+    - ``journal``: hash request id -> ``user|quantity|order_no|reserved_at_ms|claimed``.
+    - ``quota``: hash user id -> units the user holds.
+    - ``replay(request_id)``: hash ``quantity``, ``order_no``, ``state`` for replays.
+    """
+
+    prefix: str
+    product_id: int
+
+    @property
+    def tag(self) -> str:
+        return f"{self.prefix}:{{p:{self.product_id}}}"
+
+    @property
+    def stock(self) -> str:
+        return f"{self.tag}:stock"
+
+    @property
+    def sale(self) -> str:
+        return f"{self.tag}:sale"
+
+    @property
+    def journal(self) -> str:
+        return f"{self.tag}:journal"
+
+    @property
+    def quota(self) -> str:
+        return f"{self.tag}:quota"
+
+    def replay(self, request_id: str) -> str:
+        return f"{self.tag}:req:{request_id}"
+
+
+def order_key(prefix: str, order_no: str) -> str:
+    """``order_no -> user|product|request_id|quantity`` for orders that only Redis knows yet (GET while queued)."""
+    return f"{prefix}:order:{order_no}"
+
+
+def sequence_key(prefix: str, shard: int, second: str) -> str:
+    """Order-number sequence counter of one shard in one UTC second (``yyyyMMddHHmmss``)."""
+    return f"{prefix}:seq:{shard:02d}:{second}"
+
+
+def shard_lease_key(prefix: str, shard: int) -> str:
+    """The lease that gives one process exclusive use of an order-number shard (00-99)."""
+    return f"{prefix}:shard:{shard:02d}"
+
+
+def product_prefix_pattern(prefix: str) -> str:
+    """SCAN pattern matching every product's stock key (used to list loaded products)."""
+    return f"{prefix}:{{p:*}}:stock"

@@ -1,0 +1,22 @@
+"""structlog set-up: JSON lines on stderr."""
+
+from __future__ import annotations
+
+import logging
+
+import structlog
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Log JSON lines at ``level`` (``DEBUG``, ``INFO``, ``WARNING``...)."""
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
+        cache_logger_on_first_use=True,
+    )

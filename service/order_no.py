@@ -1,0 +1,198 @@
+"""Order numbers (seed "Payment Order Number Design").
+
+Layout, 26 characters: prefix (2 letters) + UTC ``yyyyMMddHHmmss`` (14) + shard (2 digits)
++ sequence (6 digits) + check (2 digits). The check digits are ISO 7064 MOD 97-10 over the first
+24 characters with letters counted A=10 ... Z=35 as in IBAN (ISO 13616), so an order number is
+valid when ``int(digits(all 26)) % 97 == 1``.
+
+The sequence is a Redis INCR on a key per shard and second (with an expiry); the shard is a
+number 00-99 that one running process holds exclusively through a lease in Redis
+(:class:`ShardLease`). Past 999,999 in one second the minter waits for the next second: the
+sequence never wraps. ``UNIQUE(order_no)`` in MySQL is the backstop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import re
+import secrets
+import time
+from collections import deque
+from datetime import UTC, datetime
+
+import structlog
+from redis.asyncio import Redis
+
+from service.keys import sequence_key, shard_lease_key
+from service.scripts import Scripts
+
+log = structlog.get_logger(__name__)
+
+ORDER_NO_LENGTH = 26
+SEQUENCE_MAX = 999_999
+SHARDS = 100
+_ORDER_NO = re.compile(r"^[A-Z]{2}[0-9]{24}$")
+_SEQUENCE_KEY_TTL_SECONDS = 120
+_SPARE_MAX_AGE_SECONDS = 1.0
+
+
+def _digits(text: str) -> str:
+    """Letters to numbers as in IBAN (A=10 ... Z=35); digits stay."""
+    return "".join(str(int(ch, 36)) for ch in text)
+
+
+def check_digits(body: str) -> str:
+    """ISO 7064 MOD 97-10 check digits (2 characters) for ``body`` (the first 24 characters)."""
+    return f"{98 - int(_digits(body + '00')) % 97:02d}"
+
+
+def is_valid_order_no(value: str) -> bool:
+    """True when ``value`` has the length, charset and check digits of an order number."""
+    return bool(_ORDER_NO.match(value)) and int(_digits(value)) % 97 == 1
+
+
+def compose_order_no(prefix: str, second: str, shard: int, sequence: int) -> str:
+    """Build an order number from its parts (``second`` is UTC ``yyyyMMddHHmmss``).
+
+    Raises:
+        ValueError: a part is out of range.
+    """
+    if not re.fullmatch(r"[A-Z]{2}", prefix) or not re.fullmatch(r"[0-9]{14}", second):
+        raise ValueError("prefix must be 2 capital letters and second 14 digits")
+    if not 0 <= shard < SHARDS or not 0 <= sequence <= SEQUENCE_MAX:
+        raise ValueError("shard or sequence out of range")
+    body = f"{prefix}{second}{shard:02d}{sequence:06d}"
+    return body + check_digits(body)
+
+
+class ShardLost(RuntimeError):
+    """This process no longer holds an order-number shard (Redis unreachable or lease taken)."""
+
+
+class ShardLease:
+    """Exclusive use of one shard (00-99) for this process: SET NX PX, renewed, released on exit.
+
+    ``lease_seconds`` is the lease length; it is renewed every third of it. A process that cannot
+    renew in time stops minting (:class:`ShardLost`) until it holds a shard again.
+    """
+
+    def __init__(self, redis: Redis, scripts: Scripts, key_prefix: str, lease_seconds: int) -> None:
+        self._redis = redis
+        self._scripts = scripts
+        self._prefix = key_prefix
+        self._lease_ms = lease_seconds * 1000
+        self._token = secrets.token_hex(16)
+        self._renewer: asyncio.Task[None] | None = None
+        self.shard: int | None = None
+        self._valid_until = 0.0
+
+    @property
+    def held(self) -> bool:
+        return self.shard is not None and time.monotonic() < self._valid_until
+
+    async def acquire(self) -> int:
+        """Take a free shard, trying them in random order.
+
+        Raises:
+            ShardLost: all 100 shards are leased by other processes.
+        """
+        start = random.randrange(SHARDS)
+        for offset in range(SHARDS):
+            shard = (start + offset) % SHARDS
+            began = time.monotonic()
+            if await self._redis.set(shard_lease_key(self._prefix, shard), self._token, nx=True, px=self._lease_ms):
+                self.shard = shard
+                self._valid_until = began + self._lease_ms / 1000 * 0.9
+                return shard
+        raise ShardLost("all order-number shards are leased")
+
+    async def start(self) -> int:
+        """Acquire a shard and keep renewing it in the background."""
+        shard = await self.acquire()
+        self._renewer = asyncio.create_task(self._renew_forever())
+        return shard
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease_ms / 3000)
+            try:
+                began = time.monotonic()
+                assert self.shard is not None
+                key = shard_lease_key(self._prefix, self.shard)
+                if await self._scripts.lease_renew(keys=[key], args=[self._token, self._lease_ms]):
+                    self._valid_until = began + self._lease_ms / 1000 * 0.9
+                else:
+                    log.warning("shard_lease_lost", shard=self.shard)
+                    await self.acquire()
+                    log.info("shard_lease_acquired", shard=self.shard)
+            except Exception as exc:  # Redis down: keep trying; minting stops once the lease lapses
+                log.warning("shard_lease_renew_failed", shard=self.shard, error=repr(exc))
+
+    async def stop(self) -> None:
+        """Stop renewing and release the shard if still held."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        if self.shard is not None:
+            with contextlib.suppress(Exception):
+                await self._scripts.lease_release(
+                    keys=[shard_lease_key(self._prefix, self.shard)], args=[self._token]
+                )
+            self.shard = None
+
+
+class OrderNumberMinter:
+    """Mints order numbers for this process from its leased shard.
+
+    ``take()`` returns a number that no other caller has; ``give_back()`` returns one that was
+    never handed to a client (a rejected purchase), so the reject path costs no Redis call beyond
+    the reservation itself. Spares older than a second are dropped, so the embedded time stays
+    close to the purchase time.
+    """
+
+    def __init__(self, redis: Redis, lease: ShardLease, key_prefix: str, order_no_prefix: str) -> None:
+        self._redis = redis
+        self._lease = lease
+        self._prefix = key_prefix
+        self._order_prefix = order_no_prefix
+        self._spares: deque[tuple[float, str]] = deque()
+
+    async def mint(self) -> str:
+        """A fresh order number: INCR of this shard's counter for the current UTC second.
+
+        Raises:
+            ShardLost: the process does not hold a shard right now.
+            redis.exceptions.RedisError: Redis failed.
+        """
+        while True:
+            if not self._lease.held:
+                raise ShardLost("order-number shard lease not held")
+            shard = self._lease.shard
+            assert shard is not None
+            now = datetime.now(UTC)
+            second = now.strftime("%Y%m%d%H%M%S")
+            key = sequence_key(self._prefix, shard, second)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.incr(key)
+                pipe.expire(key, _SEQUENCE_KEY_TTL_SECONDS)
+                sequence, _ = await pipe.execute()
+            if sequence <= SEQUENCE_MAX:
+                return compose_order_no(self._order_prefix, second, shard, sequence)
+            # This second is used up: never wrap, wait for the next one.
+            await asyncio.sleep(1.0 - now.microsecond / 1_000_000 + 0.001)
+
+    async def take(self) -> str:
+        """A spare order number if a fresh one is at hand, else a newly minted one."""
+        now = time.monotonic()
+        while self._spares:
+            minted_at, order_no = self._spares.pop()
+            if now - minted_at < _SPARE_MAX_AGE_SECONDS:
+                return order_no
+        return await self.mint()
+
+    def give_back(self, order_no: str) -> None:
+        """Keep an order number that was never handed out for the next purchase of this process."""
+        self._spares.append((time.monotonic(), order_no))

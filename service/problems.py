@@ -1,0 +1,103 @@
+"""Errors as RFC 9457 problem details (``application/problem+json``) with a stable ``code``.
+
+Every error body has ``type``, ``title``, ``status``, ``detail`` and ``code``; validation errors
+add ``errors``: a list of ``{"field", "message"}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+log = structlog.get_logger(__name__)
+
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Payload Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+_GENERIC_CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "too_many_requests",
+    503: "unavailable",
+}
+
+
+class Problem(ProblemDetailsException):
+    """An API error: HTTP ``status``, stable machine ``code``, human ``detail`` (RFC 9457)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        detail: str,
+        *,
+        headers: dict[str, str] | None = None,
+        errors: list[dict[str, str]] | None = None,
+    ) -> None:
+        extra: dict[str, Any] = {"code": code}
+        if errors:
+            extra["errors"] = errors
+        super().__init__(
+            detail=detail,
+            status_code=status,
+            headers=headers,
+            extra=extra,
+            type_=f"https://flashsale.dev/problems/{code}",
+            title=_TITLES.get(status, "Error"),
+        )
+
+
+def field_error(field: str, message: str, code: str = "invalid_request") -> Problem:
+    """400 naming the offending field."""
+    return Problem(400, code, f"{field}: {message}", errors=[{"field": field, "message": message}])
+
+
+def _from_http_exception(exc: HTTPException) -> ProblemDetailsException:
+    status = exc.status_code
+    if isinstance(exc, ValidationException):
+        errors = [
+            {"field": str(item.get("key") or item.get("source") or "body"), "message": str(item.get("message", ""))}
+            for item in (exc.extra if isinstance(exc.extra, list) else [])
+            if isinstance(item, dict)
+        ]
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors) or str(exc.detail)
+        return Problem(400, "invalid_request", detail, errors=errors or None)
+    if status >= 500:
+        return Problem(status, "internal_error", "Internal server error.")
+    return Problem(status, _GENERIC_CODES.get(status, "error"), str(exc.detail), headers=exc.headers)
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    log.exception("unhandled_error", path=request.url.path, error=repr(exc))
+    return Problem(HTTP_500_INTERNAL_SERVER_ERROR, "internal_error", "Internal server error.").to_response(request)
+
+
+def problem_details_plugin() -> ProblemDetailsPlugin:
+    """Litestar's problem-details plugin, with every HTTP error mapped to a coded problem."""
+    return ProblemDetailsPlugin(
+        ProblemDetailsConfig(exception_to_problem_detail_map={HTTPException: _from_http_exception})
+    )
+
+
+UNEXPECTED_ERROR_HANDLERS = {Exception: _unexpected}

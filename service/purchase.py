@@ -1,0 +1,130 @@
+"""The purchase path: reserve in Redis (one Lua call), publish with confirm, or give it back.
+
+``PurchaseService.purchase`` is the whole hot path; the HTTP controller only authenticates,
+validates and maps the outcome to a status code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from service.broker import OrderMessage, PublishFailed, Publisher
+from service.keys import ProductKeys, order_key
+from service.order_no import OrderNumberMinter, ShardLost
+from service.scripts import Scripts
+from service.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A purchase the broker has confirmed (or a replay of one). ``quantity`` in units."""
+
+    order_no: str
+    request_id: str
+    product_id: int
+    quantity: int
+
+
+class PurchaseRejected(Exception):
+    """The purchase was not taken. ``code`` is the stable error code of the HTTP contract:
+    ``sold_out``, ``limit_exceeded``, ``sale_not_active``, ``request_in_progress``,
+    ``idempotency_key_reused``, ``quantity_over_limit``, ``not_loaded`` or ``unavailable``."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+_REJECTIONS = {
+    "sold_out": "No stock left for this product.",
+    "limit_exceeded": "This purchase would take you past the per-user limit.",
+    "sale_not_active": "The sale for this product is not open.",
+    "in_flight": "A request with this Idempotency-Key is still being processed.",
+    "key_reused": "This Idempotency-Key was used with a different request body.",
+    "over_limit": "quantity is above the product's per-user limit.",
+    "not_loaded": "This product is not on sale.",
+}
+_CODES = {"in_flight": "request_in_progress", "key_reused": "idempotency_key_reused", "over_limit": "quantity_over_limit"}
+
+
+class PurchaseService:
+    """Runs purchases for one process; holds its Redis client, scripts, minter and publisher."""
+
+    def __init__(
+        self, redis: Redis, scripts: Scripts, minter: OrderNumberMinter, publisher: Publisher, settings: Settings
+    ) -> None:
+        self._redis = redis
+        self._scripts = scripts
+        self._minter = minter
+        self._publisher = publisher
+        self._prefix = settings.redis.key_prefix
+        self._replay_ttl = settings.orders.replay_ttl_seconds
+
+    async def purchase(self, user_id: str, product_id: int, quantity: int, request_id: str) -> Accepted:
+        """Reserve ``quantity`` units of ``product_id`` for ``user_id`` and queue the order.
+
+        Returns the accepted order, or the earlier answer for a replayed request id.
+
+        Raises:
+            PurchaseRejected: a business rejection (nothing was written) or ``unavailable``
+                (Redis/RabbitMQ failure; any reservation made was given back).
+        """
+        keys = ProductKeys(self._prefix, product_id)
+        try:
+            candidate = await self._minter.take()
+            outcome, order_no, *reserved_at = await self._scripts.reserve(
+                keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
+                args=[request_id, user_id, quantity, candidate, self._replay_ttl],
+            )
+        except (RedisError, ShardLost, OSError) as exc:
+            log.warning("reserve_failed", error=repr(exc))
+            raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
+        if order_no != candidate:
+            self._minter.give_back(candidate)
+        accepted = Accepted(order_no, request_id, product_id, quantity)
+        if outcome == "replay":
+            return accepted
+        if outcome != "reserved":
+            raise PurchaseRejected(_CODES.get(outcome, outcome), _REJECTIONS[outcome])
+
+        message = OrderMessage(request_id, order_no, user_id, product_id, quantity, int(reserved_at[0]))
+        try:
+            await self._publisher.publish(message)
+        except PublishFailed as exc:
+            if await self._give_back(keys, request_id) != "claimed":
+                raise PurchaseRejected("unavailable", "Order queue unavailable, retry shortly.") from exc
+            # A consumer already holds the message: the confirm was lost, the order was not.
+        await self._mark_queued(keys, accepted, user_id)
+        return accepted
+
+    async def _give_back(self, keys: ProductKeys, request_id: str) -> str:
+        try:
+            result = await self._scripts.release(
+                keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)], args=[request_id]
+            )
+            return result
+        except RedisError as exc:
+            # The reservation stays in the journal; realignment re-publishes it after the grace period.
+            log.error("release_failed", request_id=request_id, error=repr(exc))
+            return "failed"
+
+    async def _mark_queued(self, keys: ProductKeys, accepted: Accepted, user_id: str) -> None:
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hset(keys.replay(accepted.request_id), "state", "queued")
+                pipe.set(
+                    order_key(self._prefix, accepted.order_no),
+                    f"{user_id}|{accepted.product_id}|{accepted.request_id}|{accepted.quantity}",
+                    ex=self._replay_ttl,
+                )
+                await pipe.execute()
+        except RedisError as exc:
+            # The order is queued all the same; a replay answers 409 until realignment marks it.
+            log.warning("mark_queued_failed", request_id=accepted.request_id, error=repr(exc))

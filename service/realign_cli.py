@@ -1,0 +1,87 @@
+"""Realignment and product loading from the command line (short-lived connections of their own)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from consumers.realign import Realigner, RealignReport
+from db.engine import make_engine
+from service.broker import Publisher
+from service.catalog import ProductInput, set_product
+from service.log_setup import configure_logging
+from service.resources import make_redis
+from service.scripts import Scripts
+from service.settings import Settings
+
+
+@asynccontextmanager
+async def open_realigner(settings: Settings, publish: bool = True) -> AsyncIterator[Realigner]:
+    """A :class:`Realigner` on fresh connections, closed on exit (publisher only when ``publish``)."""
+    engine = make_engine(settings.db)
+    redis = make_redis(settings)
+    publisher = Publisher(settings.amqp) if publish else None
+    try:
+        if publisher is not None:
+            await publisher.connect()
+        yield Realigner(
+            engine, redis, Scripts.register(redis), settings.redis.key_prefix, settings.realign.grace_seconds, publisher
+        )
+    finally:
+        if publisher is not None:
+            await publisher.close()
+        await redis.aclose()
+        await engine.dispose()
+
+
+def print_reports(reports: list[RealignReport], as_json: bool, console: Console | None = None) -> None:
+    """A rich table, or one JSON array on stdout."""
+    if as_json:
+        print(msgspec.json.encode(reports).decode(), flush=True)
+        return
+    table = Table(title="realignment" + (" (dry run)" if reports and reports[0].dry_run else ""))
+    for column in ("product", "mysql stock", "sold", "redis before", "redis after", "in flight", "units", "drift", "dropped", "republished"):
+        table.add_column(column, justify="right")
+    for r in reports:
+        table.add_row(
+            *map(
+                str,
+                (r.product_id, r.mysql_stock, r.mysql_sold, r.redis_stock_before, r.redis_stock_after,
+                 r.in_flight, r.in_flight_units, r.drift, r.resolved_dropped, r.republished),
+            )
+        )
+    (console or Console()).print(table)
+
+
+async def run_realign(settings: Settings, product_id: int | None, dry_run: bool, watch: float | None, as_json: bool) -> int:
+    """``flashsale realign``; returns the exit status (1 when the product does not exist)."""
+    configure_logging("WARNING")
+    async with open_realigner(settings, publish=not dry_run) as realigner:
+        while True:
+            try:
+                reports = (
+                    [await realigner.realign(product_id, dry_run)]
+                    if product_id is not None
+                    else await realigner.realign_all(dry_run)
+                )
+            except LookupError as exc:
+                print(f"error: {exc}")
+                return 1
+            print_reports(reports, as_json)
+            if watch is None:
+                return 0
+            await asyncio.sleep(watch)
+
+
+async def set_product_cli(settings: Settings, product_id: int, data: ProductInput) -> RealignReport:
+    """``flashsale product set``."""
+    configure_logging("WARNING")
+    async with open_realigner(settings) as realigner:
+        return await set_product(
+            realigner._engine, realigner._redis, realigner, settings.redis.key_prefix, product_id, data
+        )

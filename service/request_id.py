@@ -1,0 +1,34 @@
+"""Request ids: the idempotency key of an order (``orders.request_id``, the AMQP ``message_id``).
+
+Always 32 lowercase hex characters:
+- minted by the server when no ``Idempotency-Key`` is sent: 48-bit Unix milliseconds followed
+  by 80 random bits, so ids sort by creation time;
+- derived from an ``Idempotency-Key`` (IETF "The Idempotency-Key HTTP Header Field" draft):
+  the first 128 bits of SHA-256 over user, product and key, so the key is scoped to the user
+  (and the product whose Redis slot keeps the replay record).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,64}$")
+
+
+def is_valid_idempotency_key(value: str) -> bool:
+    """1-64 visible ASCII characters (0x21-0x7E)."""
+    return bool(_IDEMPOTENCY_KEY.match(value))
+
+
+def mint_request_id() -> str:
+    """A new time-ordered request id (32 lowercase hex)."""
+    return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
+
+
+def request_id_from_key(user_id: str, product_id: int, idempotency_key: str) -> str:
+    """The request id of ``idempotency_key`` sent by ``user_id`` for ``product_id`` (32 lowercase hex)."""
+    digest = hashlib.sha256(f"{user_id}\n{product_id}\n{idempotency_key}".encode())
+    return digest.hexdigest()[:32]

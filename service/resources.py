@@ -1,0 +1,69 @@
+"""Per-process resources, opened once at start-up and shared by every request (no per-request set-up)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from consumers.realign import Realigner
+from db.engine import make_engine
+from service.broker import Publisher
+from service.order_no import OrderNumberMinter, ShardLease
+from service.purchase import PurchaseService
+from service.scripts import Scripts
+from service.settings import Settings
+
+
+def make_redis(settings: Settings) -> Redis:
+    """One pooled Redis client per process (strings decoded as UTF-8)."""
+    return Redis.from_url(
+        settings.redis.url, max_connections=settings.redis.max_connections, decode_responses=True
+    )
+
+
+@dataclass
+class Resources:
+    """Everything a running API process holds."""
+
+    settings: Settings
+    engine: AsyncEngine
+    redis: Redis
+    scripts: Scripts
+    lease: ShardLease
+    publisher: Publisher
+    purchases: PurchaseService
+    realigner: Realigner
+
+    @classmethod
+    async def open(cls, settings: Settings) -> Resources:
+        """Connect to MySQL, Redis and RabbitMQ, load the scripts and lease an order-number shard."""
+        engine = make_engine(settings.db)
+        redis = make_redis(settings)
+        scripts = Scripts.register(redis)
+        await scripts.load()
+        lease = ShardLease(redis, scripts, settings.redis.key_prefix, settings.orders.shard_lease_seconds)
+        await lease.start()
+        publisher = Publisher(settings.amqp)
+        await publisher.connect()
+        minter = OrderNumberMinter(redis, lease, settings.redis.key_prefix, settings.orders.order_no_prefix)
+        return cls(
+            settings=settings,
+            engine=engine,
+            redis=redis,
+            scripts=scripts,
+            lease=lease,
+            publisher=publisher,
+            purchases=PurchaseService(redis, scripts, minter, publisher, settings),
+            realigner=Realigner(
+                engine, redis, scripts, settings.redis.key_prefix, settings.realign.grace_seconds, publisher
+            ),
+        )
+
+    async def close(self) -> None:
+        """Release the shard lease and close every connection."""
+        await self.lease.stop()
+        await self.publisher.close()
+        await self.redis.aclose()
+        await self.engine.dispose()

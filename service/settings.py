@@ -1,0 +1,84 @@
+"""Configuration, read once per process from the environment (prefix ``FLASHSALE_``) and ``.env``.
+
+Nested groups use ``__``: ``FLASHSALE_DB__URL``, ``FLASHSALE_REDIS__URL``, ``FLASHSALE_AMQP__URL``,
+``FLASHSALE_AUTH__JWT_SECRET`` and so on. Every name is listed in the README.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class DBSettings(BaseModel):
+    """MySQL/MariaDB, the authoritative store (SQLAlchemy async URL, asyncmy driver)."""
+
+    url: str = "mysql+asyncmy://root@127.0.0.1:3306/flashsale"
+    pool_size: int = Field(20, ge=1)
+    max_overflow: int = Field(10, ge=0)
+
+
+class RedisSettings(BaseModel):
+    """Redis: stock pre-decrement, reservation journal, quotas, replay records, order-number sequences."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = Field("fs", pattern=r"^[A-Za-z0-9_.-]{1,40}$")
+    max_connections: int = Field(200, ge=1)
+
+
+class AMQPSettings(BaseModel):
+    """RabbitMQ topology and publishing (seconds for timeouts)."""
+
+    url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    exchange: str = "flashsale.orders"
+    queue: str = "flashsale.orders"
+    dead_letter_exchange: str = "flashsale.orders.dlx"
+    dead_letter_queue: str = "flashsale.orders.dead"
+    confirm_timeout: float = Field(5.0, gt=0)
+    delivery_limit: int = Field(5, ge=1)
+    prefetch: int = Field(64, ge=1)
+
+
+class AuthSettings(BaseModel):
+    """JWT (HS256) for buyers and admins."""
+
+    jwt_secret: str = Field("dev-only-secret-change-me-0123456789abcdef", min_length=32)
+    token_ttl_seconds: int = Field(3600, ge=1)
+
+
+class OrderSettings(BaseModel):
+    """Order numbers and replay records."""
+
+    order_no_prefix: str = Field("FS", pattern=r"^[A-Z]{2}$")
+    replay_ttl_seconds: int = Field(86_400, ge=60)
+    shard_lease_seconds: int = Field(30, ge=3)
+
+
+class RealignSettings(BaseModel):
+    """Realignment job: a journal entry older than ``grace_seconds`` with no order row is re-published."""
+
+    grace_seconds: float = Field(60.0, ge=0)
+
+
+class Settings(BaseSettings):
+    """All settings; ``get_settings()`` returns the process-wide instance."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLASHSALE_", env_nested_delimiter="__", env_file=".env", extra="ignore"
+    )
+
+    db: DBSettings = DBSettings()
+    redis: RedisSettings = RedisSettings()
+    amqp: AMQPSettings = AMQPSettings()
+    auth: AuthSettings = AuthSettings()
+    orders: OrderSettings = OrderSettings()
+    realign: RealignSettings = RealignSettings()
+    log_level: str = "INFO"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The settings of this process, read once."""
+    return Settings()
