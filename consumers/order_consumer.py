@@ -101,7 +101,8 @@ async def apply_order(engine: AsyncEngine, order: OrderMessage) -> Outcome:
 
     Raises:
         sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted.
-        db.engine.DuplicateKeyError: the order number exists under another request id.
+        db.engine.DuplicateKeyError: the order number exists under another request id (a real
+            collision, which the shard lease should make impossible; the UNIQUE index stops it).
     """
     for attempt in range(1, MAX_TRANSACTION_ATTEMPTS + 1):
         try:
@@ -132,7 +133,9 @@ async def _apply_once(engine: AsyncEngine, order: OrderMessage) -> Outcome:
                 duplicate = as_duplicate_key(exc)
                 if duplicate is None:
                     raise
-                if duplicate.key != "uq_orders_request_id":
+                # Two copies racing report whichever unique index InnoDB checks first; the order
+                # number also names this message only when the stored row carries our request id.
+                if duplicate.key != "uq_orders_request_id" and not await _same_request(conn, order):
                     raise duplicate from exc
                 raise _Rollback(Outcome.DUPLICATE) from None
             if inserted.rowcount == 0:
@@ -150,6 +153,11 @@ async def _apply_once(engine: AsyncEngine, order: OrderMessage) -> Outcome:
             return Outcome.REJECTED
     except _Rollback as rollback:
         return rollback.outcome
+
+
+async def _same_request(conn, order: OrderMessage) -> bool:  # type: ignore[no-untyped-def]
+    stored = await conn.execute(text("SELECT request_id FROM orders WHERE order_no = :o"), {"o": order.order_no})
+    return stored.scalar() == order.request_id
 
 
 class OrderConsumer:

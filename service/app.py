@@ -13,6 +13,7 @@ from litestar.plugins import InitPluginProtocol
 
 from service.auth import make_jwt_auth
 from service.controllers.admin import AdminController
+from service.controllers.bench import BenchController
 from service.controllers.health import HealthController
 from service.controllers.orders import OrderController
 from service.controllers.products import ProductController
@@ -43,12 +44,10 @@ class FlashsalePlugin(InitPluginProtocol):
         def provide_resources() -> Resources:
             return resources["current"]
 
-        app_config.route_handlers.append(
-            Router(
-                "/api/v1",
-                route_handlers=[OrderController, ProductController, AdminController, HealthController],
-            )
-        )
+        controllers = [OrderController, ProductController, AdminController, HealthController]
+        if settings.bench_routes:
+            controllers.append(BenchController)
+        app_config.route_handlers.append(Router("/api/v1", route_handlers=controllers))
         app_config.lifespan.append(lifespan)
         app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)
         app_config.exception_handlers.update(UNEXPECTED_ERROR_HANDLERS)

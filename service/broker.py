@@ -72,6 +72,13 @@ async def declare_topology(channel: AbstractChannel, settings: AMQPSettings) -> 
     return exchange, queue
 
 
+async def queue_depth(channel: AbstractChannel, name: str) -> int:
+    """Messages ready in queue ``name``, asked of the broker now (a passive declare through
+    aio-pika's channel would answer from its cache of earlier declarations)."""
+    underlay = await channel.get_underlay_channel()
+    return (await underlay.queue_declare(name, passive=True)).message_count
+
+
 class Publisher:
     """One robust connection and one confirming channel per process.
 

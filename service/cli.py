@@ -151,3 +151,7 @@ def token(user_id: str, admin: bool, ttl: int | None) -> None:
         click.echo(issue_token(settings.auth.jwt_secret, user_id, admin, ttl or settings.auth.token_ttl_seconds))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--user") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -6,6 +6,7 @@ add ``errors``: a list of ``{"field", "message"}``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import structlog
@@ -73,11 +74,22 @@ def field_error(field: str, message: str, code: str = "invalid_request") -> Prob
     return Problem(400, code, f"{field}: {message}", errors=[{"field": field, "message": message}])
 
 
+_FIELD_IN_MESSAGE = re.compile(r"(?:at `\$\.([A-Za-z_][\w.]*)`|field `([A-Za-z_]\w*)`)")
+
+
+def _field_of(item: dict[str, Any]) -> str:
+    """The offending field: msgspec names it in the message (``at `$.quantity```, ``field `x```)."""
+    if match := _FIELD_IN_MESSAGE.search(str(item.get("message", ""))):
+        return match.group(1) or match.group(2)
+    key = item.get("key")
+    return "body" if key in (None, "data") else str(key)
+
+
 def _from_http_exception(exc: HTTPException) -> ProblemDetailsException:
     status = exc.status_code
     if isinstance(exc, ValidationException):
         errors = [
-            {"field": str(item.get("key") or item.get("source") or "body"), "message": str(item.get("message", ""))}
+            {"field": _field_of(item), "message": str(item.get("message", ""))}
             for item in (exc.extra if isinstance(exc.extra, list) else [])
             if isinstance(item, dict)
         ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers.realign import Realigner
@@ -17,10 +17,15 @@ from service.settings import Settings
 
 
 def make_redis(settings: Settings) -> Redis:
-    """One pooled Redis client per process (strings decoded as UTF-8)."""
-    return Redis.from_url(
-        settings.redis.url, max_connections=settings.redis.max_connections, decode_responses=True
+    """One pooled Redis client per process (strings decoded as UTF-8).
+
+    The pool blocks (up to 5 s) when all ``max_connections`` are busy instead of failing the
+    request, so a stampede queues for a connection rather than turning into 503s.
+    """
+    pool = BlockingConnectionPool.from_url(
+        settings.redis.url, max_connections=settings.redis.max_connections, timeout=5, decode_responses=True
     )
+    return Redis.from_pool(pool)
 
 
 @dataclass

@@ -76,6 +76,7 @@ class Settings(BaseSettings):
     orders: OrderSettings = OrderSettings()
     realign: RealignSettings = RealignSettings()
     log_level: str = "INFO"
+    bench_routes: bool = False
 
 
 @lru_cache

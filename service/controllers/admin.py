@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from litestar import Controller, get, post, put
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery, JSONBody
 
 from consumers.realign import RealignReport
 from service.auth import admin_only
@@ -17,7 +19,9 @@ class AdminController(Controller):
     guards = [admin_only]
 
     @put("/products/{product_id:int}", summary="Create or update a product, its sale window and stock")
-    async def put_product(self, product_id: int, data: ProductInput, resources: Resources) -> RealignReport:
+    async def put_product(
+        self, product_id: FromPath[int], data: JSONBody[ProductInput], resources: NamedDependency[Resources]
+    ) -> RealignReport:
         if product_id < 1:
             raise field_error("product_id", "must be a positive integer")
         try:
@@ -33,7 +37,7 @@ class AdminController(Controller):
             raise field_error("sale_ends_at", str(exc)) from None
 
     @get("/products/{product_id:int}/stock", summary="MySQL and Redis stock, in flight, drift")
-    async def stock(self, product_id: int, resources: Resources) -> RealignReport:
+    async def stock(self, product_id: FromPath[int], resources: NamedDependency[Resources]) -> RealignReport:
         try:
             return await resources.realigner.realign(product_id, dry_run=True)
         except LookupError:
@@ -41,7 +45,10 @@ class AdminController(Controller):
 
     @post("/realign", status_code=200, summary="One realignment pass")
     async def realign(
-        self, resources: Resources, product_id: int | None = None, dry_run: bool = False
+        self,
+        resources: NamedDependency[Resources],
+        product_id: FromQuery[int | None] = None,
+        dry_run: FromQuery[bool] = False,
     ) -> list[RealignReport]:
         if product_id is None:
             return await resources.realigner.realign_all(dry_run=dry_run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 from litestar import Controller, Response, get
+from litestar.di import NamedDependency
 from sqlalchemy import text
 
 from service.resources import Resources
@@ -26,7 +27,7 @@ class HealthController(Controller):
         return {"status": "ok"}
 
     @get("/ready", summary="Redis runs the script, RabbitMQ has a channel, MySQL answers")
-    async def ready(self, resources: Resources) -> Response[Readiness]:
+    async def ready(self, resources: NamedDependency[Resources]) -> Response[Readiness]:
         redis_ok = rabbit_ok = mysql_ok = False
         try:
             redis_ok = all(await resources.redis.script_exists(resources.scripts.reserve.sha)) and resources.lease.held

@@ -6,7 +6,8 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
-from litestar.params import Parameter
+from litestar.di import NamedDependency
+from litestar.params import FromPath, HeaderParameter, JSONBody
 from msgspec import Meta
 
 from service.auth import User
@@ -54,9 +55,9 @@ class OrderController(Controller):
     async def create_order(
         self,
         request: Request[User, Any, Any],
-        data: PurchaseRequest,
-        resources: Resources,
-        idempotency_key: Annotated[str | None, Parameter(header="Idempotency-Key", required=False)] = None,
+        data: JSONBody[PurchaseRequest],
+        resources: NamedDependency[Resources],
+        idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key", required=False)] = None,
     ) -> Response[OrderAccepted]:
         user = request.user
         if idempotency_key is None:
@@ -85,7 +86,9 @@ class OrderController(Controller):
         return Problem(_STATUS[rejected.code], rejected.code, rejected.detail, headers=headers)
 
     @get("/{order_no:str}", summary="Read one of your orders")
-    async def get_order(self, request: Request[User, Any, Any], order_no: str, resources: Resources) -> OrderView:
+    async def get_order(
+        self, request: Request[User, Any, Any], order_no: FromPath[str], resources: NamedDependency[Resources]
+    ) -> OrderView:
         if not is_valid_order_no(order_no):
             raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
         view = await find_order(

@@ -1,0 +1,23 @@
+# make sale  - set up and run a whole flash sale end to end (flashsale sale, defaults)
+# make test  - set up and run the test suite on the real services
+VENV ?= .venv
+PYTHON ?= python3
+
+.PHONY: install services test sale
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+services:
+	./scripts/ensure-services
+
+test: install services
+	$(VENV)/bin/pytest -q
+
+sale: install services
+	$(VENV)/bin/flashsale sale

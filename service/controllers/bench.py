@@ -1,0 +1,25 @@
+"""``POST /api/v1/bench/noop``: the framework's ceiling for the benchmark in docs/BENCHMARKS.md.
+
+Same server, same JWT auth and JSON body decoding as ``POST /orders``, and nothing else. Mounted
+only when ``FLASHSALE_BENCH_ROUTES=true`` (``flashsale sale`` turns it on for its own API).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, post
+from litestar.params import JSONBody
+
+from service.auth import User
+from service.controllers.orders import PurchaseRequest
+
+
+class BenchController(Controller):
+    path = "/bench"
+    tags = ["bench"]
+    include_in_schema = False
+
+    @post("/noop", status_code=202)
+    async def noop(self, request: Request[User, Any, Any], data: JSONBody[PurchaseRequest]) -> dict[str, str]:
+        return {"status": "noop"}

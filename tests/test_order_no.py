@@ -1,0 +1,129 @@
+"""Order numbers: layout, ISO 7064 MOD 97-10 check digits, shard leases, uniqueness across processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+import pytest
+
+from service.keys import sequence_key
+from service.order_no import (
+    SEQUENCE_MAX,
+    SHARDS,
+    OrderNumberMinter,
+    ShardLease,
+    ShardLost,
+    check_digits,
+    compose_order_no,
+    is_valid_order_no,
+)
+
+
+def test_check_digits_match_the_iban_algorithm():
+    # GB82 WEST 1234 5698 7654 32 (ISO 13616 example): rearranged body, check digits 82.
+    assert check_digits("WEST12345698765432GB") == "82"
+
+
+def test_layout_and_validation():
+    order_no = compose_order_no("FS", "20261130235959", 7, 42)
+    assert len(order_no) == 26
+    assert order_no[:24] == "FS" + "20261130235959" + "07" + "000042"
+    assert int("".join(str(int(c, 36)) for c in order_no)) % 97 == 1
+    assert is_valid_order_no(order_no)
+
+
+def test_every_single_character_change_is_caught():
+    order_no = compose_order_no("FS", "20261130120000", 12, 345678)
+    for position in range(2, 26):
+        for digit in "0123456789":
+            if digit != order_no[position]:
+                changed = order_no[:position] + digit + order_no[position + 1 :]
+                assert not is_valid_order_no(changed), changed
+
+
+@pytest.mark.parametrize("bad", ["", "FS", "fs202611301200001234567800", "FS2026113012000012345678000", "FS20261130120000123456780X"])
+def test_malformed_values_are_invalid(bad):
+    assert not is_valid_order_no(bad)
+
+
+def test_parts_out_of_range_are_refused():
+    with pytest.raises(ValueError):
+        compose_order_no("FS", "20261130120000", 100, 1)
+    with pytest.raises(ValueError):
+        compose_order_no("FS", "20261130120000", 1, SEQUENCE_MAX + 1)
+
+
+async def test_a_used_up_second_waits_for_the_next_instead_of_wrapping(redis, scripts, settings):
+    prefix = f"{settings.redis.key_prefix}-wrap"
+    lease = ShardLease(redis, scripts, prefix, 30)
+    shard = await lease.acquire()
+    try:
+        second = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
+        await redis.set(sequence_key(prefix, shard, second), SEQUENCE_MAX, ex=30)
+        order_no = await OrderNumberMinter(redis, lease, prefix, "FS").mint()
+        assert is_valid_order_no(order_no)
+        assert order_no[2:16] > second
+        assert int(order_no[18:24]) <= SEQUENCE_MAX
+    finally:
+        await lease.stop()
+
+
+async def test_shards_are_exclusive(redis, scripts, settings):
+    prefix = f"{settings.redis.key_prefix}-lease"
+    leases = [ShardLease(redis, scripts, prefix, 30) for _ in range(SHARDS)]
+    shards = [await lease.acquire() for lease in leases]
+    assert sorted(shards) == list(range(SHARDS))
+    with pytest.raises(ShardLost):
+        await ShardLease(redis, scripts, prefix, 30).acquire()
+    await leases[0].stop()
+    late = ShardLease(redis, scripts, prefix, 30)
+    assert await late.acquire() == shards[0]
+    for lease in [*leases[1:], late]:
+        await lease.stop()
+
+
+_MINT_IN_A_PROCESS = """
+import asyncio, json, sys
+from service.order_no import OrderNumberMinter, ShardLease
+from service.resources import make_redis
+from service.scripts import Scripts
+from service.settings import Settings
+
+async def main(count):
+    settings = Settings()
+    redis = make_redis(settings)
+    scripts = Scripts.register(redis)
+    lease = ShardLease(redis, scripts, settings.redis.key_prefix, 30)
+    await lease.start()
+    minter = OrderNumberMinter(redis, lease, settings.redis.key_prefix, "FS")
+    numbers = await asyncio.gather(*(minter.mint() for _ in range(count)))
+    await lease.stop()
+    await redis.aclose()
+    print(json.dumps(numbers))
+
+asyncio.run(main(int(sys.argv[1])))
+"""
+
+
+async def test_order_numbers_are_unique_across_processes(settings):
+    env = {**os.environ, "FLASHSALE_REDIS__KEY_PREFIX": f"{settings.redis.key_prefix}-procs"}
+    processes = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _MINT_IN_A_PROCESS, "3000", env=env, stdout=subprocess.PIPE
+        )
+        for _ in range(4)
+    ]
+    outputs = [await process.communicate() for process in processes]
+    assert all(process.returncode == 0 for process in processes)
+    batches = [json.loads(stdout) for stdout, _ in outputs]
+    numbers = [n for batch in batches for n in batch]
+    assert len(numbers) == 12_000 == len(set(numbers))
+    assert all(is_valid_order_no(n) for n in numbers)
+    shards_per_process = [{n[16:18] for n in batch} for batch in batches]
+    assert all(len(shards) == 1 for shards in shards_per_process)
+    assert len(set.union(*shards_per_process)) == 4

@@ -1,0 +1,126 @@
+"""A publish that fails gives the reservation back; a late copy of its message is dropped."""
+
+from __future__ import annotations
+
+import aio_pika
+import pytest
+from litestar.testing import AsyncTestClient
+
+from consumers.order_consumer import OrderConsumer
+from service.app import create_app
+from service.broker import OrderMessage, encode_order
+from service.keys import ProductKeys
+from service.order_no import compose_order_no
+from service.purchase import PurchaseRejected
+from service.request_id import mint_request_id
+from service.resources import Resources
+from tests.conftest import inventory, order_rows, redis_state
+
+
+@pytest.fixture
+async def unroutable_client(settings):
+    """An API whose order queue binding is gone: every publish comes back unroutable."""
+    broken = settings.model_copy(
+        update={"amqp": settings.amqp.model_copy(update={"queue": f"{settings.redis.key_prefix}.nowhere"})}
+    )
+    async with AsyncTestClient(app=create_app(broken), timeout=30) as client:
+        connection = await aio_pika.connect(settings.amqp.url)
+        channel = await connection.channel()
+        await channel.queue_delete(broken.amqp.queue)
+        await connection.close()
+        yield client
+
+
+async def test_unroutable_publish_is_503_and_returns_the_stock(
+    unroutable_client, client, token, put_product, product_id, redis, settings, engine
+):
+    await put_product(product_id, stock=3, limit=1)
+    before = await redis_state(redis, settings, product_id)
+    headers = {**token("unlucky"), "Idempotency-Key": "attempt"}
+    body = {"product_id": product_id, "quantity": 1}
+
+    failed = await unroutable_client.post("/api/v1/orders", json=body, headers=headers)
+    assert failed.status_code == 503 and failed.json()["code"] == "unavailable"
+    assert int(failed.headers["retry-after"]) >= 1
+    after = await redis_state(redis, settings, product_id)
+    assert (after["stock"], after["journal"], after["quota"]) == (before["stock"], {}, {})
+
+    retried = await client.post("/api/v1/orders", json=body, headers=headers)
+    assert retried.status_code == 202
+    assert (await redis_state(redis, settings, product_id))["stock"] == "2"
+    assert await order_rows(engine, product_id) == []
+
+
+async def test_broker_connection_down_gives_unavailable_and_returns_the_stock(settings, put_product, product_id, redis):
+    await put_product(product_id, stock=3, limit=1)
+    resources = await Resources.open(settings)
+    try:
+        await resources.publisher.close()
+        with pytest.raises(PurchaseRejected) as rejected:
+            await resources.purchases.purchase("u", product_id, 1, mint_request_id())
+    finally:
+        await resources.close()
+    assert rejected.value.code == "unavailable"
+    state = await redis_state(redis, settings, product_id)
+    assert (state["stock"], state["journal"], state["quota"]) == ("3", {}, {})
+
+
+async def _reserve(scripts, keys: ProductKeys, request_id: str, user: str, order_no: str):
+    return await scripts.reserve(
+        keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
+        args=[request_id, user, 1, order_no, 3600],
+    )
+
+
+async def test_release_after_a_consumer_claimed_keeps_the_order(scripts, put_product, product_id, settings, redis):
+    await put_product(product_id, stock=3, limit=1)
+    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    request_id = "0" * 31 + "1"
+    outcome = await _reserve(scripts, keys, request_id, "u", compose_order_no("FS", "20261130000000", 98, 1))
+    assert outcome[0] == "reserved"
+    assert await scripts.claim(keys=[keys.journal, keys.replay(request_id)], args=[request_id]) == "held"
+    release = await scripts.release(keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)], args=[request_id])
+    assert release == "claimed"
+    assert await redis.get(keys.stock) == "2"
+    assert request_id in await redis.hgetall(keys.journal)
+
+
+async def test_late_copy_of_a_released_message_is_dropped(
+    scripts, put_product, product_id, settings, redis, engine
+):
+    await put_product(product_id, stock=3, limit=1)
+    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    request_id = "0" * 31 + "2"
+    order_no = compose_order_no("FS", "20261130000000", 98, 2)
+    _, _, reserved_at = await _reserve(scripts, keys, request_id, "u", order_no)
+    release_keys = [keys.stock, keys.journal, keys.quota, keys.replay(request_id)]
+    assert await scripts.release(keys=release_keys, args=[request_id]) == "released"
+    assert await scripts.release(keys=release_keys, args=[request_id]) == "absent"  # idempotent
+
+    consumer = OrderConsumer(engine, redis, scripts, settings.redis.key_prefix)
+    late = _FakeDelivery(encode_order(OrderMessage(request_id, order_no, "u", product_id, 1, reserved_at)))
+    await consumer.handle(late)
+    assert late.settled == "ack"
+    assert consumer.counts == {"released": 1}
+    assert await order_rows(engine, product_id) == []
+    assert await inventory(engine, product_id) == (3, 0)
+    assert await redis.get(keys.stock) == "3"
+
+
+class _FakeDelivery:
+    """Stands in for the AMQP delivery object only (the broker is not under test here);
+    Redis and MySQL behind the consumer are real."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.message_id = "late"
+        self.settled: str | None = None
+
+    async def ack(self) -> None:
+        self.settled = "ack"
+
+    async def nack(self, requeue: bool = True) -> None:
+        self.settled = "nack"
+
+    async def reject(self, requeue: bool = False) -> None:
+        self.settled = "reject"

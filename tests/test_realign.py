@@ -1,0 +1,119 @@
+"""Realignment: exact while the sale is live, never an overwrite of live stock."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+import pytest
+
+from consumers.realign import Realigner
+from service.broker import Publisher
+from service.keys import ProductKeys
+from service.order_no import compose_order_no
+from service.request_id import mint_request_id
+from tests.conftest import eventually, inventory, order_rows, redis_state
+
+
+@pytest.fixture
+def realigner(engine, redis, scripts, settings):
+    return Realigner(engine, redis, scripts, settings.redis.key_prefix, grace_seconds=60)
+
+
+async def test_drift_is_repaired_and_reported(realigner, put_product, product_id, redis, settings):
+    await put_product(product_id, stock=7, limit=1)
+    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    await redis.set(keys.stock, 3)
+    dry = await realigner.realign(product_id, dry_run=True)
+    assert (dry.redis_stock_before, dry.redis_stock_after, dry.drift) == (3, 7, -4)
+    assert await redis.get(keys.stock) == "3"  # the dry run wrote nothing
+    report = await realigner.realign(product_id)
+    assert (report.mysql_stock, report.redis_stock_before, report.redis_stock_after, report.drift) == (7, 3, 7, -4)
+    assert await redis.get(keys.stock) == "7"
+
+
+async def test_reloading_a_live_product_keeps_reservations_in_flight(client, token, put_product, product_id, redis, settings):
+    await put_product(product_id, stock=10, limit=1)
+    for i in range(4):  # no consumer: four reservations stay in flight
+        response = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token(f"f{i}"))
+        assert response.status_code == 202
+    report = await put_product(product_id, stock=10, limit=1)
+    assert report["in_flight_units"] == 4
+    assert await redis.get(ProductKeys(settings.redis.key_prefix, product_id).stock) == "6"
+
+
+async def test_stale_reservation_without_order_is_republished(
+    engine, redis, scripts, settings, put_product, product_id, consumer
+):
+    """The API died between reserve and publish: realignment publishes it after the grace period."""
+    await put_product(product_id, stock=5, limit=1)
+    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    request_id = mint_request_id()
+    order_no = compose_order_no("FS", "20261130000000", 97, product_id)
+    outcome = await scripts.reserve(
+        keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
+        args=[request_id, "crashed", 1, order_no, 3600],
+    )
+    assert outcome[0] == "reserved"
+
+    publisher = Publisher(settings.amqp)
+    await publisher.connect()
+    try:
+        patient = Realigner(engine, redis, scripts, settings.redis.key_prefix, grace_seconds=60, publisher=publisher)
+        assert (await patient.realign(product_id)).republished == 0  # still inside the grace period
+        eager = Realigner(engine, redis, scripts, settings.redis.key_prefix, grace_seconds=0, publisher=publisher)
+        await asyncio.sleep(0.01)
+        assert (await eager.realign(product_id)).republished == 1
+    finally:
+        await publisher.close()
+
+    rows = await eventually(lambda: order_rows(engine, product_id))
+    assert [(row.order_no, row.request_id, row.status) for row in rows] == [(order_no, request_id, 0)]
+    assert await redis.hget(keys.replay(request_id), "state") == "queued"
+    final = await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    assert (final.mysql_stock, final.redis_stock_after, final.in_flight) == (4, 4, 0)
+
+
+async def test_realignment_during_live_purchases_and_consumers_ends_exact(
+    client, token, put_product, product_id, realigner, engine, redis, settings, consumer
+):
+    stock = 120
+    await put_product(product_id, stock=stock, limit=2)
+    headers = [token(f"live{i}") for i in range(150)]
+    stop = asyncio.Event()
+    passes: list = []
+
+    async def realign_continuously():
+        while not stop.is_set():
+            passes.append(await realigner.realign(product_id))
+            await asyncio.sleep(random.uniform(0, 0.01))
+
+    async def buyer(i: int):
+        await asyncio.sleep(random.uniform(0, 0.3))
+        quantity = 1 + i % 2
+        return await client.post(
+            "/api/v1/orders", json={"product_id": product_id, "quantity": quantity}, headers=headers[i]
+        )
+
+    looping = asyncio.create_task(realign_continuously())
+    responses = await asyncio.gather(*(buyer(i) for i in range(150)))
+    accepted_units = sum(r.json()["quantity"] for r in responses if r.status_code == 202)
+    accepted = sum(1 for r in responses if r.status_code == 202)
+    assert Counter(r.status_code for r in responses).keys() <= {202, 409}
+
+    async def drained():
+        rows = await order_rows(engine, product_id)
+        return len(rows) == accepted
+    await eventually(drained, timeout=30)
+    stop.set()
+    await looping
+    assert len(passes) > 5
+
+    final = await realigner.realign(product_id)
+    mysql_stock, sold = await inventory(engine, product_id)
+    assert sold == accepted_units == stock  # demand (225 units) exceeded supply: sold out exactly
+    assert mysql_stock == 0
+    assert final.redis_stock_after == mysql_stock and final.in_flight == 0
+    assert (await redis_state(redis, settings, product_id))["journal"] == {}
+    assert all(p.redis_stock_after >= 0 for p in passes)
