@@ -38,6 +38,7 @@ from service.settings import Settings
 log = structlog.get_logger(__name__)
 
 MAX_TRANSACTION_ATTEMPTS = 6
+RETRY_BACKOFF_SECONDS = 1.0  # unit of the requeue backoff
 _REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
 _USER_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
 
@@ -214,18 +215,26 @@ class OrderConsumer:
         try:
             outcome = await apply_order(self._engine, order)
         except Exception as exc:
-            # Requeued; the quorum queue's delivery limit dead-letters it after bounded attempts.
             log.error("apply_failed", request_id=order.request_id, error=repr(exc))
             self._count("failed")
-            await message.nack(requeue=True)
+            await self._retry_later(message)
             return
         if outcome is Outcome.UNKNOWN_PRODUCT:
             log.error("unknown_product", request_id=order.request_id, product_id=order.product_id)
             self._count(outcome.value)
-            await message.nack(requeue=True)
+            await self._retry_later(message)
             return
         self._count(outcome.value)
         await message.ack()
+
+    @staticmethod
+    async def _retry_later(message: AbstractIncomingMessage) -> None:
+        """Requeue after a backoff that grows with the delivery count (1, 2, 4 ... 30 s), so a
+        short MySQL outage does not burn the delivery limit; past the limit the quorum queue
+        dead-letters the message (and realignment re-publishes its reservation after the grace)."""
+        deliveries = int((message.headers or {}).get("x-delivery-count", 0) or 0)
+        await asyncio.sleep(min(2.0**deliveries, 30.0) * RETRY_BACKOFF_SECONDS)
+        await message.nack(requeue=True)
 
     async def drain(self) -> None:
         """Wait for every delivery in hand to finish (used on SIGTERM)."""

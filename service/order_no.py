@@ -35,7 +35,7 @@ SEQUENCE_MAX = 999_999
 SHARDS = 100
 _ORDER_NO = re.compile(r"^[A-Z]{2}[0-9]{24}$")
 _SEQUENCE_KEY_TTL_SECONDS = 120
-_SPARE_MAX_AGE_SECONDS = 1.0
+_SPARE_MAX_AGE_SECONDS = 5.0
 
 
 def _digits(text: str) -> str:
@@ -149,8 +149,8 @@ class OrderNumberMinter:
 
     ``take()`` returns a number that no other caller has; ``give_back()`` returns one that was
     never handed to a client (a rejected purchase), so the reject path costs no Redis call beyond
-    the reservation itself. Spares older than a second are dropped, so the embedded time stays
-    close to the purchase time.
+    the reservation itself. Spares older than five seconds are dropped, so the embedded time
+    stays close to the purchase time.
     """
 
     def __init__(self, redis: Redis, lease: ShardLease, key_prefix: str, order_no_prefix: str) -> None:
