@@ -117,3 +117,57 @@ async def test_realignment_during_live_purchases_and_consumers_ends_exact(
     assert final.redis_stock_after == mysql_stock and final.in_flight == 0
     assert (await redis_state(redis, settings, product_id))["journal"] == {}
     assert all(p.redis_stock_after >= 0 for p in passes)
+
+
+class _CommitsWhileJournalIsRead:
+    """The real Redis client, except that right after the realigner reads the journal, real
+    consumers commit: the race the brief names (a commit between the job's MySQL read and its
+    Redis write). Everything it runs goes to the real Redis and MySQL."""
+
+    def __init__(self, redis, during_read):
+        self._redis = redis
+        self._during_read = during_read
+
+    def __getattr__(self, name):
+        return getattr(self._redis, name)
+
+    async def hgetall(self, key):
+        journal = await self._redis.hgetall(key)
+        await self._during_read()
+        return journal
+
+
+async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
+    engine, redis, scripts, settings, put_product, product_id
+):
+    from consumers.order_consumer import apply_order
+    from service.broker import OrderMessage
+
+    await put_product(product_id, stock=10, limit=1)
+    keys = ProductKeys(settings.redis.key_prefix, product_id)
+
+    async def reserve(user: str, sequence: int) -> OrderMessage:
+        request_id = mint_request_id()
+        order_no = compose_order_no("FS", "20261130000001", 96, product_id * 10 + sequence)
+        outcome, _, reserved_at = await scripts.reserve(
+            keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
+            args=[request_id, user, 1, order_no, 3600],
+        )
+        assert outcome == "reserved"
+        return OrderMessage(request_id, order_no, user, product_id, 1, reserved_at)
+
+    a, b = await reserve("a", 1), await reserve("b", 2)
+
+    async def consumers_commit():
+        await apply_order(engine, a)  # an entry the job already read commits
+        await apply_order(engine, await reserve("c", 3))  # a new reservation appears and commits
+
+    racing = Realigner(engine, _CommitsWhileJournalIsRead(redis, consumers_commit), scripts, settings.redis.key_prefix, 60)
+    report = await racing.realign(product_id)
+    # Truth afterwards: MySQL 10 - 2 (a, c) = 8, in flight: b  ->  Redis must be 7.
+    assert await inventory(engine, product_id) == (8, 2)
+    assert report.redis_stock_after == 7 and await redis.get(keys.stock) == "7"
+
+    settled = await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    assert (settled.redis_stock_after, settled.in_flight, settled.resolved_dropped) == (7, 1, 2)
+    assert list(await redis.hgetall(keys.journal)) == [b.request_id]
