@@ -31,6 +31,7 @@ from db.engine import as_duplicate_key, is_retryable
 from db.models import OrderStatus
 from service.broker import OrderMessage, decode_order, declare_topology
 from service.keys import ProductKeys
+from service.lifecycle import transition
 from service.order_no import is_valid_order_no
 from service.scripts import Scripts
 from service.settings import Settings
@@ -51,7 +52,6 @@ _TAKE_STOCK = text(
     "UPDATE inventory SET stock = stock - :quantity, sold = sold + :quantity, version = version + 1"
     " WHERE product_id = :product_id AND stock >= :quantity"
 )
-_REJECT_ORDER = text("UPDATE orders SET status = :to_status, reason = :reason WHERE id = :id AND status = :from_status")
 _LOG_STATUS = text(
     "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
     " VALUES (:order_id, :from_status, :to_status, :reason)"
@@ -148,9 +148,7 @@ async def _apply_once(engine: AsyncEngine, order: OrderMessage) -> Outcome:
             # rowcount is matched rows on MySQL dialects; matched is what "had stock" means here.
             if (await conn.execute(_TAKE_STOCK, params)).rowcount == 1:
                 return Outcome.APPLIED
-            change = {"from_status": OrderStatus.PENDING_PAYMENT, "to_status": OrderStatus.REJECTED, "reason": "sold_out"}
-            await conn.execute(_REJECT_ORDER, {"id": order_id, **change})
-            await conn.execute(_LOG_STATUS, {"order_id": order_id, **change})
+            await transition(conn, order.order_no, OrderStatus.PENDING_PAYMENT, OrderStatus.REJECTED, "sold_out")
             return Outcome.REJECTED
     except _Rollback as rollback:
         return rollback.outcome

@@ -7,7 +7,8 @@ Exact while the sale is live. Per product:
 2. Read the product's reservation journal from Redis.
 3. In the same snapshot, find which of those request ids have an order row (resolved).
 4. One Lua call (``realign.lua``) drops the resolved entries and sets
-   ``stock = snapshot stock - units of every entry still in the journal``.
+   ``stock = snapshot stock - units of every entry still in the journal``; per-user quotas are
+   rebuilt the same way (units held in MySQL + units still in the journal).
 
 Opening the snapshot before reading the journal is what makes it exact: an entry added after
 the journal read was reserved after the snapshot began, so it cannot be in the snapshot and is
@@ -37,15 +38,22 @@ from service.scripts import Scripts
 
 log = structlog.get_logger(__name__)
 
-_ORDERS_BY_REQUEST_ID = text("SELECT request_id, status FROM orders WHERE request_id IN :ids").bindparams(
+_ORDERS_BY_REQUEST_ID = text("SELECT request_id FROM orders WHERE request_id IN :ids").bindparams(
     bindparam("ids", expanding=True)
 )
+# Units a user holds against the per-user limit: every order but cancelled and rejected ones.
+_RELEASED_STATUSES = [OrderStatus.CANCELLED, OrderStatus.REJECTED]
+_UNITS_HELD = text(
+    "SELECT user_id, SUM(quantity) FROM orders WHERE product_id = :p AND status NOT IN :released GROUP BY user_id"
+).bindparams(bindparam("released", expanding=True))
 _CHUNK = 1000
 
 
 class RealignReport(msgspec.Struct, frozen=True):
     """One product's realignment. Stock and units in units; ``redis_stock_before`` is None when
-    the product was not loaded in Redis. ``drift`` = before - after (None when not loaded)."""
+    the product was not loaded in Redis. ``drift`` = before - after (None when not loaded).
+    ``skipped_stale``: units returned by a cancellation newer than the snapshot had already
+    reached Redis, so this pass wrote nothing (the next one will)."""
 
     product_id: int
     mysql_stock: int
@@ -58,6 +66,7 @@ class RealignReport(msgspec.Struct, frozen=True):
     resolved_dropped: int
     republished: int
     dry_run: bool
+    skipped_stale: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,26 +130,26 @@ class Realigner:
             await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
             row = (
                 await conn.execute(
-                    text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id}
+                    text("SELECT stock, sold, version FROM inventory WHERE product_id = :p"), {"p": product_id}
                 )
             ).first()
             if row is None:
                 await conn.rollback()
                 raise LookupError(f"product {product_id} has no inventory row")
-            mysql_stock, mysql_sold = row
+            mysql_stock, mysql_sold, version = row
             journal = parse_journal(await self._redis.hgetall(keys.journal))
             ids = [entry.request_id for entry in journal]
-            resolved: dict[str, int] = {}
+            resolved: set[str] = set()
             for start in range(0, len(ids), _CHUNK):
                 rows = await conn.execute(_ORDERS_BY_REQUEST_ID, {"ids": ids[start : start + _CHUNK]})
-                resolved.update({request_id: status for request_id, status in rows})
+                resolved.update(request_id for (request_id,) in rows)
+            held = await conn.execute(_UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
+            quota_pairs = [str(value) for pair in held for value in pair]
             await conn.rollback()
 
-        pairs: list[str] = []
-        for request_id, status in resolved.items():
-            pairs += [request_id, "rejected" if status == OrderStatus.REJECTED else "applied"]
-        before, after, in_flight, units, dropped = await self._scripts.realign(
-            keys=[keys.stock, keys.journal, keys.quota], args=[mysql_stock, "0" if dry_run else "1", *pairs]
+        before, after, in_flight, units, dropped, stale = await self._scripts.realign(
+            keys=[keys.stock, keys.journal, keys.quota, keys.versions],
+            args=[mysql_stock, "0" if dry_run else "1", version, len(resolved), *resolved, *quota_pairs],
         )
         redis_before = int(before) if before != "" else None
 
@@ -148,8 +157,8 @@ class Realigner:
         if not dry_run and self._publisher is not None:
             seconds, micros = await self._redis.time()
             cutoff = seconds * 1000 + micros // 1000 - self._grace_ms
-            stale = [e for e in journal if e.request_id not in resolved and e.reserved_at_ms < cutoff]
-            republished = await self._republish(keys, product_id, stale)
+            overdue = [e for e in journal if e.request_id not in resolved and e.reserved_at_ms < cutoff]
+            republished = await self._republish(keys, product_id, overdue)
 
         report = RealignReport(
             product_id=product_id,
@@ -163,6 +172,7 @@ class Realigner:
             resolved_dropped=int(dropped),
             republished=republished,
             dry_run=dry_run,
+            skipped_stale=bool(stale),
         )
         log.info("realigned", **msgspec.structs.asdict(report))
         return report

@@ -49,4 +49,6 @@ def make_engine(settings: DBSettings) -> AsyncEngine:
         max_overflow=settings.max_overflow,
         pool_pre_ping=True,
         pool_recycle=1800,
+        # Every timestamp the service writes or compares (CURRENT_TIMESTAMP, NOW()) is UTC.
+        connect_args={"init_command": "SET time_zone = '+00:00'"},
     )

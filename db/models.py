@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from enum import IntEnum
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, UniqueConstraint, func
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Index, Integer, String, UniqueConstraint, func
 from sqlalchemy.dialects.mysql import TINYINT
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -95,3 +95,31 @@ class OrderStatusLog(Base):
     to_status: Mapped[int] = mapped_column(TINYINT)
     reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
+
+
+class Payment(Base):
+    """The payment channel's side of an order (seed "Payment Order Number Design and Idempotency
+    Tables"): the internal ``order_no`` and the channel's ``channel_txn_id`` kept apart; amount in
+    minor units; ``idem_key`` = ``biz_type:order_no:event`` on the notification that changed the
+    order (NULL on recorded-only rows); ``raw`` = the notification as received."""
+
+    __tablename__ = "payments"
+    __table_args__ = (
+        UniqueConstraint("idem_key", name="uq_payments_idem_key"),
+        UniqueConstraint("channel", "channel_txn_id", name="uq_payments_channel_txn"),
+        Index("ix_payments_order_no", "order_no"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    order_no: Mapped[str] = mapped_column(String(26))
+    channel: Mapped[str] = mapped_column(String(32))
+    channel_txn_id: Mapped[str] = mapped_column(String(64))
+    event: Mapped[str] = mapped_column(String(16))
+    amount: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
+    status: Mapped[str] = mapped_column(String(16))
+    flagged: Mapped[bool] = mapped_column(Boolean, default=False)
+    raw: Mapped[dict] = mapped_column(JSON)
+    idem_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
+    updated_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())

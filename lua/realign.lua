@@ -1,37 +1,50 @@
--- Make Redis stock = MySQL stock - units of reservations MySQL has not resolved, atomically
--- against the journal as it is now (entries added since the caller's read count as unresolved).
--- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota
--- ARGV[1] MySQL stock in the caller's snapshot   ARGV[2] '1' write, '0' dry run
--- ARGV[3..] pairs: request id, outcome ('applied' or 'rejected') resolved in that snapshot
--- Returns {stock_before or '', stock_after, in_flight_count, in_flight_units, resolved_dropped}.
+-- Make Redis = MySQL for one product, atomically against the journal as it is now (entries added
+-- since the caller's read count as unresolved):
+--   stock = MySQL stock - units of journal entries not resolved in the caller's snapshot
+--   quota = units per user held in MySQL (snapshot) + units per user still in the journal
+-- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota   KEYS[4] versions
+-- ARGV[1] MySQL stock in the snapshot   ARGV[2] '1' write, '0' dry run
+-- ARGV[3] inventory version of the snapshot   ARGV[4] n = number of resolved request ids
+-- ARGV[5 .. 4+n] request ids that have an order row in the snapshot
+-- ARGV[5+n ..] pairs: user id, units that user holds in MySQL (snapshot)
+-- Returns {stock_before or '', stock_after, in_flight_count, in_flight_units, resolved_dropped, stale}.
+-- stale = 1: a restock newer than the snapshot already reached Redis; nothing was written
+-- (the next pass, with a newer snapshot, writes).
+local n = tonumber(ARGV[4])
 local resolved = {}
-for i = 3, #ARGV, 2 do resolved[ARGV[i]] = ARGV[i + 1] end
-local write = ARGV[2] == '1'
+for i = 5, 4 + n do resolved[ARGV[i]] = true end
+local version = tonumber(ARGV[3])
+local restocked = tonumber(redis.call('HGET', KEYS[4], 'restocked') or '0')
+local stale = restocked > version
+local write = ARGV[2] == '1' and not stale
+
+local quota = {}
+for i = 5 + n, #ARGV, 2 do quota[ARGV[i]] = tonumber(ARGV[i + 1]) end
 
 local before = redis.call('GET', KEYS[1]) or ''
 local entries = redis.call('HGETALL', KEYS[2])
 local in_flight, units, dropped = 0, 0, 0
 for i = 1, #entries, 2 do
   local request_id = entries[i]
-  local user, quantity = string.match(entries[i + 1], '^(.*)|(%d+)|[^|]*|%d+|%d$')
-  quantity = tonumber(quantity)
-  local outcome = resolved[request_id]
-  if outcome then
+  if resolved[request_id] then
     dropped = dropped + 1
-    if write then
-      redis.call('HDEL', KEYS[2], request_id)
-      -- MySQL rejected it: the buyer holds nothing, so the per-user quota goes back.
-      if outcome == 'rejected' and redis.call('HINCRBY', KEYS[3], user, -quantity) <= 0 then
-        redis.call('HDEL', KEYS[3], user)
-      end
-    end
+    if write then redis.call('HDEL', KEYS[2], request_id) end
   else
+    local user, quantity = string.match(entries[i + 1], '^(.*)|(%d+)|[^|]*|%d+|%d$')
     in_flight = in_flight + 1
-    units = units + quantity
+    units = units + tonumber(quantity)
+    quota[user] = (quota[user] or 0) + tonumber(quantity)
   end
 end
 
 -- More units in flight than MySQL holds: some will be rejected by the consumer; sell nothing more.
 local after = math.max(tonumber(ARGV[1]) - units, 0)
-if write then redis.call('SET', KEYS[1], after) end
-return {before, after, in_flight, units, dropped}
+if write then
+  redis.call('SET', KEYS[1], after)
+  redis.call('DEL', KEYS[3])
+  for user, held in pairs(quota) do
+    if held > 0 then redis.call('HSET', KEYS[3], user, held) end
+  end
+  redis.call('HSET', KEYS[4], 'synced', version)
+end
+return {before, after, in_flight, units, dropped, stale and 1 or 0}

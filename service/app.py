@@ -16,6 +16,7 @@ from service.controllers.admin import AdminController
 from service.controllers.bench import BenchController
 from service.controllers.health import HealthController
 from service.controllers.orders import OrderController
+from service.controllers.payments import PaymentController
 from service.controllers.products import ProductController
 from service.log_setup import configure_logging
 from service.problems import UNEXPECTED_ERROR_HANDLERS, problem_details_plugin
@@ -44,7 +45,7 @@ class FlashsalePlugin(InitPluginProtocol):
         def provide_resources() -> Resources:
             return resources["current"]
 
-        controllers = [OrderController, ProductController, AdminController, HealthController]
+        controllers = [OrderController, ProductController, AdminController, HealthController, PaymentController]
         if settings.bench_routes:
             controllers.append(BenchController)
         app_config.route_handlers.append(Router("/api/v1", route_handlers=controllers))

@@ -1,4 +1,4 @@
-"""The ``flashsale`` console script: serve, consume, realign, sale, migrate, product, token."""
+"""The ``flashsale`` console script: serve, consume, realign, sale, migrate, product, token, pay, sweep."""
 
 from __future__ import annotations
 
@@ -101,6 +101,31 @@ def sale(**options) -> None:  # type: ignore[no-untyped-def]
     from service.sale import run_sale
 
     sys.exit(_run(run_sale(get_settings(), **options)))
+
+
+@main.command()
+@click.argument("order_no")
+@click.option("--amount", type=click.IntRange(0), default=None, help="Minor units (default: the order's amount).")
+@click.option("--txn", "txn_id", default=None, help="The channel's transaction id (default: a new one).")
+@click.option("--event", type=click.Choice(["paid", "refunded"]), default="paid", show_default=True)
+@click.option("--channel", default=None, help="Channel name (default: the first configured).")
+@click.option("--currency", default=None, help="ISO 4217 (default: the shop's).")
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The API.")
+def pay(order_no: str, amount: int | None, txn_id: str | None, event: str, channel: str | None, currency: str | None, url: str) -> None:
+    """Send a signed payment notification for ORDER_NO, as a payment channel would."""
+    from service.pay_cli import send_notification
+
+    result = _run(send_notification(get_settings(), order_no, amount, txn_id, event, channel, currency, url))
+    click.echo(result)
+
+
+@main.command()
+@click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
+def sweep(watch: float | None) -> None:
+    """Cancel orders unpaid after the payment window (FLASHSALE_PAYMENT__WINDOW_SECONDS); units go back on sale."""
+    from service.pay_cli import run_sweep
+
+    _run(run_sweep(get_settings(), watch))
 
 
 @main.command()

@@ -14,6 +14,9 @@ class ProductKeys:
     - ``journal``: hash request id -> ``user|quantity|order_no|reserved_at_ms|claimed``.
     - ``quota``: hash user id -> units the user holds.
     - ``replay(request_id)``: hash ``quantity``, ``order_no``, ``state`` for replays.
+    - ``versions``: hash ``synced`` (inventory version of the last realignment snapshot) and
+      ``restocked`` (highest inventory version whose returned units reached Redis).
+    - ``returned(order_no)``: marker that the order's units were given back to Redis.
     """
 
     prefix: str
@@ -39,8 +42,15 @@ class ProductKeys:
     def quota(self) -> str:
         return f"{self.tag}:quota"
 
+    @property
+    def versions(self) -> str:
+        return f"{self.tag}:versions"
+
     def replay(self, request_id: str) -> str:
         return f"{self.tag}:req:{request_id}"
+
+    def returned(self, order_no: str) -> str:
+        return f"{self.tag}:returned:{order_no}"
 
 
 def order_key(prefix: str, order_no: str) -> str:

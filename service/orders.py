@@ -1,7 +1,9 @@
-"""Reading an order back: MySQL when it has the row, else Redis while the order is only queued."""
+"""Reading orders back: MySQL when it has the row, else Redis while the order is only queued."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from datetime import UTC, datetime
 
 import msgspec
@@ -12,11 +14,22 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.models import OrderStatus
 from service.keys import order_key
 
+_COLUMNS = "id, order_no, request_id, user_id, product_id, quantity, amount, status, reason, created_at"
+
+
+class StatusChange(msgspec.Struct):
+    """One entry of an order's status history (``from`` is None for the creation)."""
+
+    to: str
+    at: datetime
+    reason: str | None = None
+    from_: str | None = msgspec.field(default=None, name="from")
+
 
 class OrderView(msgspec.Struct):
     """An order as its owner sees it. ``status`` is ``queued`` while only Redis knows the order,
     then the MySQL status label; ``quantity`` in units; ``amount`` in minor currency units
-    (None while queued)."""
+    (None while queued); ``history`` oldest first."""
 
     order_no: str
     request_id: str
@@ -26,33 +39,63 @@ class OrderView(msgspec.Struct):
     amount: int | None = None
     reason: str | None = None
     created_at: datetime | None = None
+    history: list[StatusChange] = []
+
+
+class OrderPage(msgspec.Struct):
+    """A page of the caller's orders, newest first; pass ``next_cursor`` back for the next page
+    (None on the last page)."""
+
+    orders: list[OrderView]
+    next_cursor: str | None
+
+
+class BadCursor(ValueError):
+    """A ``cursor`` that this service did not hand out."""
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC)
+
+
+def _view(row) -> OrderView:  # type: ignore[no-untyped-def]
+    return OrderView(
+        order_no=row.order_no,
+        request_id=row.request_id,
+        status=OrderStatus(row.status).label,
+        product_id=row.product_id,
+        quantity=row.quantity,
+        amount=row.amount,
+        reason=row.reason,
+        created_at=_utc(row.created_at),
+    )
 
 
 async def find_order(engine: AsyncEngine, redis: Redis, key_prefix: str, user_id: str, order_no: str) -> OrderView | None:
-    """The caller's order ``order_no``, or None when unknown or someone else's."""
+    """The caller's order ``order_no`` with its status history, or None when unknown or someone else's."""
     async with engine.connect() as conn:
-        row = (
-            await conn.execute(
+        row = (await conn.execute(text(f"SELECT {_COLUMNS} FROM orders WHERE order_no = :o"), {"o": order_no})).first()
+        if row is not None:
+            if row.user_id != user_id:
+                return None
+            log = await conn.execute(
                 text(
-                    "SELECT order_no, request_id, user_id, product_id, quantity, amount, status, reason, created_at"
-                    " FROM orders WHERE order_no = :o"
+                    "SELECT from_status, to_status, reason, created_at FROM order_status_log"
+                    " WHERE order_id = :id ORDER BY id"
                 ),
-                {"o": order_no},
+                {"id": row.id},
             )
-        ).first()
-    if row is not None:
-        if row.user_id != user_id:
-            return None
-        return OrderView(
-            order_no=row.order_no,
-            request_id=row.request_id,
-            status=OrderStatus(row.status).label,
-            product_id=row.product_id,
-            quantity=row.quantity,
-            amount=row.amount,
-            reason=row.reason,
-            created_at=row.created_at.replace(tzinfo=UTC),
-        )
+            view = _view(row)
+            view.history = [
+                StatusChange(
+                    to=OrderStatus(entry.to_status).label,
+                    at=_utc(entry.created_at),
+                    reason=entry.reason,
+                    from_=None if entry.from_status is None else OrderStatus(entry.from_status).label,
+                )
+                for entry in log
+            ]
+            return view
     queued = await redis.get(order_key(key_prefix, order_no))
     if queued is None:
         return None
@@ -60,3 +103,39 @@ async def find_order(engine: AsyncEngine, redis: Redis, key_prefix: str, user_id
     if owner != user_id:
         return None
     return OrderView(order_no=order_no, request_id=request_id, status="queued", product_id=int(product_id), quantity=int(quantity))
+
+
+def _encode_cursor(created_at: datetime, order_id: int) -> str:
+    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{order_id}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, int]:
+    try:
+        created_at, order_id = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().split("|")
+        return datetime.fromisoformat(created_at), int(order_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise BadCursor(cursor) from exc
+
+
+async def list_orders(engine: AsyncEngine, user_id: str, limit: int, cursor: str | None) -> OrderPage:
+    """The caller's orders in MySQL, newest first, keyset-paginated on (created_at, id) over the
+    ``(user_id, created_at)`` index; never another user's.
+
+    Raises:
+        BadCursor: ``cursor`` is not one this function returned.
+    """
+    params: dict[str, object] = {"u": user_id, "n": limit + 1}
+    after = ""
+    if cursor is not None:
+        params["c"], params["i"] = _decode_cursor(cursor)
+        after = " AND (created_at < :c OR (created_at = :c AND id < :i))"
+    async with engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                text(f"SELECT {_COLUMNS} FROM orders WHERE user_id = :u{after} ORDER BY created_at DESC, id DESC LIMIT :n"),
+                params,
+            )
+        ).all()
+    page = rows[:limit]
+    next_cursor = _encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
+    return OrderPage(orders=[_view(row) for row in page], next_cursor=next_cursor)

@@ -21,6 +21,7 @@ class Scripts:
     release: AsyncScript
     claim: AsyncScript
     realign: AsyncScript
+    restock: AsyncScript
     lease_renew: AsyncScript
     lease_release: AsyncScript
 

@@ -62,6 +62,18 @@ class RealignSettings(BaseModel):
     grace_seconds: float = Field(60.0, ge=0)
 
 
+class PaymentSettings(BaseModel):
+    """Payment channels and the payment window (seconds).
+
+    ``channel_secrets`` is a JSON object channel -> HMAC-SHA256 secret
+    (``FLASHSALE_PAYMENT__CHANNEL_SECRETS='{"mockpay": "..."}'``).
+    """
+
+    channel_secrets: dict[str, str] = {"mockpay": "dev-only-mockpay-secret-change-me"}
+    window_seconds: int = Field(900, ge=1)
+    currency: str = Field("CNY", pattern=r"^[A-Z]{3}$")
+
+
 class Settings(BaseSettings):
     """All settings; ``get_settings()`` returns the process-wide instance."""
 
@@ -75,6 +87,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings()
     orders: OrderSettings = OrderSettings()
     realign: RealignSettings = RealignSettings()
+    payment: PaymentSettings = PaymentSettings()
     log_level: str = "INFO"
     bench_routes: bool = False
 

@@ -6,11 +6,28 @@ from litestar import Controller, get, post, put
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody
 
+import msgspec
+
 from consumers.realign import RealignReport
 from service.auth import admin_only
 from service.catalog import ProductInput, set_product
+from service.lifecycle import OrderNotFound, TransitionLost, give_back_to_redis
+from service.order_no import is_valid_order_no
+from service.payments import request_refund
 from service.problems import Problem, field_error
 from service.resources import Resources
+
+
+class RefundRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """``restock``: put the units back on sale (off by default for refunds of paid orders)."""
+
+    restock: bool = False
+
+
+class OrderStatusAnswer(msgspec.Struct):
+    order_no: str
+    status: str
+    restocked: bool = False
 
 
 class AdminController(Controller):
@@ -42,6 +59,23 @@ class AdminController(Controller):
             return await resources.realigner.realign(product_id, dry_run=True)
         except LookupError:
             raise Problem(404, "product_not_found", f"Product {product_id} does not exist.") from None
+
+    @post("/orders/{order_no:str}/refund", status_code=200, summary="Start the refund of a paid order")
+    async def refund(
+        self, order_no: FromPath[str], resources: NamedDependency[Resources], data: JSONBody[RefundRequest | None] = None
+    ) -> OrderStatusAnswer:
+        if not is_valid_order_no(order_no):
+            raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
+        restock = bool(data and data.restock)
+        try:
+            returned = await request_refund(resources.engine, order_no, restock)
+        except OrderNotFound:
+            raise Problem(404, "order_not_found", f"No order {order_no}.") from None
+        except TransitionLost as lost:
+            raise Problem(409, "order_not_refundable", f"The order is {lost.current.label}.") from None
+        if returned is not None:
+            await give_back_to_redis(resources.redis, resources.scripts, resources.settings.redis.key_prefix, returned)
+        return OrderStatusAnswer(order_no, "refunding", restocked=restock)
 
     @post("/realign", status_code=200, summary="One realignment pass")
     async def realign(

@@ -7,12 +7,13 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.di import NamedDependency
-from litestar.params import FromPath, HeaderParameter, JSONBody
+from litestar.params import FromPath, FromQuery, HeaderParameter, JSONBody, QueryParameter
 from msgspec import Meta
 
 from service.auth import User
 from service.catalog import PositiveId, product_exists
-from service.orders import OrderView, find_order
+from service.lifecycle import OrderNotFound, TransitionLost, cancel_order, give_back_to_redis
+from service.orders import BadCursor, OrderPage, OrderView, find_order, list_orders
 from service.order_no import is_valid_order_no
 from service.problems import Problem, field_error
 from service.purchase import PurchaseRejected
@@ -45,6 +46,12 @@ _STATUS = {
     "idempotency_key_reused": 422,
     "unavailable": 503,
 }
+
+
+def _check_order_no(order_no: str) -> None:
+    """Order numbers coming back in are validated before any look-up (length, charset, check digits)."""
+    if not is_valid_order_no(order_no):
+        raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
 
 
 class OrderController(Controller):
@@ -85,12 +92,41 @@ class OrderController(Controller):
         headers = {"Retry-After": "1"} if rejected.code == "unavailable" else None
         return Problem(_STATUS[rejected.code], rejected.code, rejected.detail, headers=headers)
 
+    @get("/", summary="Your orders, newest first (keyset pages)")
+    async def list_orders(
+        self,
+        request: Request[User, Any, Any],
+        resources: NamedDependency[Resources],
+        limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
+        cursor: FromQuery[str | None] = None,
+    ) -> OrderPage:
+        try:
+            return await list_orders(resources.engine, request.user.id, limit, cursor)
+        except BadCursor:
+            raise field_error("cursor", "not a cursor this service handed out") from None
+
+    @post("/{order_no:str}/cancel", status_code=200, summary="Cancel your unpaid order; its units go back on sale")
+    async def cancel(
+        self, request: Request[User, Any, Any], order_no: FromPath[str], resources: NamedDependency[Resources]
+    ) -> OrderView:
+        _check_order_no(order_no)
+        try:
+            returned = await cancel_order(resources.engine, order_no, "buyer_cancelled", owner=request.user.id)
+        except OrderNotFound:
+            raise Problem(404, "order_not_found", f"No order {order_no}.") from None
+        except TransitionLost as lost:
+            raise Problem(409, "order_not_cancellable", f"The order is {lost.current.label}.") from None
+        prefix = resources.settings.redis.key_prefix
+        await give_back_to_redis(resources.redis, resources.scripts, prefix, returned)
+        view = await find_order(resources.engine, resources.redis, prefix, request.user.id, order_no)
+        assert view is not None
+        return view
+
     @get("/{order_no:str}", summary="Read one of your orders")
     async def get_order(
         self, request: Request[User, Any, Any], order_no: FromPath[str], resources: NamedDependency[Resources]
     ) -> OrderView:
-        if not is_valid_order_no(order_no):
-            raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
+        _check_order_no(order_no)
         view = await find_order(
             resources.engine, resources.redis, resources.settings.redis.key_prefix, request.user.id, order_no
         )

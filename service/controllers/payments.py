@@ -1,0 +1,50 @@
+"""Payment channel notifications (signed with HMAC-SHA256, no JWT)."""
+
+from __future__ import annotations
+
+import msgspec
+from litestar import Controller, Request, post
+from litestar.di import NamedDependency
+
+from service.lifecycle import OrderNotFound
+from service.order_no import is_valid_order_no
+from service.payments import (
+    ChannelTxnReused,
+    Notification,
+    NotifyResult,
+    SignatureInvalid,
+    handle_notification,
+    verify,
+)
+from service.problems import Problem, field_error
+from service.resources import Resources
+
+_decoder = msgspec.json.Decoder(Notification)
+
+
+class PaymentController(Controller):
+    path = "/payments"
+    tags = ["payments"]
+
+    @post("/notify", status_code=200, summary="A payment channel's notification (X-Signature: hex HMAC-SHA256 of the body)")
+    async def notify(self, request: Request, resources: NamedDependency[Resources]) -> NotifyResult:
+        raw = await request.body()
+        try:
+            note = _decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            raise field_error("body", str(exc)) from None
+        except msgspec.DecodeError:
+            raise field_error("body", "not a JSON notification") from None
+        settings = resources.settings.payment
+        try:
+            verify(settings.channel_secrets, note.channel, raw, request.headers.get("X-Signature"))
+        except SignatureInvalid:
+            raise Problem(401, "invalid_signature", "Missing or wrong X-Signature for this channel.") from None
+        if not is_valid_order_no(note.order_no):
+            raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
+        try:
+            return await handle_notification(resources.engine, note, raw, settings.currency)
+        except OrderNotFound:
+            raise Problem(404, "order_not_found", f"No order {note.order_no}.") from None
+        except ChannelTxnReused:
+            raise Problem(409, "channel_txn_reused", "This channel transaction id belongs to another order.") from None

@@ -1,0 +1,199 @@
+"""Order lifecycle after the purchase: the whitelisted state machine, cancellation (by the buyer or
+the payment timeout), and giving returned units back to Redis.
+
+Every status change is one conditional ``UPDATE orders ... WHERE order_no = ? AND status = ?``
+plus its ``order_status_log`` row in the same transaction. Losing the race (no row matched) is
+reported as :class:`TransitionLost`, never retried blindly. (MySQL dialects count matched rows;
+with the status in the WHERE clause a matched row is a changed row.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from db.models import OrderStatus as S
+from service.keys import ProductKeys
+from service.scripts import Scripts
+
+log = structlog.get_logger(__name__)
+
+ALLOWED: dict[S, frozenset[S]] = {
+    S.PENDING_PAYMENT: frozenset({S.PAID, S.CANCELLED, S.REJECTED}),
+    S.PAID: frozenset({S.SHIPPED, S.REFUNDING}),
+    S.SHIPPED: frozenset({S.COMPLETED}),
+    S.REFUNDING: frozenset({S.REFUNDED}),
+}
+"""The whitelist: from-status -> allowed to-statuses. Cancelled, completed, refunded and
+rejected are final."""
+
+RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
+
+
+class OrderNotFound(LookupError):
+    """No such order (or not the caller's)."""
+
+
+class IllegalTransition(ValueError):
+    """The whitelist does not allow this change."""
+
+
+class TransitionLost(Exception):
+    """The order was no longer in the expected status: another change won the race.
+    ``current`` is the status it has now."""
+
+    def __init__(self, order_no: str, current: S) -> None:
+        super().__init__(f"order {order_no} is {current.label}")
+        self.order_no = order_no
+        self.current = current
+
+
+@dataclass(frozen=True, slots=True)
+class OrderRow:
+    """The columns the lifecycle needs (amount in minor units, quantity in units)."""
+
+    id: int
+    order_no: str
+    user_id: str
+    product_id: int
+    quantity: int
+    amount: int
+    status: S
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnedUnits:
+    """Units given back to MySQL stock by a committed change, to be given back to Redis too.
+    ``inventory_version`` is the inventory row's version after that commit."""
+
+    order_no: str
+    user_id: str
+    product_id: int
+    quantity: int
+    inventory_version: int
+
+
+async def load_order(conn: AsyncConnection, order_no: str, *, for_update: bool = False) -> OrderRow | None:
+    """The order ``order_no`` (row-locked with ``for_update``), or None."""
+    lock = " FOR UPDATE" if for_update else ""
+    row = (
+        await conn.execute(
+            text(
+                "SELECT id, order_no, user_id, product_id, quantity, amount, status FROM orders"
+                f" WHERE order_no = :o{lock}"
+            ),
+            {"o": order_no},
+        )
+    ).first()
+    return None if row is None else OrderRow(*row[:6], status=S(row.status))
+
+
+async def transition(conn: AsyncConnection, order_no: str, from_: S, to: S, reason: str | None = None) -> None:
+    """Change ``order_no`` from ``from_`` to ``to`` inside the caller's transaction and log it.
+
+    Raises:
+        IllegalTransition: ``to`` is not allowed after ``from_``.
+        TransitionLost: the order was not in ``from_`` any more (or does not exist).
+    """
+    if to not in ALLOWED.get(from_, frozenset()):
+        raise IllegalTransition(f"{from_.label} -> {to.label} is not allowed")
+    changed = await conn.execute(
+        text("UPDATE orders SET status = :to, reason = :reason WHERE order_no = :o AND status = :from_"),
+        {"to": to, "reason": reason, "o": order_no, "from_": from_},
+    )
+    if changed.rowcount != 1:
+        current = (await conn.execute(text("SELECT status FROM orders WHERE order_no = :o"), {"o": order_no})).scalar()
+        raise TransitionLost(order_no, S(current) if current is not None else from_)
+    await conn.execute(
+        text(
+            "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
+            " SELECT id, :from_, :to, :reason FROM orders WHERE order_no = :o"
+        ),
+        {"from_": from_, "to": to, "reason": reason, "o": order_no},
+    )
+
+
+async def return_stock(conn: AsyncConnection, order: OrderRow) -> ReturnedUnits:
+    """``stock + q, sold - q`` for the order's product inside the caller's transaction."""
+    await conn.execute(
+        text(
+            "UPDATE inventory SET stock = stock + :q, sold = sold - :q, version = version + 1"
+            " WHERE product_id = :p"
+        ),
+        {"q": order.quantity, "p": order.product_id},
+    )
+    version = (
+        await conn.execute(text("SELECT version FROM inventory WHERE product_id = :p"), {"p": order.product_id})
+    ).scalar_one()
+    return ReturnedUnits(order.order_no, order.user_id, order.product_id, order.quantity, version)
+
+
+async def cancel_order(engine: AsyncEngine, order_no: str, reason: str, *, owner: str | None = None) -> ReturnedUnits:
+    """Cancel a ``pending_payment`` order and return its units to MySQL stock, one transaction.
+
+    ``owner``: when given, only that user's order can be cancelled. ``reason`` is logged
+    (``buyer_cancelled``, ``payment_timeout``).
+
+    Raises:
+        OrderNotFound: unknown, or not ``owner``'s.
+        TransitionLost: the order is no longer pending payment (paid, cancelled, ...).
+    """
+    async with engine.begin() as conn:
+        order = await load_order(conn, order_no)
+        if order is None or (owner is not None and order.user_id != owner):
+            raise OrderNotFound(order_no)
+        await transition(conn, order_no, S.PENDING_PAYMENT, S.CANCELLED, reason)
+        returned = await return_stock(conn, order)
+    log.info("order_cancelled", order_no=order_no, reason=reason, quantity=order.quantity)
+    return returned
+
+
+async def give_back_to_redis(redis: Redis, scripts: Scripts, key_prefix: str, returned: ReturnedUnits) -> str:
+    """Return the units and the buyer's quota to Redis, exactly once (``lua/restock.lua``).
+
+    Returns ``returned``, ``done`` (already given back), ``realigned`` (a realignment counted
+    them already) or ``failed`` (Redis error: the next realignment restores them from MySQL).
+    """
+    keys = ProductKeys(key_prefix, returned.product_id)
+    try:
+        return await scripts.restock(
+            keys=[keys.stock, keys.quota, keys.versions, keys.returned(returned.order_no)],
+            args=[returned.user_id, returned.quantity, returned.inventory_version, RETURNED_MARKER_TTL_SECONDS],
+        )
+    except RedisError as exc:
+        log.warning("restock_failed", order_no=returned.order_no, error=repr(exc))
+        return "failed"
+
+
+async def expire_unpaid(
+    engine: AsyncEngine, redis: Redis, scripts: Scripts, key_prefix: str, window_seconds: int, batch: int = 500
+) -> int:
+    """One sweep: cancel every order still ``pending_payment`` ``window_seconds`` after it was
+    created (reason ``payment_timeout``) and give its units back. Returns how many it cancelled;
+    an order paid in the meantime loses nothing (the conditional update skips it)."""
+    cancelled = 0
+    while True:
+        async with engine.connect() as conn:
+            due = (
+                await conn.execute(
+                    text(
+                        "SELECT order_no FROM orders WHERE status = :pending"
+                        " AND created_at < NOW() - INTERVAL :window SECOND ORDER BY created_at LIMIT :batch"
+                    ),
+                    {"pending": S.PENDING_PAYMENT, "window": window_seconds, "batch": batch},
+                )
+            ).scalars().all()
+        for order_no in due:
+            try:
+                returned = await cancel_order(engine, order_no, "payment_timeout")
+            except TransitionLost:
+                continue
+            await give_back_to_redis(redis, scripts, key_prefix, returned)
+            cancelled += 1
+        if len(due) < batch:
+            return cancelled

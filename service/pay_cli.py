@@ -1,0 +1,80 @@
+"""``flashsale pay`` (sign and send a notification like a channel) and ``flashsale sweep``."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import httpx
+import msgspec
+from sqlalchemy import text
+
+from db.engine import make_engine
+from service.lifecycle import expire_unpaid
+from service.log_setup import configure_logging
+from service.payments import sign
+from service.resources import make_redis
+from service.scripts import Scripts
+from service.settings import Settings
+
+
+async def _order_amount(settings: Settings, order_no: str) -> int:
+    engine = make_engine(settings.db)
+    try:
+        async with engine.connect() as conn:
+            amount = (await conn.execute(text("SELECT amount FROM orders WHERE order_no = :o"), {"o": order_no})).scalar()
+    finally:
+        await engine.dispose()
+    if amount is None:
+        raise SystemExit(f"error: no order {order_no} in MySQL (still queued?)")
+    return int(amount)
+
+
+async def send_notification(
+    settings: Settings,
+    order_no: str,
+    amount: int | None,
+    txn_id: str | None,
+    event: str,
+    channel: str | None,
+    currency: str | None,
+    url: str,
+) -> str:
+    """POST a notification signed with the channel's secret; returns ``<status> <body>``."""
+    channel = channel or next(iter(settings.payment.channel_secrets))
+    body = msgspec.json.encode(
+        {
+            "channel": channel,
+            "channel_txn_id": txn_id or f"txn-{secrets.token_hex(8)}",
+            "order_no": order_no,
+            "amount": amount if amount is not None else await _order_amount(settings, order_no),
+            "currency": currency or settings.payment.currency,
+            "event": event,
+        }
+    )
+    signature = sign(settings.payment.channel_secrets.get(channel, ""), body)
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        response = await client.post(
+            "/api/v1/payments/notify",
+            content=body,
+            headers={"content-type": "application/json", "X-Signature": signature},
+        )
+    return f"{response.status_code} {response.text}"
+
+
+async def run_sweep(settings: Settings, watch: float | None) -> None:
+    """``flashsale sweep``: cancel unpaid orders past the payment window; one pass or ``--watch``."""
+    configure_logging(settings.log_level)
+    engine = make_engine(settings.db)
+    redis = make_redis(settings)
+    scripts = Scripts.register(redis)
+    try:
+        while True:
+            cancelled = await expire_unpaid(engine, redis, scripts, settings.redis.key_prefix, settings.payment.window_seconds)
+            print(f"cancelled {cancelled} unpaid order(s) past {settings.payment.window_seconds}s", flush=True)
+            if watch is None:
+                return
+            await asyncio.sleep(watch)
+    finally:
+        await redis.aclose()
+        await engine.dispose()

@@ -1,0 +1,280 @@
+"""Order lifecycle on the real services: payment, cancellation, timeout, refunds, races."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import Counter
+
+import pytest
+from sqlalchemy import text
+
+from consumers.realign import Realigner
+from db.models import OrderStatus as S
+from service.keys import ProductKeys
+from service.lifecycle import IllegalTransition, expire_unpaid, transition
+from service.payments import sign
+from tests.conftest import eventually, inventory, order_rows, redis_state
+
+
+async def buy_and_settle(client, token, engine, product_id: int, users: list[str], quantity: int = 1) -> list[str]:
+    """Buy once per user through the API and wait until every order is in MySQL; order numbers."""
+    responses = await asyncio.gather(
+        *(client.post("/api/v1/orders", json={"product_id": product_id, "quantity": quantity}, headers=token(u)) for u in users)
+    )
+    assert all(r.status_code == 202 for r in responses), [r.text for r in responses if r.status_code != 202]
+
+    async def all_written():
+        return len(await order_rows(engine, product_id)) == len(users)
+
+    await eventually(all_written, timeout=30)
+    return [r.json()["order_no"] for r in responses]
+
+
+def notification(settings, order_no: str, amount: int = 1500, txn: str = "t1", event: str = "paid", **extra) -> tuple[bytes, dict]:
+    body = json.dumps(
+        {"channel": "mockpay", "channel_txn_id": txn, "order_no": order_no, "amount": amount,
+         "currency": settings.payment.currency, "event": event, **extra}
+    ).encode()
+    secret = settings.payment.channel_secrets["mockpay"]
+    return body, {"content-type": "application/json", "X-Signature": sign(secret, body)}
+
+
+async def notify(client, settings, order_no, **kwargs):
+    body, headers = notification(settings, order_no, **kwargs)
+    return await client.post("/api/v1/payments/notify", content=body, headers=headers)
+
+
+async def status_of(engine, order_no: str) -> S:
+    async with engine.connect() as conn:
+        return S((await conn.execute(text("SELECT status FROM orders WHERE order_no = :o"), {"o": order_no})).scalar())
+
+
+async def payments_of(engine, order_no: str) -> list:
+    async with engine.connect() as conn:
+        return list(await conn.execute(
+            text("SELECT channel_txn_id, event, status, flagged, idem_key FROM payments WHERE order_no = :o ORDER BY id"),
+            {"o": order_no}))
+
+
+async def test_whitelist_refuses_illegal_changes(engine, client, token, put_product, product_id, consumer):
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["w"])
+    async with engine.begin() as conn:
+        for frm, to in [(S.CANCELLED, S.PAID), (S.REJECTED, S.PAID), (S.PENDING_PAYMENT, S.REFUNDED), (S.PAID, S.PENDING_PAYMENT)]:
+            with pytest.raises(IllegalTransition):
+                await transition(conn, order_no, frm, to)
+    assert await status_of(engine, order_no) is S.PENDING_PAYMENT
+
+
+async def test_same_notification_ten_times_at_once_pays_once(client, token, put_product, product_id, engine, settings, consumer):
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["payer"])
+    responses = await asyncio.gather(*(notify(client, settings, order_no, txn="same") for _ in range(10)))
+    assert all(r.status_code == 200 for r in responses)
+    assert Counter(r.json()["result"] for r in responses) == {"paid": 1, "already_processed": 9}
+    later = await notify(client, settings, order_no, txn="same")
+    assert later.json() == {"result": "already_processed", "order_status": "paid"}
+    assert await status_of(engine, order_no) is S.PAID
+    assert [(p.status, p.idem_key) for p in await payments_of(engine, order_no)] == [("applied", f"pay:{order_no}:paid")]
+    history = (await client.get(f"/api/v1/orders/{order_no}", headers=token("payer"))).json()["history"]
+    assert [(h["from"], h["to"]) for h in history] == [(None, "pending_payment"), ("pending_payment", "paid")]
+
+
+@pytest.mark.parametrize("signature", [None, "", "00" * 32, "not-hex"])
+async def test_bad_signature_is_401_with_no_side_effects(client, token, put_product, product_id, engine, settings, consumer, signature):
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["sig"])
+    body, headers = notification(settings, order_no)
+    if signature is None:
+        del headers["X-Signature"]
+    else:
+        headers["X-Signature"] = signature
+    response = await client.post("/api/v1/payments/notify", content=body, headers=headers)
+    assert response.status_code == 401 and response.json()["code"] == "invalid_signature"
+    assert await payments_of(engine, order_no) == []
+    assert await status_of(engine, order_no) is S.PENDING_PAYMENT
+
+
+async def test_unknown_channel_and_tampered_body_are_401(client, token, put_product, product_id, engine, settings, consumer):
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["tamper"])
+    body, headers = notification(settings, order_no)
+    tampered = body.replace(b'"amount": 1500', b'"amount": 1')
+    assert (await client.post("/api/v1/payments/notify", content=tampered, headers=headers)).status_code == 401
+    other = body.replace(b'"mockpay"', b'"otherpay"')
+    assert (await client.post("/api/v1/payments/notify", content=other, headers=headers)).status_code == 401
+    assert await payments_of(engine, order_no) == []
+
+
+@pytest.mark.parametrize("change", [{"amount": 1499}, {"amount": 15000}, {"currency": "USD"}])
+async def test_amount_or_currency_mismatch_is_recorded_flagged_and_not_paid(
+    client, token, put_product, product_id, engine, settings, consumer, change
+):
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["mis"])
+    body = json.dumps({"channel": "mockpay", "channel_txn_id": f"m-{order_no}", "order_no": order_no, "amount": 1500,
+                       "currency": settings.payment.currency, "event": "paid", **change}).encode()
+    headers = {"content-type": "application/json", "X-Signature": sign(settings.payment.channel_secrets["mockpay"], body)}
+    response = await client.post("/api/v1/payments/notify", content=body, headers=headers)
+    assert response.status_code == 200 and response.json()["result"] == "amount_mismatch"
+    assert [(p.status, p.flagged, p.idem_key) for p in await payments_of(engine, order_no)] == [("mismatch", 1, None)]
+    assert await status_of(engine, order_no) is S.PENDING_PAYMENT
+
+
+async def test_cancel_returns_the_unit_exactly_once_and_it_sells_again(
+    client, token, put_product, product_id, engine, redis, settings, consumer
+):
+    await put_product(product_id, stock=1, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["canceller"])
+    assert await inventory(engine, product_id) == (0, 1)
+    assert (await client.post(f"/api/v1/orders/{order_no}/cancel", headers=token("someone-else"))).status_code == 404
+
+    cancelled = await client.post(f"/api/v1/orders/{order_no}/cancel", headers=token("canceller"))
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    again = await client.post(f"/api/v1/orders/{order_no}/cancel", headers=token("canceller"))
+    assert again.status_code == 409 and again.json()["code"] == "order_not_cancellable"
+    assert await inventory(engine, product_id) == (1, 0)
+    state = await redis_state(redis, settings, product_id)
+    assert state["stock"] == "1" and state["quota"] == {}
+
+    # The unit is on sale again, and the same buyer's quota is free again.
+    resold = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token("canceller"))
+    assert resold.status_code == 202
+    report = await Realigner(engine, redis, _scripts(redis), settings.redis.key_prefix, 60).realign(product_id)
+    mysql_stock, sold = await inventory(engine, product_id)
+    assert mysql_stock + sold == 1
+    assert report.redis_stock_after == report.mysql_stock - report.in_flight_units
+
+
+def _scripts(redis):
+    from service.scripts import Scripts
+
+    return Scripts.register(redis)
+
+
+async def test_payment_timeout_sweep_cancels_unpaid_orders_once(
+    client, token, put_product, product_id, engine, redis, scripts, settings, consumer
+):
+    await put_product(product_id, stock=5, limit=1)
+    order_nos = await buy_and_settle(client, token, engine, product_id, [f"slow{i}" for i in range(4)])
+    paid = order_nos[0]
+    assert (await notify(client, settings, paid, txn="sweep-paid")).json()["result"] == "paid"
+    await asyncio.sleep(2.1)  # the window below is 1 s; created_at has one-second precision
+
+    prefix = settings.redis.key_prefix
+    # The sweep is global: earlier tests' unpaid orders in this run's database go too.
+    assert await expire_unpaid(engine, redis, scripts, prefix, window_seconds=1) >= 3
+    assert await expire_unpaid(engine, redis, scripts, prefix, window_seconds=1) == 0
+    statuses = {o: await status_of(engine, o) for o in order_nos}
+    assert statuses[paid] is S.PAID
+    assert [s for o, s in statuses.items() if o != paid] == [S.CANCELLED] * 3
+    assert await inventory(engine, product_id) == (4, 1)
+    state = await redis_state(redis, settings, product_id)
+    assert state["stock"] == "4" and set(state["quota"]) == {"slow0"}
+    rows = {row.order_no: row.reason for row in await order_rows(engine, product_id)}
+    assert {rows[o] for o in order_nos[1:]} == {"payment_timeout"}
+
+
+async def test_cancel_racing_pay_a_hundred_times(client, token, put_product, product_id, engine, redis, scripts, settings, consumer):
+    await put_product(product_id, stock=100, limit=1)
+    users = [f"racer{i}" for i in range(100)]
+    order_nos = await buy_and_settle(client, token, engine, product_id, users)
+
+    async def cancel(order_no, user):
+        await asyncio.sleep(random.uniform(0, 0.02))
+        return await client.post(f"/api/v1/orders/{order_no}/cancel", headers=token(user))
+
+    async def pay(order_no):
+        await asyncio.sleep(random.uniform(0, 0.02))
+        return await notify(client, settings, order_no, txn=f"race-{order_no}")
+
+    results = await asyncio.gather(*(asyncio.gather(cancel(o, u), pay(o)) for o, u in zip(order_nos, users)))
+    paid = cancelled = 0
+    for order_no, (cancel_response, pay_response) in zip(order_nos, results):
+        status = await status_of(engine, order_no)
+        payments = await payments_of(engine, order_no)
+        assert cancel_response.status_code in (200, 409) and pay_response.status_code == 200
+        if status is S.PAID:  # the payment won: the cancel lost and said so
+            paid += 1
+            assert cancel_response.status_code == 409 and pay_response.json()["result"] == "paid"
+            assert [p.status for p in payments] == ["applied"]
+        else:  # the cancel won: the money is recorded and goes back; the order is never paid
+            cancelled += 1
+            assert status is S.CANCELLED and cancel_response.status_code == 200
+            assert pay_response.json()["result"] == "refund_started"
+            assert [(p.status, p.flagged) for p in payments] == [("refunding", 1)]
+    assert paid + cancelled == 100
+    assert paid and cancelled  # the jitter lets each side win some of the races
+    mysql_stock, sold = await inventory(engine, product_id)
+    assert (mysql_stock, sold) == (cancelled, paid)
+    report = await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    assert report.redis_stock_after == mysql_stock and report.drift == 0
+    assert len(await redis.hgetall(ProductKeys(settings.redis.key_prefix, product_id).quota)) == paid
+
+
+async def test_refunds_admin_then_channel_idempotent_and_restock_only_on_request(
+    client, token, admin, put_product, product_id, engine, redis, settings, consumer
+):
+    await put_product(product_id, stock=3, limit=1)
+    keep, restock = await buy_and_settle(client, token, engine, product_id, ["r1", "r2"])
+    for order_no in (keep, restock):
+        assert (await notify(client, settings, order_no, txn=f"pay-{order_no}")).json()["result"] == "paid"
+
+    plain = await client.post(f"/api/v1/admin/orders/{keep}/refund", headers=admin)
+    assert plain.status_code == 200 and plain.json()["status"] == "refunding"
+    assert (await client.post(f"/api/v1/admin/orders/{keep}/refund", headers=admin)).status_code == 409
+    assert await inventory(engine, product_id) == (1, 2)  # no restock without asking
+    with_stock = await client.post(f"/api/v1/admin/orders/{restock}/refund", json={"restock": True}, headers=admin)
+    assert with_stock.status_code == 200 and with_stock.json()["restocked"] is True
+    assert await inventory(engine, product_id) == (2, 1)
+    assert (await redis_state(redis, settings, product_id))["stock"] == "2"
+
+    for _ in range(2):  # the channel confirms, twice
+        done = await notify(client, settings, keep, txn=f"refund-{keep}", event="refunded")
+    assert done.json() == {"result": "already_processed", "order_status": "refunded"}
+    assert await status_of(engine, keep) is S.REFUNDED
+    assert (await client.post(f"/api/v1/admin/orders/{keep}/refund", headers=token("r1"))).status_code == 403
+
+
+async def test_a_channel_transaction_id_cannot_pay_two_orders(client, token, put_product, product_id, engine, settings, consumer):
+    await put_product(product_id, stock=2, limit=1)
+    first, second = await buy_and_settle(client, token, engine, product_id, ["tx1", "tx2"])
+    assert (await notify(client, settings, first, txn="shared-txn")).json()["result"] == "paid"
+    reused = await notify(client, settings, second, txn="shared-txn")
+    assert reused.status_code == 409 and reused.json()["code"] == "channel_txn_reused"
+    assert await status_of(engine, second) is S.PENDING_PAYMENT and await payments_of(engine, second) == []
+
+
+async def test_late_payment_after_cancel_is_refunded(client, token, put_product, product_id, engine, settings, consumer):
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["late"])
+    assert (await client.post(f"/api/v1/orders/{order_no}/cancel", headers=token("late"))).status_code == 200
+    late = await notify(client, settings, order_no, txn="late-pay")
+    assert late.json() == {"result": "refund_started", "order_status": "cancelled"}
+    settled = await notify(client, settings, order_no, txn="late-refund", event="refunded")
+    assert settled.json()["result"] == "refunded"
+    assert [(p.event, p.status) for p in await payments_of(engine, order_no)] == [("paid", "refunded"), ("refunded", "applied")]
+    assert await status_of(engine, order_no) is S.CANCELLED
+
+
+async def test_order_list_is_the_callers_newest_first_in_keyset_pages(client, token, put_product, new_product_id, engine, consumer):
+    products = [new_product_id() for _ in range(5)]
+    for pid in products:
+        await put_product(pid, stock=3, limit=1)
+    mine = [(await buy_and_settle(client, token, engine, pid, ["lister"]))[0] for pid in products]
+    await buy_and_settle(client, token, engine, products[0], ["other-lister"])
+
+    seen, cursor, pages = [], None, 0
+    while True:
+        query = "?limit=2" + (f"&cursor={cursor}" if cursor else "")
+        page = (await client.get(f"/api/v1/orders{query}", headers=token("lister"))).json()
+        seen += [o["order_no"] for o in page["orders"]]
+        pages += 1
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3 and seen == list(reversed(mine))
+    bad = await client.get("/api/v1/orders?cursor=garbage!", headers=token("lister"))
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_request"
