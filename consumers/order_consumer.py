@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import as_duplicate_key, is_retryable
 from db.models import OrderStatus
-from service.broker import OrderMessage, decode_order, declare_topology
+from service.broker import OrderMessage, declare_topology, decode_order
 from service.keys import ProductKeys
 from service.lifecycle import transition
 from service.order_no import is_valid_order_no

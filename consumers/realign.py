@@ -32,7 +32,7 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
-from service.broker import OrderMessage, PublishFailed, Publisher
+from service.broker import OrderMessage, Publisher, PublishFailed
 from service.keys import ProductKeys
 from service.scripts import Scripts
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from importlib.resources import files
 
@@ -42,6 +43,8 @@ async def create_database(url: str) -> None:
 
 async def upgrade(url: str) -> None:
     """Bring the schema at ``url`` to the newest revision (idempotent)."""
+    # MariaDB notes that alembic_version's primary-key name is ignored; asyncmy logs each note.
+    logging.getLogger("asyncmy").setLevel(logging.ERROR)
     await create_database(url)
     config = alembic_config(url)
     engine = create_async_engine(url)

@@ -6,8 +6,6 @@ leads to a durable dead-letter queue; ``x-delivery-limit`` bounds redeliveries o
 
 from __future__ import annotations
 
-import asyncio
-
 import aio_pika
 import msgspec
 import structlog
@@ -130,6 +128,6 @@ class Publisher:
             await self._exchange.publish(
                 message, routing_key=self._settings.queue, mandatory=True, timeout=self._settings.confirm_timeout
             )
-        except (*CONNECTION_EXCEPTIONS, asyncio.TimeoutError) as exc:
+        except (TimeoutError, *CONNECTION_EXCEPTIONS) as exc:
             log.warning("publish_failed", request_id=order.request_id, error=repr(exc))
             raise PublishFailed(repr(exc)) from exc

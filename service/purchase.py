@@ -12,7 +12,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from service.broker import OrderMessage, PublishFailed, Publisher
+from service.broker import OrderMessage, Publisher, PublishFailed
 from service.keys import ProductKeys, order_key
 from service.order_no import OrderNumberMinter, ShardLost
 from service.scripts import Scripts

@@ -23,7 +23,7 @@ from db.engine import make_engine
 from db.migrate import upgrade
 from service.app import create_app
 from service.auth import issue_token
-from service.broker import declare_topology, queue_depth
+from service.broker import declare_topology
 from service.isolation import isolated_settings, new_run_id, tear_down
 from service.keys import ProductKeys
 from service.resources import make_redis

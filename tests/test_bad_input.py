@@ -8,7 +8,8 @@ import jwt
 import pytest
 from sqlalchemy import text
 
-from tests.conftest import queue_depth, redis_state
+from service.broker import queue_depth
+from tests.conftest import redis_state
 
 CASES = [
     # (name, body, extra headers, expected status, expected code)

@@ -15,12 +15,12 @@ from structlog.testing import capture_logs
 
 from consumers.order_consumer import Outcome, apply_order
 from db.engine import make_engine
-from service.broker import OrderMessage, encode_order
+from service.broker import OrderMessage, encode_order, queue_depth
 from service.isolation import environment
 from service.keys import ProductKeys
 from service.order_no import compose_order_no
 from service.request_id import mint_request_id
-from tests.conftest import eventually, inventory, order_rows, queue_depth
+from tests.conftest import eventually, inventory, order_rows
 
 
 async def publish_raw(channel, settings, body: bytes, message_id: str = "x") -> None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import msgspec
 from litestar import Controller, get, post, put
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody
-
-import msgspec
 
 from consumers.realign import RealignReport
 from service.auth import admin_only

@@ -13,8 +13,8 @@ from msgspec import Meta
 from service.auth import User
 from service.catalog import PositiveId, product_exists
 from service.lifecycle import OrderNotFound, TransitionLost, cancel_order, give_back_to_redis
-from service.orders import BadCursor, OrderPage, OrderView, find_order, list_orders
 from service.order_no import is_valid_order_no
+from service.orders import BadCursor, OrderPage, OrderView, find_order, list_orders
 from service.problems import Problem, field_error
 from service.purchase import PurchaseRejected
 from service.request_id import is_valid_idempotency_key, mint_request_id, request_id_from_key

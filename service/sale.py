@@ -1,0 +1,680 @@
+"""``flashsale sale``: a whole flash sale end to end on the real services, every invariant checked.
+
+Phases: isolate, start the API and the consumers, create the product, send the load, wait for
+the queue to drain, realign, read the stores, check the invariants (:mod:`service.sale_report`),
+report, stop the processes and clean up.
+
+Isolation (default). The run gets an id ``sale_<8 hex>`` and settings of its own derived from
+the given ones: database ``<run id>`` on the same MySQL server (created by
+``db.migrate.upgrade``), Redis key prefix ``<run id>``, AMQP exchange, queue and dead-letter
+names ``<run id>.orders...`` and a random JWT secret. The API (``flashsale serve`` on a free
+port) and the consumers (``flashsale consume``) get these through ``FLASHSALE_*`` environment
+variables. At the end, success or failure, the processes are stopped (SIGTERM, then SIGKILL
+after a timeout) and the database, the Redis keys under the prefix and the queues and exchanges
+are removed. Nothing outside the run is touched.
+
+``--url``. The API is already running, so its database, Redis prefix and queues are whatever it
+uses; the settings as given must be the same (the admin token is signed with
+``settings.auth.jwt_secret``). The sale creates a product with a random id in [10^9, 2*10^9)
+through the admin route and still starts ``consumers`` consumer processes with those settings:
+competing with consumers already attached to the queue is safe (the unique request id makes
+every order exactly-once) and guarantees the queue drains. Only that product's rows and keys and
+the dead letters added during the run are checked; nothing is cleaned up (the product and its
+orders stay, as any sale's would).
+
+Exit status: 0 when every invariant holds, 1 when one fails, 2 when the sale could not be set up
+(a service unreachable, the API not ready, the product not created), 130 when interrupted
+(SIGINT or SIGTERM; the clean-up still runs). Subprocess logs go to a temporary directory,
+removed after a clean run and printed otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import aio_pika
+import httpx
+import msgspec
+from aio_pika.abc import AbstractChannel
+from redis.asyncio import Redis
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from consumers.realign import RealignReport
+from db.engine import make_engine
+from db.migrate import upgrade
+from service.auth import issue_token
+from service.broker import declare_topology, queue_depth
+from service.isolation import environment, isolated_settings, tear_down
+from service.keys import ProductKeys
+from service.log_setup import configure_logging
+from service.realign_cli import open_realigner
+from service.resources import make_redis
+from service.sale_report import (
+    ACCEPTED,
+    Job,
+    Kind,
+    OrderRow,
+    Outcome,
+    Shot,
+    StoreFacts,
+    build_report,
+    render,
+)
+from service.settings import Settings
+
+T = TypeVar("T")
+
+PRICE = 9900  # minor currency units
+READY_TIMEOUT = 60.0  # seconds for a started API to answer /health/ready (--url: CONNECT_TIMEOUT)
+CONNECT_TIMEOUT = 10.0  # seconds for each service to answer at set-up
+REQUEST_TIMEOUT = 30.0  # seconds per purchase request
+DRAIN_TIMEOUT = 180.0  # seconds for the queue to drain after the last answer
+DRAIN_POLL = 0.2  # seconds between drain polls
+DRAINED_POLLS = 3  # consecutive polls that must see the queue drained
+STOP_TIMEOUT = 30.0  # seconds a process gets after SIGTERM before SIGKILL
+CLIENT_POOL = 4  # connections per load client: httpcore checks every pooled connection on each request
+
+# The load mix: job kind -> weight (see service.sale_report.Kind).
+MIX = {Kind.BUY: 70, Kind.RETRY: 12, Kind.DUPLICATE: 6, Kind.OVER_LIMIT: 12}
+TWO_UNITS_SHARE = 0.15  # share of buys for 2 units (when the limit allows it)
+NO_KEY_SHARE = 0.2  # share of plain buys sent without an Idempotency-Key
+
+_errors = Console(stderr=True)
+
+
+class SetupError(Exception):
+    """The sale could not be set up (exit status 2); the message says what and where."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sale:
+    """One run: its id, the settings of every process in it, the API's base URL, the product
+    on sale and its terms (``stock`` and ``per_user_limit`` in units)."""
+
+    run_id: str
+    settings: Settings
+    isolated: bool
+    url: str
+    product_id: int
+    stock: int
+    per_user_limit: int
+
+
+def sale_settings(settings: Settings, run_id: str) -> Settings:
+    """``settings`` isolated for the run (:func:`service.isolation.isolated_settings`) with a
+    random JWT secret of its own."""
+    isolated = isolated_settings(settings, run_id)
+    return isolated.model_copy(update={"auth": isolated.auth.model_copy(update={"jwt_secret": secrets.token_hex(32)})})
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """This process's environment plus the ``FLASHSALE_*`` variables that make a subprocess use
+    ``settings``' services, names and secret; the API also mounts the no-op benchmark route."""
+    return {**os.environ, **environment(settings), "FLASHSALE_BENCH_ROUTES": "true"}
+
+
+def _where(url: str) -> str:
+    """``url`` without its credentials, for messages."""
+    return url.rsplit("@", 1)[-1]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def new_sale(settings: Settings, url: str | None, stock: int, per_user_limit: int) -> Sale:
+    """A new run: isolated settings and a local API URL, or ``settings`` as given with ``url``."""
+    run_id = f"sale_{secrets.token_hex(4)}"
+    product_id = random.randrange(10**9, 2 * 10**9)
+    if url is not None:
+        return Sale(run_id, settings, False, url.rstrip("/"), product_id, stock, per_user_limit)
+    return Sale(
+        run_id, sale_settings(settings, run_id), True, f"http://127.0.0.1:{_free_port()}", product_id, stock, per_user_limit
+    )
+
+
+class Processes:
+    """The sale's subprocesses (``flashsale serve`` / ``consume``), each in a process group of
+    its own, output in ``<log_dir>/<name>.log``. :meth:`stop` fills ``exit_codes``."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self._env = env
+        self.log_dir = log_dir
+        self._running: dict[str, asyncio.subprocess.Process] = {}
+        self.exit_codes: dict[str, int] = {}
+
+    async def start(self, name: str, *args: str) -> None:
+        """Start ``flashsale ARGS`` (the console script next to this interpreter)."""
+        script = Path(sys.executable).with_name("flashsale")
+        if not script.exists():
+            raise SetupError(f"console script {script} not found (install the project into this environment)")
+        with open(self.log_dir / f"{name}.log", "wb") as log:
+            self._running[name] = await asyncio.create_subprocess_exec(
+                str(script), *args,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=self._env, start_new_session=True,
+            )
+
+    def exited(self) -> list[str]:
+        """``name (exit N)`` of every process that has already exited."""
+        return [f"{name} (exit {p.returncode})" for name, p in self._running.items() if p.returncode is not None]
+
+    async def stop(self) -> None:
+        """SIGTERM every process, wait up to ``STOP_TIMEOUT`` seconds, then SIGKILL its group."""
+        await asyncio.gather(*(self._stop(name, process) for name, process in self._running.items()))
+
+    async def _stop(self, name: str, process: asyncio.subprocess.Process) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), STOP_TIMEOUT)
+        except TimeoutError:
+            _errors.print(f"[yellow]warning:[/] {name} ignored SIGTERM for {STOP_TIMEOUT:.0f}s; killing it")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the process and anything it left behind
+        self.exit_codes[name] = await process.wait()
+
+
+async def _reachable(service: str, url: str, awaitable: Awaitable[T]) -> T:
+    """``awaitable``'s result, or SetupError naming the service that did not answer."""
+    try:
+        return await asyncio.wait_for(awaitable, CONNECT_TIMEOUT)
+    except Exception as exc:
+        raise SetupError(f"{service} at {_where(url)} is unreachable: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class Stores:
+    """The sale's own connections to MySQL, Redis and RabbitMQ (drain, checks, realignment)."""
+
+    settings: Settings
+    engine: AsyncEngine
+    redis: Redis
+    channel: AbstractChannel
+
+    @classmethod
+    async def open(cls, stack: AsyncExitStack, settings: Settings) -> Stores:
+        """Connect to all three (closed by ``stack``).
+
+        Raises:
+            SetupError: a service did not answer.
+        """
+        engine = make_engine(settings.db)
+        stack.push_async_callback(engine.dispose)
+        redis = make_redis(settings)
+        stack.push_async_callback(redis.aclose)
+        await _reachable("MySQL", settings.db.url, _select_one(engine))
+        await _reachable("Redis", settings.redis.url, redis.ping())
+        connection = await _reachable("RabbitMQ", settings.amqp.url, aio_pika.connect(settings.amqp.url))
+        stack.push_async_callback(connection.close)
+        return cls(settings, engine, redis, await connection.channel())
+
+    async def queue_depth(self, name: str) -> int:
+        """Messages ready in queue ``name`` (not those delivered and unacked)."""
+        return await queue_depth(self.channel, name)
+
+    async def count_orders(self, product_id: int) -> int:
+        async with self.engine.connect() as conn:
+            query = text("SELECT COUNT(*) FROM orders WHERE product_id = :p")
+            return (await conn.execute(query, {"p": product_id})).scalar_one()
+
+    async def facts(self, product_id: int, dead_letters_before: int) -> StoreFacts:
+        """What MySQL, Redis and RabbitMQ hold for the product now."""
+        async with self.engine.connect() as conn:
+            stock, sold = (
+                await conn.execute(text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id})
+            ).one()
+            rows = await conn.execute(
+                text("SELECT order_no, request_id, user_id, quantity, status FROM orders WHERE product_id = :p"),
+                {"p": product_id},
+            )
+            orders = [OrderRow(*row) for row in rows]
+        keys = ProductKeys(self.settings.redis.key_prefix, product_id)
+        redis_stock = await self.redis.get(keys.stock)
+        amqp = self.settings.amqp
+        return StoreFacts(
+            mysql_stock=stock,
+            mysql_sold=sold,
+            orders=orders,
+            redis_stock=None if redis_stock is None else int(redis_stock),
+            journal_ids=await self.redis.hkeys(keys.journal),
+            quota={user: int(units) for user, units in (await self.redis.hgetall(keys.quota)).items()},
+            dead_letters=await self.queue_depth(amqp.dead_letter_queue) - dead_letters_before,
+            queue_messages=await self.queue_depth(amqp.queue),
+        )
+
+
+async def _select_one(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+
+
+async def _remove(what: str, remove: Callable[[], Awaitable[None]]) -> None:
+    """Run one clean-up step; a failure is a warning (the report stands)."""
+    try:
+        await remove()
+    except Exception as exc:
+        _errors.print(f"[yellow]warning:[/] could not remove {what}: {exc!r}")
+
+
+async def _isolate(stack: AsyncExitStack, sale: Sale) -> None:
+    """Create the run's database (schema at head); register removal of everything the run
+    creates: database, Redis keys, queues and exchanges.
+
+    Raises:
+        SetupError: MySQL did not answer or the migration failed.
+    """
+    settings = sale.settings
+    stack.push_async_callback(_remove, f"database, Redis keys and queues of {sale.run_id}", lambda: tear_down(settings))
+    try:
+        await upgrade(settings.db.url)
+    except Exception as exc:
+        raise SetupError(f"could not create database {sale.run_id} at {_where(settings.db.url)}: {exc!r}") from exc
+
+
+async def wait_ready(client: httpx.AsyncClient, processes: Processes, timeout: float) -> None:
+    """Poll ``GET /api/v1/health/ready`` until 200.
+
+    Raises:
+        SetupError: not ready within ``timeout`` seconds, or a subprocess exited meanwhile.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if dead := processes.exited():
+            raise SetupError(f"{', '.join(dead)} exited during start-up")
+        try:
+            response = await client.get("/api/v1/health/ready")
+            if response.status_code == 200:
+                return
+            last = f"{response.status_code} {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        if time.monotonic() > deadline:
+            raise SetupError(f"API at {client.base_url} not ready after {timeout:.0f}s: {last}")
+        await asyncio.sleep(0.25)
+
+
+async def create_product(client: httpx.AsyncClient, sale: Sale) -> None:
+    """``PUT /api/v1/admin/products/{id}`` (admin JWT): the product, its stock and per-user limit.
+
+    Raises:
+        SetupError: the API refused, or Redis stock is not the stock asked for.
+    """
+    admin = issue_token(sale.settings.auth.jwt_secret, "sale-admin", admin=True)
+    body = {"stock": sale.stock, "price": PRICE, "per_user_limit": sale.per_user_limit, "name": f"flash sale {sale.run_id}"}
+    try:
+        response = await client.put(
+            f"/api/v1/admin/products/{sale.product_id}", json=body, headers={"Authorization": f"Bearer {admin}"}
+        )
+    except httpx.HTTPError as exc:
+        raise SetupError(f"creating product {sale.product_id} failed: {exc!r}") from exc
+    if response.status_code != 200:
+        raise SetupError(f"creating product {sale.product_id} failed: {response.status_code} {response.text[:300]}")
+    loaded = msgspec.json.decode(response.content, type=RealignReport)
+    if loaded.redis_stock_after != sale.stock:
+        raise SetupError(f"product {sale.product_id}: Redis stock {loaded.redis_stock_after}, expected {sale.stock}")
+
+
+def user_name(index: int) -> str:
+    return f"buyer-{index}"
+
+
+def build_plan(requests_: int, users: int, per_user_limit: int, rng: random.Random) -> list[Job]:
+    """Jobs totalling exactly ``requests_`` requests, in random order (mix: :data:`MIX`).
+
+    Users are dealt out one per job until each of ``users`` has one, then at random. A retry,
+    duplicate or over-limit job always carries Idempotency-Keys; a plain buy has none in
+    :data:`NO_KEY_SHARE` of cases. Over-limit jobs ask for the whole limit, then (new key) one
+    unit more.
+    """
+    kinds, weights = list(MIX), list(MIX.values())
+    jobs: list[Job] = []
+    index = 0
+    while index < requests_:
+        kind = rng.choices(kinds, weights)[0] if requests_ - index >= 2 else Kind.BUY
+        number = len(jobs)
+        user = user_name(number if number < users else rng.randrange(users))
+        key = None if kind is Kind.BUY and rng.random() < NO_KEY_SHARE else f"k{number}"
+        if kind is Kind.OVER_LIMIT:
+            shots = (Shot(index, user, per_user_limit, key), Shot(index + 1, user, 1, f"{key}+1"))
+        else:
+            quantity = 2 if per_user_limit >= 2 and rng.random() < TWO_UNITS_SHARE else 1
+            shots = tuple(Shot(index + i, user, quantity, key) for i in range(1 if kind is Kind.BUY else 2))
+        jobs.append(Job(kind, shots))
+        index += len(shots)
+    rng.shuffle(jobs)
+    return jobs
+
+
+def mint_tokens(secret: str, users: set[str], ttl_seconds: int) -> dict[str, str]:
+    """``Authorization`` header value (``Bearer <JWT>``) per user."""
+    return {user: f"Bearer {issue_token(secret, user, ttl_seconds=ttl_seconds)}" for user in users}
+
+
+def build_requests(url: str, jobs: list[Job], product_id: int, tokens: dict[str, str]) -> list[httpx.Request]:
+    """Every purchase request of the plan, built before the clock starts (``[shot.index]``)."""
+    orders_url = f"{url}/api/v1/orders"
+    bodies = {q: msgspec.json.encode({"product_id": product_id, "quantity": q}) for q in {s.quantity for j in jobs for s in j.shots}}
+    requests: list[httpx.Request] = [None] * sum(len(job.shots) for job in jobs)  # type: ignore[list-item]
+    for job in jobs:
+        for shot in job.shots:
+            headers = {"Authorization": tokens[shot.user], "Content-Type": "application/json"}
+            if shot.key is not None:
+                headers["Idempotency-Key"] = shot.key
+            requests[shot.index] = httpx.Request("POST", orders_url, content=bodies[shot.quantity], headers=headers)
+    return requests
+
+
+class _Answer(msgspec.Struct):
+    """The fields read from a 202 body or a problem body."""
+
+    code: str | None = None
+    order_no: str | None = None
+    request_id: str | None = None
+
+
+_decode_answer = msgspec.json.Decoder(_Answer).decode
+
+
+def _outcome(status: int, content: bytes, latency: float) -> Outcome:
+    try:
+        answer = _decode_answer(content)
+    except msgspec.DecodeError:
+        answer = _Answer()
+    code = ACCEPTED if status == 202 else answer.code or f"http_{status}"
+    return Outcome(status, code, answer.order_no, answer.request_id, latency)
+
+
+def load_clients(stack: AsyncExitStack, concurrency: int, trust_env: bool) -> list[httpx.AsyncClient]:
+    """HTTP clients holding ``concurrency`` keep-alive connections in all, at most
+    :data:`CLIENT_POOL` each (closed by ``stack``)."""
+    clients = []
+    for start in range(0, concurrency, CLIENT_POOL):
+        size = min(CLIENT_POOL, concurrency - start)
+        client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+            timeout=httpx.Timeout(REQUEST_TIMEOUT, pool=None),
+            trust_env=trust_env,
+        )
+        stack.push_async_callback(client.aclose)
+        clients.append(client)
+    return clients
+
+
+class LoadGenerator:
+    """Sends the plan's jobs from one worker task per connection of ``clients`` (worker ``i``
+    uses client ``i // CLIENT_POOL``) and keeps one :class:`Outcome` per request
+    (``outcomes[shot.index]``)."""
+
+    def __init__(self, requests: list[httpx.Request]) -> None:
+        self._requests = requests
+        self.outcomes: list[Outcome] = [None] * len(requests)  # type: ignore[list-item]
+        self.done = 0
+        self.accepted = 0
+
+    async def run(self, jobs: list[Job], clients: list[httpx.AsyncClient], concurrency: int, progress: Progress) -> float:
+        """Send everything from ``concurrency`` workers; seconds from the first request to the last answer."""
+        pending = iter(jobs)
+        started = time.perf_counter()
+        async with asyncio.TaskGroup() as group:
+            for number in range(min(concurrency, len(jobs))):
+                group.create_task(self._worker(clients[number // CLIENT_POOL], pending))
+            group.create_task(self._show(progress, started))
+        return time.perf_counter() - started
+
+    async def _worker(self, client: httpx.AsyncClient, pending: Iterator[Job]) -> None:
+        for job in pending:
+            if job.kind is Kind.DUPLICATE:
+                await asyncio.gather(*(self._send(client, shot) for shot in job.shots))
+            else:
+                for shot in job.shots:
+                    await self._send(client, shot)
+
+    async def _send(self, client: httpx.AsyncClient, shot: Shot) -> None:
+        start = time.perf_counter()
+        try:
+            response = await client.send(self._requests[shot.index])
+        except httpx.HTTPError as exc:
+            code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_error"
+            outcome = Outcome(0, code, None, None, time.perf_counter() - start)
+        else:
+            outcome = _outcome(response.status_code, response.content, time.perf_counter() - start)
+        self.outcomes[shot.index] = outcome
+        self.done += 1
+        self.accepted += outcome.code == ACCEPTED
+
+    async def _show(self, progress: Progress, started: float) -> None:
+        task = progress.add_task("load", total=len(self._requests), rate=0, accepted=0)
+        while True:
+            rate = round(self.done / max(time.perf_counter() - started, 1e-9))
+            progress.update(task, completed=self.done, rate=rate, accepted=self.accepted)
+            if self.done == len(self._requests):
+                return
+            await asyncio.sleep(0.2)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]} req/s, {task.fields[accepted]} accepted"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=console.quiet,
+    )
+
+
+async def drain(stores: Stores, sale: Sale, expected_orders: int, processes: Processes, console: Console) -> float | None:
+    """Wait until MySQL holds ``expected_orders`` order rows for the product and the order queue
+    has no ready message, on :data:`DRAINED_POLLS` polls in a row.
+
+    Returns seconds from the call to the first of those polls, or None when that did not happen
+    within :data:`DRAIN_TIMEOUT` or a subprocess exited.
+    """
+    started = time.perf_counter()
+    streak, settled_at = 0, started
+    with console.status("draining") as status:
+        while time.perf_counter() - started < DRAIN_TIMEOUT and not processes.exited():
+            now = time.perf_counter()
+            rows = await stores.count_orders(sale.product_id)
+            ready = await stores.queue_depth(sale.settings.amqp.queue)
+            if rows >= expected_orders and ready == 0:
+                settled_at = now if streak == 0 else settled_at
+                streak += 1
+                if streak == DRAINED_POLLS:
+                    return settled_at - started
+            else:
+                streak = 0
+            status.update(f"draining: {rows}/{expected_orders} orders in MySQL, {ready} messages queued")
+            await asyncio.sleep(DRAIN_POLL)
+    if dead := processes.exited():
+        _errors.print(f"[red]error:[/] {', '.join(dead)} exited while draining")
+    else:
+        _errors.print(f"[red]error:[/] the queue did not drain within {DRAIN_TIMEOUT:.0f}s")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """Everything the sale observed. Seconds for the timings; ``drain_seconds`` None = not drained."""
+
+    jobs: list[Job]
+    outcomes: list[Outcome]
+    token_seconds: float
+    load_seconds: float
+    drain_seconds: float | None
+    realignment: RealignReport
+    facts: StoreFacts
+
+
+async def _start(stack: AsyncExitStack, sale: Sale, processes: Processes, workers: int, consumers: int) -> Stores:
+    """Isolate (unless ``--url``), connect, start the processes; stopped and removed by ``stack``.
+
+    Returns the sale's connections; raises SetupError when something cannot be set up.
+    """
+    if sale.isolated:
+        await _isolate(stack, sale)
+    stores = await Stores.open(stack, sale.settings)
+    if sale.isolated:
+        await declare_topology(stores.channel, sale.settings.amqp)
+    stack.push_async_callback(processes.stop)
+    if sale.isolated:
+        port = str(httpx.URL(sale.url).port)
+        await processes.start("api", "serve", "--host", "127.0.0.1", "--port", port, "--workers", str(workers))
+    for number in range(1, consumers + 1):
+        await processes.start(f"consumer-{number}", "consume")
+    return stores
+
+
+async def _open_sale(sale: Sale, processes: Processes, console: Console) -> None:
+    """Wait for the API, then put the product on sale. Raises SetupError."""
+    async with httpx.AsyncClient(base_url=sale.url, timeout=REQUEST_TIMEOUT, trust_env=not sale.isolated) as client:
+        with console.status(f"waiting for the API at {sale.url}"):
+            await wait_ready(client, processes, READY_TIMEOUT if sale.isolated else CONNECT_TIMEOUT)
+        await create_product(client, sale)
+    console.print(f"{sale.run_id}: product {sale.product_id} on sale, {sale.stock} units; logs in {processes.log_dir}")
+
+
+async def _load(
+    sale: Sale, console: Console, requests_: int, users: int, concurrency: int
+) -> tuple[list[Job], list[Outcome], float, float]:
+    """Plan, mint the JWTs (timed apart), send the load; returns the jobs, the outcomes, and the
+    seconds spent minting and loading."""
+    jobs = build_plan(requests_, users, sale.per_user_limit, random.Random(sale.run_id))
+    with console.status("minting JWTs"):
+        started = time.perf_counter()
+        buyers = {shot.user for job in jobs for shot in job.shots}
+        tokens = mint_tokens(sale.settings.auth.jwt_secret, buyers, sale.settings.auth.token_ttl_seconds)
+        token_seconds = time.perf_counter() - started
+    generator = LoadGenerator(build_requests(sale.url, jobs, sale.product_id, tokens))
+    async with AsyncExitStack() as stack:
+        clients = load_clients(stack, concurrency, trust_env=not sale.isolated)
+        with _progress(console) as progress:
+            load_seconds = await generator.run(jobs, clients, concurrency, progress)
+    return jobs, generator.outcomes, token_seconds, load_seconds
+
+
+async def _measure(
+    sale: Sale, processes: Processes, console: Console, *, requests_: int, users: int, concurrency: int, workers: int, consumers: int
+) -> Measured:
+    """Every phase from set-up to the stores' final state; stops and cleans up on the way out."""
+    async with AsyncExitStack() as stack:
+        stores = await _start(stack, sale, processes, workers, consumers)
+        try:
+            dead_letters_before = await stores.queue_depth(sale.settings.amqp.dead_letter_queue)
+        except aio_pika.exceptions.AMQPError as exc:
+            raise SetupError(f"dead-letter queue {sale.settings.amqp.dead_letter_queue!r} not found: {exc!r}") from exc
+        await _open_sale(sale, processes, console)
+        jobs, outcomes, token_seconds, load_seconds = await _load(sale, console, requests_, users, concurrency)
+        accepted = len({o.order_no for o in outcomes if o.code == ACCEPTED})
+        drain_seconds = await drain(stores, sale, accepted, processes, console)
+        async with open_realigner(sale.settings) as realigner:
+            realignment = await realigner.realign(sale.product_id)
+        facts = await stores.facts(sale.product_id, dead_letters_before)
+    return Measured(jobs, outcomes, token_seconds, load_seconds, drain_seconds, realignment, facts)
+
+
+def _quiet_logs() -> None:
+    """This process logs warnings and up to (on stderr): stdout is the report's."""
+    configure_logging("WARNING")
+
+
+def _failed(sale: Sale, processes: Processes, message: str, status: int, as_json: bool) -> int:
+    """Say why the sale ended without a report (stderr; with ``as_json`` also one JSON document
+    ``{"ok": false, "run_id", "error", "logs"}`` on stdout) and return ``status``."""
+    _errors.print(f"[bold red]{message}[/]\nprocess logs: {processes.log_dir}")
+    if as_json:
+        failure = {"ok": False, "run_id": sale.run_id, "error": message, "logs": str(processes.log_dir)}
+        print(msgspec.json.encode(failure).decode())
+    return status
+
+
+async def run_sale(
+    settings: Settings,
+    *,
+    stock: int,
+    requests_: int,
+    users: int,
+    concurrency: int,
+    per_user_limit: int,
+    workers: int,
+    consumers: int,
+    url: str | None,
+    as_json: bool,
+) -> int:
+    """``flashsale sale`` (see the module docstring); returns the exit status: 0 every invariant
+    holds, 1 one failed, 2 set-up failed, 130 interrupted. Prints the report to stdout (rich tables, or exactly one
+    JSON document with ``as_json``); progress and errors go to stderr."""
+    began = time.perf_counter()
+    _quiet_logs()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)  # clean up as on Ctrl-C
+    console = Console(stderr=True, quiet=as_json)
+    sale = new_sale(settings, url, stock, per_user_limit)
+    processes = Processes(child_env(sale.settings), Path(tempfile.mkdtemp(prefix=f"flashsale-{sale.run_id}-")))
+    try:
+        measured = await _measure(
+            sale, processes, console,
+            requests_=requests_, users=users, concurrency=concurrency, workers=workers, consumers=consumers,
+        )
+    except SetupError as exc:
+        return _failed(sale, processes, f"set-up failed: {exc}", 2, as_json)
+    except asyncio.CancelledError:
+        cleaned = ", run data removed" if sale.isolated else ""
+        return _failed(sale, processes, f"interrupted; processes stopped{cleaned}", 130, as_json)
+
+    run = {
+        "run_id": sale.run_id,
+        "isolated": sale.isolated,
+        "url": sale.url,
+        "product_id": sale.product_id,
+        "stock": stock,
+        "per_user_limit": per_user_limit,
+        "price": PRICE,
+        "requests": requests_,
+        "users": users,
+        "concurrency": concurrency,
+        "workers": workers if sale.isolated else None,
+        "consumers": consumers,
+    }
+    timings = {
+        "token_seconds": measured.token_seconds,
+        "load_seconds": measured.load_seconds,
+        "drain_seconds": measured.drain_seconds,
+        "wall_seconds": time.perf_counter() - began,
+    }
+    report = build_report(
+        run, measured.jobs, measured.outcomes, measured.facts, measured.realignment, timings, processes.exit_codes
+    )
+    if report["ok"] and not any(processes.exit_codes.values()):
+        shutil.rmtree(processes.log_dir, ignore_errors=True)
+    else:
+        report["logs"] = str(processes.log_dir)
+    if as_json:
+        print(msgspec.json.encode(report).decode())
+    else:
+        render(report, Console(width=None if sys.stdout.isatty() else 120))
+    return 0 if report["ok"] else 1
