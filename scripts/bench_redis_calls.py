@@ -1,0 +1,103 @@
+"""Count the Redis round trips and commands the purchase path sends per request.
+
+Runs the real purchase path (service.purchase.PurchaseService) in-process against the local
+Redis, MySQL and RabbitMQ under an isolated run (own database, key prefix, queue names), then
+removes everything. Counting is client-side: every ``execute_command`` and every pipeline
+``execute`` issued by the purchase calls is one round trip (background work such as the shard
+lease renewal is not counted).
+
+    .venv/bin/python scripts/bench_redis_calls.py [--requests 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections import Counter
+from contextvars import ContextVar
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+
+from db.migrate import upgrade
+from service.catalog import ProductInput, set_product
+from service.isolation import isolated_settings, new_run_id, tear_down
+from service.log_setup import configure_logging
+from service.purchase import PurchaseRejected
+from service.request_id import mint_request_id
+from service.resources import Resources
+from service.settings import Settings
+
+_counting: ContextVar[Counter[str] | None] = ContextVar("counting", default=None)
+_execute_command = Redis.execute_command
+_pipeline_execute = Pipeline.execute
+
+
+async def _counted_command(self, *args, **options):  # type: ignore[no-untyped-def]
+    if (counts := _counting.get()) is not None:
+        counts["round trips"] += 1
+        counts[str(args[0]).lower()] += 1
+    return await _execute_command(self, *args, **options)
+
+
+async def _counted_pipeline(self, *args, **options):  # type: ignore[no-untyped-def]
+    if (counts := _counting.get()) is not None:
+        counts["round trips"] += 1
+        for command, _ in self.command_stack:
+            counts[str(command[0]).lower()] += 1
+    return await _pipeline_execute(self, *args, **options)
+
+
+async def _run(resources: Resources, product_id: int, users: range) -> tuple[Counter[str], Counter[str]]:
+    """One purchase of 1 unit per user; returns (outcomes, client-side counts)."""
+    outcomes: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    _counting.set(counts)
+    for user in users:
+        try:
+            await resources.purchases.purchase(f"bench-{user}", product_id, 1, mint_request_id())
+            outcomes["accepted"] += 1
+        except PurchaseRejected as rejected:
+            outcomes[rejected.code] += 1
+    _counting.set(None)
+    return outcomes, counts
+
+
+async def main(requests: int) -> None:
+    configure_logging("WARNING")
+    settings = isolated_settings(Settings(), new_run_id("bench"))
+    warm_up = 50
+    try:
+        await upgrade(settings.db.url)
+        resources = await Resources.open(settings)
+        Redis.execute_command = _counted_command  # type: ignore[method-assign]
+        Pipeline.execute = _counted_pipeline  # type: ignore[method-assign]
+        try:
+            stock = warm_up + requests
+            await set_product(
+                resources.engine, resources.redis, resources.realigner, settings.redis.key_prefix, 1,
+                ProductInput(stock=stock, per_user_limit=1),
+            )
+            await _run(resources, 1, range(warm_up))
+            rows = [
+                ("accept path", *await _run(resources, 1, range(warm_up, stock))),
+                ("reject path (sold out)", *await _run(resources, 1, range(stock, stock + requests))),
+            ]
+        finally:
+            Redis.execute_command = _execute_command  # type: ignore[method-assign]
+            Pipeline.execute = _pipeline_execute  # type: ignore[method-assign]
+            await resources.close()
+    finally:
+        await tear_down(settings)
+    print(f"{'path':<24} {'requests':>8}  {'outcomes':<22} {'round trips/req':>15}  commands/req")
+    for name, outcomes, counts in rows:
+        n = sum(outcomes.values())
+        trips = counts.pop("round trips", 0)
+        commands = ", ".join(f"{command} {count / n:.3f}" for command, count in sorted(counts.items()))
+        print(f"{name:<24} {n:>8}  {dict(outcomes)!s:<22} {trips / n:>15.3f}  {commands}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=3000)
+    asyncio.run(main(parser.parse_args().requests))
