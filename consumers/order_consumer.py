@@ -2,8 +2,9 @@
 
 Per message, one transaction: INSERT the order (``pending_payment``) under ``UNIQUE(request_id)``,
 then ``UPDATE inventory SET stock = stock - q, sold = sold + q WHERE product_id = p AND stock >= q``.
-A duplicate request id (1062 on the insert) means the message was applied before: roll back and
-ack, no second decrement. An UPDATE that matches no row means MySQL has no stock: the order is
+A duplicate (1062 on the insert) whose order number is already written means the message was
+applied before: roll back and ack, no second decrement. (A taken request id with a new order number
+is a key reused after its replay record expired: the order is written under a reissued request id.) An UPDATE that matches no row means MySQL has no stock: the order is
 recorded ``rejected`` (reason ``sold_out``) so the buyer sees a final answer. Deadlocks (1213) and
 lock wait timeouts (1205) retry the whole transaction with backoff. The message is acked only
 after the commit.
@@ -12,6 +13,7 @@ after the commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 import signal
@@ -24,15 +26,17 @@ from aio_pika.abc import AbstractIncomingMessage
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy import text
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from db.engine import as_duplicate_key, is_retryable
+from db.engine import DuplicateKeyError, as_duplicate_key, is_retryable
 from db.models import OrderStatus
 from service.broker import OrderMessage, declare_topology, decode_order
 from service.keys import ProductKeys
 from service.lifecycle import transition
 from service.order_no import is_valid_order_no
+from service.request_id import USER_ID, reissued_request_id
 from service.scripts import Scripts
 from service.settings import Settings
 
@@ -40,8 +44,7 @@ log = structlog.get_logger(__name__)
 
 MAX_TRANSACTION_ATTEMPTS = 6
 RETRY_BACKOFF_SECONDS = 1.0  # unit of the requeue backoff
-_REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
-_USER_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+_REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 
 _INSERT_ORDER = text(
     "INSERT INTO orders (order_no, request_id, user_id, product_id, quantity, amount, status)"
@@ -87,9 +90,9 @@ def parse_order(body: bytes) -> OrderMessage:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InvalidOrder(str(exc)) from exc
     if not (
-        _REQUEST_ID.match(order.request_id)
+        _REQUEST_ID.fullmatch(order.request_id)
         and is_valid_order_no(order.order_no)
-        and _USER_ID.match(order.user_id)
+        and USER_ID.fullmatch(order.user_id)
         and order.product_id > 0
         and order.quantity > 0
     ):
@@ -118,35 +121,30 @@ async def apply_order(engine: AsyncEngine, order: OrderMessage) -> Outcome:
 
 
 async def _apply_once(engine: AsyncEngine, order: OrderMessage) -> Outcome:
-    params = {
-        "order_no": order.order_no,
-        "request_id": order.request_id,
-        "user_id": order.user_id,
-        "product_id": order.product_id,
-        "quantity": order.quantity,
-        "status": OrderStatus.PENDING_PAYMENT,
-    }
     try:
         async with engine.begin() as conn:
-            try:
-                inserted = await conn.execute(_INSERT_ORDER, params)
-            except IntegrityError as exc:
-                duplicate = as_duplicate_key(exc)
-                if duplicate is None:
-                    raise
-                # Two copies racing report whichever unique index InnoDB checks first; the order
-                # number also names this message only when the stored row carries our request id.
-                if duplicate.key != "uq_orders_request_id" and not await _same_request(conn, order):
-                    raise duplicate from exc
-                raise _Rollback(Outcome.DUPLICATE) from None
+            inserted = await _insert(conn, order, order.request_id)
+            if inserted is None:
+                stored = await _request_id_of(conn, order.order_no)
+                if stored in (order.request_id, reissued_request_id(order.request_id, order.order_no)):
+                    raise _Rollback(Outcome.DUPLICATE)
+                if stored is not None:
+                    # Another request holds this order number: the UNIQUE index stops a collision
+                    # the shard lease should make impossible.
+                    raise DuplicateKeyError("uq_orders_order_no", f"order number {order.order_no} is taken")
+                # The request id is taken but this order number is new: the key was reused after
+                # its replay record expired and the API accepted a new purchase.
+                inserted = await _insert(conn, order, reissued_request_id(order.request_id, order.order_no))
+                if inserted is None:
+                    raise DuplicateKeyError(None, f"request {order.request_id} cannot be written")
             if inserted.rowcount == 0:
                 raise _Rollback(Outcome.UNKNOWN_PRODUCT)
-            order_id = inserted.lastrowid
             await conn.execute(
-                _LOG_STATUS, {"order_id": order_id, "from_status": None, "to_status": OrderStatus.PENDING_PAYMENT, "reason": None}
+                _LOG_STATUS,
+                {"order_id": inserted.lastrowid, "from_status": None, "to_status": OrderStatus.PENDING_PAYMENT, "reason": None},
             )
             # rowcount is matched rows on MySQL dialects; matched is what "had stock" means here.
-            if (await conn.execute(_TAKE_STOCK, params)).rowcount == 1:
+            if (await conn.execute(_TAKE_STOCK, {"product_id": order.product_id, "quantity": order.quantity})).rowcount == 1:
                 return Outcome.APPLIED
             await transition(conn, order.order_no, OrderStatus.PENDING_PAYMENT, OrderStatus.REJECTED, "sold_out")
             return Outcome.REJECTED
@@ -154,9 +152,27 @@ async def _apply_once(engine: AsyncEngine, order: OrderMessage) -> Outcome:
         return rollback.outcome
 
 
-async def _same_request(conn, order: OrderMessage) -> bool:  # type: ignore[no-untyped-def]
-    stored = await conn.execute(text("SELECT request_id FROM orders WHERE order_no = :o"), {"o": order.order_no})
-    return stored.scalar() == order.request_id
+async def _insert(conn: AsyncConnection, order: OrderMessage, request_id: str) -> CursorResult | None:
+    """INSERT the order (``pending_payment``); None when a UNIQUE index refused it (1062)."""
+    params = {
+        "order_no": order.order_no,
+        "request_id": request_id,
+        "user_id": order.user_id,
+        "product_id": order.product_id,
+        "quantity": order.quantity,
+        "status": OrderStatus.PENDING_PAYMENT,
+    }
+    try:
+        return await conn.execute(_INSERT_ORDER, params)
+    except IntegrityError as exc:
+        if as_duplicate_key(exc) is None:
+            raise
+        return None
+
+
+async def _request_id_of(conn: AsyncConnection, order_no: str) -> str | None:
+    stored = await conn.execute(text("SELECT request_id FROM orders WHERE order_no = :o"), {"o": order_no})
+    return stored.scalar()
 
 
 class OrderConsumer:
@@ -168,6 +184,7 @@ class OrderConsumer:
         self._scripts = scripts
         self._prefix = key_prefix
         self._in_hand: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
         self.counts: dict[str, int] = {}
 
     @property
@@ -194,6 +211,10 @@ class OrderConsumer:
         self._in_hand.add(task)
         try:
             await self._handle(message)
+        except Exception as exc:  # never leave a delivery unsettled: it would stall the prefetch window
+            log.exception("handler_failed", message_id=message.message_id, error=repr(exc))
+            if not message.processed:
+                await self._retry_later(message)
         finally:
             self._in_hand.discard(task)
 
@@ -225,17 +246,19 @@ class OrderConsumer:
         self._count(outcome.value)
         await message.ack()
 
-    @staticmethod
-    async def _retry_later(message: AbstractIncomingMessage) -> None:
+    async def _retry_later(self, message: AbstractIncomingMessage) -> None:
         """Requeue after a backoff that grows with the delivery count (1, 2, 4 ... 30 s), so a
         short MySQL outage does not burn the delivery limit; past the limit the quorum queue
-        dead-letters the message (and realignment re-publishes its reservation after the grace)."""
+        dead-letters the message (and realignment re-publishes its reservation after the grace).
+        A shutdown cuts the wait short."""
         deliveries = int((message.headers or {}).get("x-delivery-count", 0) or 0)
-        await asyncio.sleep(min(2.0**deliveries, 30.0) * RETRY_BACKOFF_SECONDS)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), min(2.0**deliveries, 30.0) * RETRY_BACKOFF_SECONDS)
         await message.nack(requeue=True)
 
     async def drain(self) -> None:
-        """Wait for every delivery in hand to finish (used on SIGTERM)."""
+        """Wait for every delivery in hand to finish (used on SIGTERM); backoffs end at once."""
+        self._stopping.set()
         while self._in_hand:
             await asyncio.gather(*list(self._in_hand), return_exceptions=True)
 

@@ -6,7 +6,9 @@ Exact while the sale is live. Per product:
    SNAPSHOT``) and read the product's stock in it.
 2. Read the product's reservation journal from Redis.
 3. In the same snapshot, find which of those request ids have an order row (resolved).
-4. One Lua call (``realign.lua``) drops the resolved entries and sets
+4. The sale terms (window, per-user limit) are written from MySQL, so a Redis that lost its
+   data is whole again after one pass.
+5. One Lua call (``realign.lua``) drops the resolved entries and sets
    ``stock = snapshot stock - units of every entry still in the journal``; per-user quotas are
    rebuilt the same way (units held in MySQL + units still in the journal).
 
@@ -24,6 +26,7 @@ consumer's ``UNIQUE(request_id)`` makes that safe.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import msgspec
 import structlog
@@ -38,8 +41,14 @@ from service.scripts import Scripts
 
 log = structlog.get_logger(__name__)
 
-_ORDERS_BY_REQUEST_ID = text("SELECT request_id FROM orders WHERE request_id IN :ids").bindparams(
-    bindparam("ids", expanding=True)
+_PRODUCT = text(
+    "SELECT i.stock, i.sold, i.version, p.per_user_limit, p.sale_starts_at, p.sale_ends_at"
+    " FROM inventory i JOIN products p ON p.id = i.product_id WHERE i.product_id = :p"
+)
+# A reservation is resolved when its order number has a row (the order number, unlike the
+# request id, is new for every accepted purchase, even one reusing an expired idempotency key).
+_ORDERS_BY_ORDER_NO = text("SELECT order_no FROM orders WHERE order_no IN :order_nos").bindparams(
+    bindparam("order_nos", expanding=True)
 )
 # Units a user holds against the per-user limit: every order but cancelled and rejected ones.
 _RELEASED_STATUSES = [OrderStatus.CANCELLED, OrderStatus.REJECTED]
@@ -52,8 +61,8 @@ _CHUNK = 1000
 class RealignReport(msgspec.Struct, frozen=True):
     """One product's realignment. Stock and units in units; ``redis_stock_before`` is None when
     the product was not loaded in Redis. ``drift`` = before - after (None when not loaded).
-    ``skipped_stale``: units returned by a cancellation newer than the snapshot had already
-    reached Redis, so this pass wrote nothing (the next one will)."""
+    ``skipped_stale``: Redis already reflected a newer MySQL state than this pass's snapshot
+    (another pass, or units returned by a later cancellation), so it wrote nothing."""
 
     product_id: int
     mysql_stock: int
@@ -67,6 +76,15 @@ class RealignReport(msgspec.Struct, frozen=True):
     republished: int
     dry_run: bool
     skipped_stale: bool = False
+
+
+def sale_terms(per_user_limit: int, starts_at: datetime, ends_at: datetime | None) -> dict[str, int]:
+    """The product's ``sale`` hash in Redis: window in Unix milliseconds (``ends_ms`` 0 = no end;
+    MySQL times are naive UTC) and the per-user limit in units."""
+    def epoch_ms(value: datetime | None) -> int:
+        return 0 if value is None else int(value.replace(tzinfo=UTC).timestamp() * 1000)
+
+    return {"starts_ms": epoch_ms(starts_at), "ends_ms": epoch_ms(ends_at), "limit": per_user_limit}
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +119,7 @@ class Realigner:
         grace_seconds: float,
         publisher: Publisher | None = None,
     ) -> None:
-        self._engine = engine
+        self.engine = engine
         self._redis = redis
         self._scripts = scripts
         self._prefix = key_prefix
@@ -110,7 +128,7 @@ class Realigner:
 
     async def product_ids(self) -> list[int]:
         """Every product that has an inventory row."""
-        async with self._engine.connect() as conn:
+        async with self.engine.connect() as conn:
             rows = await conn.execute(text("SELECT product_id FROM inventory ORDER BY product_id"))
             return [row[0] for row in rows]
 
@@ -125,24 +143,21 @@ class Realigner:
             LookupError: the product has no inventory row in MySQL.
         """
         keys = ProductKeys(self._prefix, product_id)
-        async with self._engine.connect() as conn:
+        async with self.engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="REPEATABLE READ")
             await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            row = (
-                await conn.execute(
-                    text("SELECT stock, sold, version FROM inventory WHERE product_id = :p"), {"p": product_id}
-                )
-            ).first()
+            row = (await conn.execute(_PRODUCT, {"p": product_id})).first()
             if row is None:
                 await conn.rollback()
                 raise LookupError(f"product {product_id} has no inventory row")
-            mysql_stock, mysql_sold, version = row
+            mysql_stock, mysql_sold, version = row.stock, row.sold, row.version
             journal = parse_journal(await self._redis.hgetall(keys.journal))
-            ids = [entry.request_id for entry in journal]
+            by_order_no = {entry.order_no: entry.request_id for entry in journal}
+            order_nos = list(by_order_no)
             resolved: set[str] = set()
-            for start in range(0, len(ids), _CHUNK):
-                rows = await conn.execute(_ORDERS_BY_REQUEST_ID, {"ids": ids[start : start + _CHUNK]})
-                resolved.update(request_id for (request_id,) in rows)
+            for start in range(0, len(order_nos), _CHUNK):
+                rows = await conn.execute(_ORDERS_BY_ORDER_NO, {"order_nos": order_nos[start : start + _CHUNK]})
+                resolved.update(by_order_no[order_no] for (order_no,) in rows)
             held = await conn.execute(_UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
             quota_pairs = [str(value) for pair in held for value in pair]
             await conn.rollback()
@@ -151,6 +166,8 @@ class Realigner:
             keys=[keys.stock, keys.journal, keys.quota, keys.versions],
             args=[mysql_stock, "0" if dry_run else "1", version, len(resolved), *resolved, *quota_pairs],
         )
+        if not dry_run and not stale:
+            await self._redis.hset(keys.sale, mapping=sale_terms(row.per_user_limit, row.sale_starts_at, row.sale_ends_at))
         redis_before = int(before) if before != "" else None
 
         republished = 0

@@ -5,17 +5,19 @@
 -- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota   KEYS[4] versions
 -- ARGV[1] MySQL stock in the snapshot   ARGV[2] '1' write, '0' dry run
 -- ARGV[3] inventory version of the snapshot   ARGV[4] n = number of resolved request ids
--- ARGV[5 .. 4+n] request ids that have an order row in the snapshot
+-- ARGV[5 .. 4+n] request ids whose order has a row in the snapshot
 -- ARGV[5+n ..] pairs: user id, units that user holds in MySQL (snapshot)
 -- Returns {stock_before or '', stock_after, in_flight_count, in_flight_units, resolved_dropped, stale}.
--- stale = 1: a restock newer than the snapshot already reached Redis; nothing was written
--- (the next pass, with a newer snapshot, writes).
+-- stale = 1: Redis already reflects a newer MySQL state (another pass, or a restock); nothing
+-- was written (the next pass, with a newer snapshot, writes).
 local n = tonumber(ARGV[4])
 local resolved = {}
 for i = 5, 4 + n do resolved[ARGV[i]] = true end
 local version = tonumber(ARGV[3])
-local restocked = tonumber(redis.call('HGET', KEYS[4], 'restocked') or '0')
-local stale = restocked > version
+local versions = redis.call('HMGET', KEYS[4], 'synced', 'restocked')
+-- Stale: a pass with a newer snapshot already wrote, or units returned after this snapshot
+-- already reached Redis. Writing would turn the clock back.
+local stale = tonumber(versions[1] or '0') > version or tonumber(versions[2] or '0') > version
 local write = ARGV[2] == '1' and not stale
 
 local quota = {}

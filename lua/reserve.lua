@@ -11,7 +11,12 @@ local order_no = ARGV[4]
 if record[1] then
   if tonumber(record[1]) ~= quantity then return {'key_reused', record[2]} end
   if record[3] == 'queued' then return {'replay', record[2]} end
-  if record[3] == 'pending' then return {'in_flight', record[2]} end
+  if record[3] == 'pending' then
+    -- Still in the journal: not confirmed yet. Gone from it: realignment found its order row
+    -- (the API had lost the step that marks it queued), so it is a replay.
+    if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return {'in_flight', record[2]} end
+    return {'replay', record[2]}
+  end
   -- 'released': the first attempt never took effect; a retry reuses its order number, so a
   -- delayed copy of the first message and this retry describe one and the same order.
   order_no = record[2]

@@ -74,10 +74,7 @@ async def main(requests: int) -> None:
         Pipeline.execute = _counted_pipeline  # type: ignore[method-assign]
         try:
             stock = warm_up + requests
-            await set_product(
-                resources.engine, resources.redis, resources.realigner, settings.redis.key_prefix, 1,
-                ProductInput(stock=stock, per_user_limit=1),
-            )
+            await set_product(resources.engine, resources.realigner, 1, ProductInput(stock=stock, per_user_limit=1))
             await _run(resources, 1, range(warm_up))
             rows = [
                 ("accept path", *await _run(resources, 1, range(warm_up, stock))),

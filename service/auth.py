@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -12,7 +11,7 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.handlers.base import BaseRouteHandler
 from litestar.security.jwt import JWTAuth, Token
 
-USER_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,64}$")
+from service.request_id import USER_ID
 
 
 @dataclass
@@ -31,7 +30,7 @@ class User:
 
 
 async def _retrieve_user(token: FlashsaleToken, _: ASGIConnection[Any, Any, Any, Any]) -> User:
-    if not USER_ID.match(token.sub):
+    if not USER_ID.fullmatch(token.sub):
         raise NotAuthorizedException("Token subject is not a valid user id")
     return User(id=token.sub, is_admin=token.role == "admin")
 
@@ -64,7 +63,7 @@ def issue_token(secret: str, user_id: str, admin: bool = False, ttl_seconds: int
     Raises:
         ValueError: ``user_id`` is not a valid user id.
     """
-    if not USER_ID.match(user_id):
+    if not USER_ID.fullmatch(user_id):
         raise ValueError("user id must be 1-64 of A-Za-z0-9_.:@-")
     auth = make_jwt_auth(secret)
     return auth.create_token(

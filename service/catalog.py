@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import msgspec
+from litestar.params import PathParameter
 from msgspec import Meta
 from redis.asyncio import Redis
 from sqlalchemy import text
@@ -15,17 +16,29 @@ from consumers.realign import Realigner, RealignReport
 from service.keys import ProductKeys
 
 PositiveId = Annotated[int, Meta(ge=1, le=2**63 - 1)]
+ProductIdPath = Annotated[int, PathParameter(ge=1, le=2**63 - 1)]
+MAX_AMOUNT = 2**63 - 1  # orders.amount is a BIGINT of minor units
+
+
+class InvalidProduct(ValueError):
+    """Product input that is well-formed but inconsistent; ``field`` names the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
-    """Create or update a product. ``price`` in minor currency units; ``stock`` is the remaining
-    stock to set in MySQL (units); without ``sale_starts_at`` the sale opens now, without
+    """Create or update a product. ``stock`` is the sale's units in all, sold ones included (MySQL
+    keeps ``stock - sold`` on sale, so repeating a PUT changes nothing). ``price`` (minor currency
+    units), ``per_user_limit`` (units) and ``name`` left out keep their current values (on
+    creation: 0, 1 and "product ID"). Without ``sale_starts_at`` the sale opens now, without
     ``sale_ends_at`` it has no end (ISO 8601; naive times are UTC)."""
 
     stock: Annotated[int, Meta(ge=0, le=2**31 - 1)]
-    price: Annotated[int, Meta(ge=0, le=2**62)] = 0
-    per_user_limit: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
-    name: Annotated[str, Meta(max_length=200)] = ""
+    price: Annotated[int, Meta(ge=0, le=2**62)] | None = None
+    per_user_limit: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    name: Annotated[str, Meta(min_length=1, max_length=200)] | None = None
     sale_starts_at: datetime | None = None
     sale_ends_at: datetime | None = None
 
@@ -47,26 +60,23 @@ def _utc_naive(value: datetime) -> datetime:
     return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
 
 
-def _epoch_ms(value: datetime | None) -> int:
-    return 0 if value is None else int(value.replace(tzinfo=UTC).timestamp() * 1000)
-
-
-async def set_product(
-    engine: AsyncEngine, redis: Redis, realigner: Realigner, key_prefix: str, product_id: int, data: ProductInput
-) -> RealignReport:
-    """Upsert the product and its MySQL stock, publish the sale window to Redis, then load Redis
-    stock by a realignment pass (exact against reservations in flight; never a blind overwrite).
+async def set_product(engine: AsyncEngine, realigner: Realigner, product_id: int, data: ProductInput) -> RealignReport:
+    """Upsert the product and its MySQL stock (``stock - sold``), then load Redis (sale window,
+    per-user limit, stock) by a realignment pass: exact against reservations in flight, never a
+    blind overwrite of live stock.
 
     Raises:
-        ValueError: ``sale_ends_at`` is not after ``sale_starts_at``.
+        InvalidProduct: ``sale_ends_at`` is not after ``sale_starts_at``, or ``price x
+            per_user_limit`` does not fit a BIGINT amount (nothing is written).
     """
     starts = _utc_naive(data.sale_starts_at) if data.sale_starts_at else datetime.now(UTC).replace(tzinfo=None)
     ends = _utc_naive(data.sale_ends_at) if data.sale_ends_at else None
     if ends is not None and ends <= starts:
-        raise ValueError("sale_ends_at must be after sale_starts_at")
+        raise InvalidProduct("sale_ends_at", "must be after sale_starts_at")
     row = {
         "id": product_id,
-        "name": data.name or f"product {product_id}",
+        "name": data.name,
+        "default_name": f"product {product_id}",
         "price": data.price,
         "limit": data.per_user_limit,
         "starts": starts,
@@ -77,24 +87,28 @@ async def set_product(
         await conn.execute(
             text(
                 "INSERT INTO products (id, name, price, per_user_limit, sale_starts_at, sale_ends_at)"
-                " VALUES (:id, :name, :price, :limit, :starts, :ends)"
-                " ON DUPLICATE KEY UPDATE name = VALUES(name), price = VALUES(price),"
-                " per_user_limit = VALUES(per_user_limit), sale_starts_at = VALUES(sale_starts_at),"
+                " VALUES (:id, COALESCE(:name, :default_name), COALESCE(:price, 0), COALESCE(:limit, 1), :starts, :ends)"
+                " ON DUPLICATE KEY UPDATE name = COALESCE(:name, name), price = COALESCE(:price, price),"
+                " per_user_limit = COALESCE(:limit, per_user_limit), sale_starts_at = VALUES(sale_starts_at),"
                 " sale_ends_at = VALUES(sale_ends_at)"
             ),
             row,
         )
+        price, limit = (
+            await conn.execute(text("SELECT price, per_user_limit FROM products WHERE id = :id"), row)
+        ).one()
+        if price * limit > MAX_AMOUNT:  # raised inside the transaction: nothing is written
+            raise InvalidProduct("price", "price x per_user_limit must fit a BIGINT amount (minor units)")
+        # ``stock`` is the sale's units in all: what is sold stays sold, the rest is on sale.
+        # Setting the same number again changes nothing, mid-sale included.
         await conn.execute(
             text(
                 "INSERT INTO inventory (product_id, stock, sold, version) VALUES (:id, :stock, 0, 0)"
-                " ON DUPLICATE KEY UPDATE stock = VALUES(stock), version = version + 1"
+                " ON DUPLICATE KEY UPDATE stock = GREATEST(VALUES(stock) - sold, 0),"
+                " version = version + 1"
             ),
             row,
         )
-    keys = ProductKeys(key_prefix, product_id)
-    await redis.hset(
-        keys.sale, mapping={"starts_ms": _epoch_ms(starts), "ends_ms": _epoch_ms(ends), "limit": data.per_user_limit}
-    )
     return await realigner.realign(product_id)
 
 

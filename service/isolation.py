@@ -74,7 +74,8 @@ async def tear_down(settings: Settings) -> None:
     redis = Redis.from_url(settings.redis.url)
     try:
         batch = []
-        async for key in redis.scan_iter(match=f"{settings.redis.key_prefix}:*", count=1000):
+        # The prefix and anything derived from it (tests use "<prefix>-<part>" prefixes too).
+        async for key in redis.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000):
             batch.append(key)
             if len(batch) >= 1000:
                 await redis.unlink(*batch)

@@ -33,7 +33,7 @@ log = structlog.get_logger(__name__)
 ORDER_NO_LENGTH = 26
 SEQUENCE_MAX = 999_999
 SHARDS = 100
-_ORDER_NO = re.compile(r"^[A-Z]{2}[0-9]{24}$")
+_ORDER_NO = re.compile(r"[A-Z]{2}[0-9]{24}")
 _SEQUENCE_KEY_TTL_SECONDS = 120
 _SPARE_MAX_AGE_SECONDS = 5.0
 
@@ -50,7 +50,7 @@ def check_digits(body: str) -> str:
 
 def is_valid_order_no(value: str) -> bool:
     """True when ``value`` has the length, charset and check digits of an order number."""
-    return bool(_ORDER_NO.match(value)) and int(_digits(value)) % 97 == 1
+    return bool(_ORDER_NO.fullmatch(value)) and int(_digits(value)) % 97 == 1
 
 
 def compose_order_no(prefix: str, second: str, shard: int, sequence: int) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 
 import httpx
@@ -12,7 +11,9 @@ from sqlalchemy import text
 from db.engine import make_engine
 from service.lifecycle import expire_unpaid
 from service.log_setup import configure_logging
+from service.order_no import is_valid_order_no
 from service.payments import sign
+from service.realign_cli import stopped
 from service.resources import make_redis
 from service.scripts import Scripts
 from service.settings import Settings
@@ -40,7 +41,13 @@ async def send_notification(
     currency: str | None,
     url: str,
 ) -> str:
-    """POST a notification signed with the channel's secret; returns ``<status> <body>``."""
+    """POST a notification signed with the channel's secret; returns ``<status> <body>``.
+
+    Raises:
+        SystemExit: invalid order number, order not in MySQL, API unreachable, or a non-2xx answer.
+    """
+    if not is_valid_order_no(order_no):
+        raise SystemExit(f"error: {order_no!r} is not a valid order number")
     channel = channel or next(iter(settings.payment.channel_secrets))
     body = msgspec.json.encode(
         {
@@ -53,12 +60,17 @@ async def send_notification(
         }
     )
     signature = sign(settings.payment.channel_secrets.get(channel, ""), body)
-    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-        response = await client.post(
-            "/api/v1/payments/notify",
-            content=body,
-            headers={"content-type": "application/json", "X-Signature": signature},
-        )
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            response = await client.post(
+                "/api/v1/payments/notify",
+                content=body,
+                headers={"content-type": "application/json", "X-Signature": signature},
+            )
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"error: {url} did not answer: {exc!r}") from None
+    if not response.is_success:
+        raise SystemExit(f"error: {response.status_code} {response.text}")
     return f"{response.status_code} {response.text}"
 
 
@@ -72,9 +84,8 @@ async def run_sweep(settings: Settings, watch: float | None) -> None:
         while True:
             cancelled = await expire_unpaid(engine, redis, scripts, settings.redis.key_prefix, settings.payment.window_seconds)
             print(f"cancelled {cancelled} unpaid order(s) past {settings.payment.window_seconds}s", flush=True)
-            if watch is None:
+            if watch is None or await stopped(watch):
                 return
-            await asyncio.sleep(watch)
     finally:
         await redis.aclose()
         await engine.dispose()

@@ -100,6 +100,11 @@ def _from_http_exception(exc: HTTPException) -> ProblemDetailsException:
     return Problem(status, _GENERIC_CODES.get(status, "error"), str(exc.detail), headers=exc.headers)
 
 
+def _too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:
+    """msgspec gives up on absurdly nested JSON with RecursionError: that is bad input."""
+    return field_error("body", "JSON nested too deeply").to_response(request)
+
+
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     log.exception("unhandled_error", path=request.url.path, error=repr(exc))
     return Problem(HTTP_500_INTERNAL_SERVER_ERROR, "internal_error", "Internal server error.").to_response(request)
@@ -112,4 +117,4 @@ def problem_details_plugin() -> ProblemDetailsPlugin:
     )
 
 
-UNEXPECTED_ERROR_HANDLERS = {Exception: _unexpected}
+UNEXPECTED_ERROR_HANDLERS = {RecursionError: _too_deep, Exception: _unexpected}

@@ -79,12 +79,18 @@ class PurchaseService:
         keys = ProductKeys(self._prefix, product_id)
         try:
             candidate = await self._minter.take()
+        except (RedisError, ShardLost, OSError) as exc:
+            log.warning("order_no_unavailable", error=repr(exc))
+            raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
+        try:
             outcome, order_no, *reserved_at = await self._scripts.reserve(
                 keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
                 args=[request_id, user_id, quantity, candidate, self._replay_ttl],
             )
-        except (RedisError, ShardLost, OSError) as exc:
-            log.warning("reserve_failed", error=repr(exc))
+        except (RedisError, OSError) as exc:
+            # The script may have run and only its reply been lost: give back what it may hold.
+            log.warning("reserve_failed", request_id=request_id, error=repr(exc))
+            await self._give_back(keys, request_id)
             raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
         if order_no != candidate:
             self._minter.give_back(candidate)

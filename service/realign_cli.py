@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -18,6 +20,22 @@ from service.log_setup import configure_logging
 from service.resources import make_redis
 from service.scripts import Scripts
 from service.settings import Settings
+
+
+async def stopped(seconds: float) -> bool:
+    """Sleep ``seconds`` for a ``--watch`` loop; True as soon as SIGTERM or SIGINT arrives."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        return False
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return True
 
 
 @asynccontextmanager
@@ -45,7 +63,7 @@ def print_reports(reports: list[RealignReport], as_json: bool, console: Console 
         print(msgspec.json.encode(reports).decode(), flush=True)
         return
     table = Table(title="realignment" + (" (dry run)" if reports and reports[0].dry_run else ""))
-    for column in ("product", "mysql stock", "sold", "redis before", "redis after", "in flight", "units", "drift", "dropped", "republished"):
+    for column in ("product", "mysql stock", "sold", "redis before", "redis after", "in flight", "units in flight", "drift", "resolved dropped", "republished"):
         table.add_column(column, justify="right")
     for r in reports:
         table.add_row(
@@ -55,7 +73,7 @@ def print_reports(reports: list[RealignReport], as_json: bool, console: Console 
                  r.in_flight, r.in_flight_units, r.drift, r.resolved_dropped, r.republished),
             )
         )
-    (console or Console()).print(table)
+    (console or Console(width=None if sys.stdout.isatty() else 160)).print(table)
 
 
 async def run_realign(settings: Settings, product_id: int | None, dry_run: bool, watch: float | None, as_json: bool) -> int:
@@ -73,15 +91,12 @@ async def run_realign(settings: Settings, product_id: int | None, dry_run: bool,
                 print(f"error: {exc}")
                 return 1
             print_reports(reports, as_json)
-            if watch is None:
+            if watch is None or await stopped(watch):
                 return 0
-            await asyncio.sleep(watch)
 
 
 async def set_product_cli(settings: Settings, product_id: int, data: ProductInput) -> RealignReport:
     """``flashsale product set``."""
     configure_logging("WARNING")
     async with open_realigner(settings) as realigner:
-        return await set_product(
-            realigner._engine, realigner._redis, realigner, settings.redis.key_prefix, product_id, data
-        )
+        return await set_product(realigner.engine, realigner, product_id, data)

@@ -15,17 +15,26 @@ import re
 import secrets
 import time
 
-_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,64}$")
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,64}")
+USER_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
+"""User ids (JWT ``sub``): 1-64 of ``A-Za-z0-9_.:@-``; never ``|``, the journal's field separator."""
 
 
 def is_valid_idempotency_key(value: str) -> bool:
     """1-64 visible ASCII characters (0x21-0x7E)."""
-    return bool(_IDEMPOTENCY_KEY.match(value))
+    return bool(_IDEMPOTENCY_KEY.fullmatch(value))
 
 
 def mint_request_id() -> str:
     """A new time-ordered request id (32 lowercase hex)."""
     return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
+
+
+def reissued_request_id(request_id: str, order_no: str) -> str:
+    """The request id under which the consumer writes an order whose request id is already taken
+    by an earlier order: the client reused its Idempotency-Key after the replay record expired
+    (24 h by default), so the API took it as a new purchase with a new order number. 32 hex."""
+    return hashlib.sha256(f"{request_id}\n{order_no}".encode()).hexdigest()[:32]
 
 
 def request_id_from_key(user_id: str, product_id: int, idempotency_key: str) -> str:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 from litestar import Controller, get, post, put
 from litestar.di import NamedDependency
-from litestar.params import FromPath, FromQuery, JSONBody
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from consumers.realign import RealignReport
 from service.auth import admin_only
-from service.catalog import ProductInput, set_product
+from service.catalog import InvalidProduct, ProductIdPath, ProductInput, set_product
 from service.lifecycle import OrderNotFound, TransitionLost, give_back_to_redis
 from service.order_no import is_valid_order_no
 from service.payments import request_refund
@@ -36,24 +38,15 @@ class AdminController(Controller):
 
     @put("/products/{product_id:int}", summary="Create or update a product, its sale window and stock")
     async def put_product(
-        self, product_id: FromPath[int], data: JSONBody[ProductInput], resources: NamedDependency[Resources]
+        self, product_id: ProductIdPath, data: JSONBody[ProductInput], resources: NamedDependency[Resources]
     ) -> RealignReport:
-        if product_id < 1:
-            raise field_error("product_id", "must be a positive integer")
         try:
-            return await set_product(
-                resources.engine,
-                resources.redis,
-                resources.realigner,
-                resources.settings.redis.key_prefix,
-                product_id,
-                data,
-            )
-        except ValueError as exc:
-            raise field_error("sale_ends_at", str(exc)) from None
+            return await set_product(resources.engine, resources.realigner, product_id, data)
+        except InvalidProduct as exc:
+            raise field_error(exc.field, str(exc)) from None
 
     @get("/products/{product_id:int}/stock", summary="MySQL and Redis stock, in flight, drift")
-    async def stock(self, product_id: FromPath[int], resources: NamedDependency[Resources]) -> RealignReport:
+    async def stock(self, product_id: ProductIdPath, resources: NamedDependency[Resources]) -> RealignReport:
         try:
             return await resources.realigner.realign(product_id, dry_run=True)
         except LookupError:
@@ -80,7 +73,7 @@ class AdminController(Controller):
     async def realign(
         self,
         resources: NamedDependency[Resources],
-        product_id: FromQuery[int | None] = None,
+        product_id: Annotated[int | None, QueryParameter(ge=1, le=2**63 - 1)] = None,
         dry_run: FromQuery[bool] = False,
     ) -> list[RealignReport]:
         if product_id is None:

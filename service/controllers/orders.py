@@ -48,6 +48,15 @@ _STATUS = {
 }
 
 
+async def _require_integers(request: Request[Any, Any, Any], fields: tuple[str, ...]) -> None:
+    """Litestar converts bodies leniently ("1" and 1.0 become 1); a quantity must be a JSON
+    integer. Reads the JSON Litestar already parsed (no second decode)."""
+    raw = await request.json()
+    for field in fields:
+        if type(raw.get(field)) is not int:
+            raise field_error(field, "Expected `int`")
+
+
 def _check_order_no(order_no: str) -> None:
     """Order numbers coming back in are validated before any look-up (length, charset, check digits)."""
     if not is_valid_order_no(order_no):
@@ -66,6 +75,7 @@ class OrderController(Controller):
         resources: NamedDependency[Resources],
         idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key", required=False)] = None,
     ) -> Response[OrderAccepted]:
+        await _require_integers(request, ("product_id", "quantity"))
         user = request.user
         if idempotency_key is None:
             request_id = mint_request_id()

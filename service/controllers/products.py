@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from litestar import Controller, get
 from litestar.di import NamedDependency
-from litestar.params import FromPath
 
-from service.catalog import ProductView, get_product
+from service.catalog import ProductIdPath, ProductView, get_product
 from service.problems import Problem
 from service.resources import Resources
 
@@ -16,7 +15,7 @@ class ProductController(Controller):
     tags = ["products"]
 
     @get("/{product_id:int}", summary="Sale info and remaining stock")
-    async def show(self, product_id: FromPath[int], resources: NamedDependency[Resources]) -> ProductView:
+    async def show(self, product_id: ProductIdPath, resources: NamedDependency[Resources]) -> ProductView:
         view = await get_product(resources.engine, resources.redis, resources.settings.redis.key_prefix, product_id)
         if view is None:
             raise Problem(404, "product_not_found", f"Product {product_id} does not exist.")

@@ -1,0 +1,234 @@
+"""Regression tests for what an adversarial review broke: each failed before its fix."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import jwt
+import pytest
+
+from consumers.order_consumer import apply_order
+from consumers.realign import Realigner
+from service.broker import OrderMessage, encode_order, queue_depth
+from service.isolation import environment
+from service.keys import ProductKeys
+from service.order_no import compose_order_no
+from service.request_id import mint_request_id
+from tests.conftest import eventually, inventory, order_rows, redis_state
+from tests.test_consumer import publish_raw
+
+
+async def buy(client, headers, product_id, quantity=1, key=None):
+    if key is not None:
+        headers = {**headers, "Idempotency-Key": key}
+    return await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": quantity}, headers=headers)
+
+
+async def test_setting_the_same_stock_again_mid_sale_does_not_oversell(client, token, put_product, product_id, engine, consumer):
+    await put_product(product_id, stock=10, limit=1)
+    first = await asyncio.gather(*(buy(client, token(f"a{i}"), product_id) for i in range(6)))
+    assert all(r.status_code == 202 for r in first)
+    await eventually(lambda: _rows(engine, product_id, 6))
+    report = await put_product(product_id, stock=10, limit=1)
+    assert (report["mysql_stock"], report["mysql_sold"], report["redis_stock_after"]) == (4, 6, 4)
+    second = await asyncio.gather(*(buy(client, token(f"b{i}"), product_id) for i in range(10)))
+    assert sum(r.status_code == 202 for r in second) == 4
+    await eventually(lambda: _rows(engine, product_id, 10))
+    assert await inventory(engine, product_id) == (0, 10)
+
+
+async def _rows(engine, product_id, count):
+    return len(await order_rows(engine, product_id)) >= count
+
+
+class _DuringJournalRead:
+    """The real Redis client; right after the realigner reads the journal, ``during`` runs."""
+
+    def __init__(self, redis, during):
+        self._redis, self._during = redis, during
+
+    def __getattr__(self, name):
+        return getattr(self._redis, name)
+
+    async def hgetall(self, key):
+        journal = await self._redis.hgetall(key)
+        await self._during()
+        return journal
+
+
+async def test_an_older_realignment_pass_never_overwrites_a_newer_one(engine, redis, scripts, settings, put_product, product_id):
+    await put_product(product_id, stock=10, limit=1)
+    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    request_id = mint_request_id()
+    order_no = compose_order_no("FS", "20261130000002", 95, product_id)
+    _, _, reserved_at = await scripts.reserve(
+        keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
+        args=[request_id, "e", 1, order_no, 3600],
+    )
+    prefix = settings.redis.key_prefix
+
+    async def consumer_commits_then_another_pass_runs():
+        await apply_order(engine, OrderMessage(request_id, order_no, "e", product_id, 1, reserved_at))
+        newer = await Realigner(engine, redis, scripts, prefix, 60).realign(product_id)
+        assert (newer.redis_stock_after, newer.resolved_dropped) == (9, 1)
+
+    older = Realigner(engine, _DuringJournalRead(redis, consumer_commits_then_another_pass_runs), scripts, prefix, 60)
+    report = await older.realign(product_id)
+    assert report.skipped_stale
+    state = await redis_state(redis, settings, product_id)
+    assert (state["stock"], state["journal"], state["quota"]) == ("9", {}, {"e": "1"})
+    assert await inventory(engine, product_id) == (9, 1)
+
+
+async def test_redis_data_loss_is_repaired_by_one_realignment(client, token, put_product, product_id, engine, redis, scripts, settings, consumer):
+    await put_product(product_id, stock=5, limit=1)
+    assert (await buy(client, token("before-loss"), product_id)).status_code == 202
+    await eventually(lambda: _rows(engine, product_id, 1))
+    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    await redis.delete(keys.stock, keys.sale, keys.quota, keys.journal, keys.versions)
+    assert (await buy(client, token("during-loss"), product_id)).status_code == 503
+
+    await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    again = await buy(client, token("before-loss"), product_id, key="after")
+    assert again.status_code == 409 and again.json()["code"] == "limit_exceeded"  # quota rebuilt from MySQL
+    assert (await buy(client, token("after-loss"), product_id)).status_code == 202
+    assert await redis.get(keys.stock) == "3"
+
+
+async def test_values_with_a_trailing_newline_are_refused(client, token, settings, amqp_channel, put_product, product_id, engine, consumer):
+    await put_product(product_id, stock=5, limit=1)
+    good = compose_order_no("FS", "20261130000003", 94, 1)
+    response = await client.get(f"/api/v1/orders/{good}%0A", headers=token("u"))
+    assert response.status_code == 400 and response.json()["code"] == "invalid_order_no"
+    now = int(time.time())
+    newline_sub = jwt.encode({"sub": "mallory\n", "exp": now + 60, "iat": now}, settings.auth.jwt_secret, algorithm="HS256")
+    assert (await client.get("/api/v1/orders", headers={"Authorization": f"Bearer {newline_sub}"})).status_code == 401
+
+    dead_before = await queue_depth(amqp_channel, settings.amqp.dead_letter_queue)
+    poison = OrderMessage(mint_request_id(), good + "\n", "zed", product_id, 1, 0)
+    await publish_raw(amqp_channel, settings, encode_order(poison))
+    after = OrderMessage(mint_request_id(), compose_order_no("FS", "20261130000003", 94, 2), "zed", product_id, 1, 0)
+    await publish_raw(amqp_channel, settings, encode_order(after))
+    await eventually(lambda: _rows(engine, product_id, 1))
+    await eventually(lambda: _depth_above(amqp_channel, settings.amqp.dead_letter_queue, dead_before))
+
+
+async def _depth_above(channel, queue, before):
+    return await queue_depth(channel, queue) > before
+
+
+async def test_key_reused_after_its_replay_record_expired_is_a_new_order_with_a_row(
+    client, token, put_product, product_id, engine, redis, scripts, settings, consumer
+):
+    await put_product(product_id, stock=5, limit=2)
+    headers = token("forgetful")
+    first = (await buy(client, headers, product_id, key="reused")).json()
+    await eventually(lambda: _rows(engine, product_id, 1))
+    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    await redis.delete(keys.replay(first["request_id"]))  # the 24 h replay window is over
+
+    second = (await buy(client, headers, product_id, key="reused")).json()
+    assert second["order_no"] != first["order_no"]
+    await eventually(lambda: _rows(engine, product_id, 2))
+    rows = {row.order_no: row for row in await order_rows(engine, product_id)}
+    assert set(rows) == {first["order_no"], second["order_no"]}
+    report = await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    assert (report.mysql_stock, report.redis_stock_after, report.in_flight) == (3, 3, 0)
+    assert await redis.hget(keys.quota, "forgetful") == "2"
+
+
+async def test_a_lost_mark_queued_step_becomes_a_replay_once_realigned(
+    client, token, put_product, product_id, engine, redis, scripts, settings, consumer
+):
+    await put_product(product_id, stock=5, limit=1)
+    headers = token("unmarked")
+    accepted = (await buy(client, headers, product_id, key="k")).json()
+    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    await redis.hset(keys.replay(accepted["request_id"]), "state", "pending")  # as if the step was lost
+    assert (await buy(client, headers, product_id, key="k")).status_code == 409
+    await eventually(lambda: _rows(engine, product_id, 1))
+    await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    replay = await buy(client, headers, product_id, key="k")
+    assert replay.status_code == 202 and replay.json()["order_no"] == accepted["order_no"]
+
+
+async def test_amounts_that_cannot_fit_bigint_and_ids_out_of_range_are_400(client, admin, new_product_id):
+    pid = new_product_id()
+    body = {"stock": 5, "price": 2**62, "per_user_limit": 2}
+    response = await client.put(f"/api/v1/admin/products/{pid}", json=body, headers=admin)
+    assert response.status_code == 400
+    for bad in (2**63, 2**64, 0):
+        assert (await client.put(f"/api/v1/admin/products/{bad}", json={"stock": 1}, headers=admin)).status_code == 400
+        assert (await client.get(f"/api/v1/products/{bad}")).status_code in (400, 404)
+
+
+async def test_deeply_nested_json_is_400(client, token):
+    nested = b"[" * 100_000 + b"]" * 100_000
+    response = await client.post("/api/v1/orders", content=nested, headers={**token("u"), "content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["code"] == "invalid_request"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_a_killed_api_worker_is_replaced(settings):
+    port = _free_port()
+    serve = subprocess.Popen(
+        [str(Path(sys.executable).with_name("flashsale")), "serve", "--port", str(port), "--workers", "2"],
+        env={**os.environ, **environment(settings)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api/v1/health/ready"
+
+    async def ready():
+        try:
+            async with httpx.AsyncClient() as http:
+                return (await http.get(url)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        await eventually(ready, timeout=60, interval=0.25)
+        workers = _children(serve.pid)
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        await eventually(lambda: _replaced(serve.pid, workers[0]), timeout=60, interval=0.25)
+        await eventually(ready, timeout=60, interval=0.25)
+        assert serve.poll() is None
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        try:
+            serve.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return sorted(int(p) for p in found)
+
+
+async def _replaced(pid: int, dead: int) -> bool:
+    children = _children(pid)
+    return len(children) == 2 and dead not in children
+
+
+@pytest.mark.parametrize("value", ["1", 1.0, "1e0"])
+async def test_quantity_of_the_wrong_type_is_refused(client, token, put_product, product_id, value, redis, settings):
+    await put_product(product_id, stock=5, limit=2)
+    response = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": value}, headers=token("typed"))
+    assert response.status_code == 400 and response.json()["errors"][0]["field"] == "quantity"
+    assert (await redis_state(redis, settings, product_id))["journal"] == {}
