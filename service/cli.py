@@ -45,6 +45,7 @@ def serve(host: str, port: int, workers: int) -> None:
         loop=Loops.uvloop,
         backlog=4096,
         log_access=False,
+        respawn_failed_workers=True,
     ).serve()
 
 
@@ -96,6 +97,18 @@ def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json:
 @click.option("--consumers", default=2, show_default=True, type=click.IntRange(1), help="Consumer processes to start.")
 @click.option("--url", default=None, help="Target a running API instead of starting one (admin token from settings).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--noop-requests", default=10_000, show_default=True, type=click.IntRange(0),
+    help="Requests to the no-op route before the load: the framework ceiling (0: none).",
+)
+@click.option(
+    "--pay-share", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+    help="Share of the orders to pay after the drain; the rest time out, are swept and resold (0: off).",
+)
+@click.option(
+    "--payment-window", default=5, show_default=True, type=click.IntRange(1), metavar="SECONDS",
+    help="Payment window of the run's API and sweep, with --pay-share.",
+)
 def sale(**options) -> None:  # type: ignore[no-untyped-def]
     """Run a whole flash sale end to end on the real services and check every invariant."""
     from service.sale import run_sale
@@ -120,12 +133,13 @@ def pay(order_no: str, amount: int | None, txn_id: str | None, event: str, chann
 
 
 @main.command()
+@click.option("--product", "product_id", type=click.IntRange(1), default=None, help="Only this product.")
 @click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
-def sweep(watch: float | None) -> None:
+def sweep(product_id: int | None, watch: float | None) -> None:
     """Cancel orders unpaid after the payment window (FLASHSALE_PAYMENT__WINDOW_SECONDS); units go back on sale."""
     from service.pay_cli import run_sweep
 
-    _run(run_sweep(get_settings(), watch))
+    _run(run_sweep(get_settings(), product_id, watch))
 
 
 @main.command()
@@ -146,21 +160,34 @@ def product() -> None:
 @product.command("set")
 @click.argument("product_id", type=click.IntRange(1))
 @click.option("--stock", required=True, type=click.IntRange(0))
-@click.option("--price", default=0, type=click.IntRange(0), help="Minor currency units.")
-@click.option("--limit", "per_user_limit", default=1, type=click.IntRange(1), help="Per-user limit (units).")
-@click.option("--name", default="")
+@click.option("--price", default=None, type=click.IntRange(0), help="Minor currency units (kept when left out; 0 on creation).")
+@click.option("--limit", "per_user_limit", default=None, type=click.IntRange(1), help="Per-user limit in units (kept when left out; 1 on creation).")
+@click.option("--name", default=None, help="Kept when left out.")
 @click.option("--starts", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
 @click.option("--ends", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the load report as JSON.")
 def product_set(
-    product_id: int, stock: int, price: int, per_user_limit: int, name: str, starts: datetime | None, ends: datetime | None
+    product_id: int,
+    stock: int,
+    price: int | None,
+    per_user_limit: int | None,
+    name: str | None,
+    starts: datetime | None,
+    ends: datetime | None,
+    as_json: bool,
 ) -> None:
-    """Create or update PRODUCT_ID and load its stock into Redis safely (never over live stock)."""
-    from service.catalog import ProductInput
-    from service.realign_cli import set_product_cli
+    """Create or update PRODUCT_ID: STOCK is the sale's units in all (sold ones included), and
+    Redis is loaded safely (never over live stock)."""
+    from service.catalog import InvalidProduct, ProductInput
+    from service.realign_cli import print_reports, set_product_cli
 
-    data = ProductInput(stock=stock, price=price, per_user_limit=per_user_limit, name=name, sale_starts_at=starts, sale_ends_at=ends)
-    report = _run(set_product_cli(get_settings(), product_id, data))
-    click.echo(msgspec.json.encode(report).decode())
+    fields = {"stock": stock, "price": price, "per_user_limit": per_user_limit, "name": name, "sale_starts_at": starts, "sale_ends_at": ends}
+    try:
+        data = msgspec.convert({k: v for k, v in fields.items() if v is not None}, ProductInput)
+        report = _run(set_product_cli(get_settings(), product_id, data))
+    except (msgspec.ValidationError, InvalidProduct) as exc:
+        raise click.BadParameter(str(exc)) from None
+    print_reports([report], as_json)
 
 
 @main.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 
@@ -58,6 +59,10 @@ def environment(settings: Settings) -> dict[str, str]:
         "FLASHSALE_AMQP__DELIVERY_LIMIT": str(settings.amqp.delivery_limit),
         "FLASHSALE_AUTH__JWT_SECRET": settings.auth.jwt_secret,
         "FLASHSALE_REALIGN__GRACE_SECONDS": str(settings.realign.grace_seconds),
+        "FLASHSALE_PAYMENT__WINDOW_SECONDS": str(settings.payment.window_seconds),
+        "FLASHSALE_PAYMENT__CHANNEL_SECRETS": json.dumps(settings.payment.channel_secrets),
+        "FLASHSALE_PAYMENT__CURRENCY": settings.payment.currency,
+        "FLASHSALE_BENCH_ROUTES": "true" if settings.bench_routes else "false",
     }
 
 

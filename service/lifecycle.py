@@ -171,21 +171,30 @@ async def give_back_to_redis(redis: Redis, scripts: Scripts, key_prefix: str, re
 
 
 async def expire_unpaid(
-    engine: AsyncEngine, redis: Redis, scripts: Scripts, key_prefix: str, window_seconds: int, batch: int = 500
+    engine: AsyncEngine,
+    redis: Redis,
+    scripts: Scripts,
+    key_prefix: str,
+    window_seconds: int,
+    *,
+    product_id: int | None = None,
+    batch: int = 500,
 ) -> int:
-    """One sweep: cancel every order still ``pending_payment`` ``window_seconds`` after it was
-    created (reason ``payment_timeout``) and give its units back. Returns how many it cancelled;
-    an order paid in the meantime loses nothing (the conditional update skips it)."""
+    """One sweep: cancel every order (of ``product_id``, or of every product) still
+    ``pending_payment`` ``window_seconds`` after it was created (reason ``payment_timeout``) and
+    give its units back. Returns how many it cancelled; an order paid in the meantime loses
+    nothing (the conditional update skips it)."""
+    of_product = "" if product_id is None else " AND product_id = :product"
     cancelled = 0
     while True:
         async with engine.connect() as conn:
             due = (
                 await conn.execute(
                     text(
-                        "SELECT order_no FROM orders WHERE status = :pending"
+                        f"SELECT order_no FROM orders WHERE status = :pending{of_product}"
                         " AND created_at < NOW() - INTERVAL :window SECOND ORDER BY created_at LIMIT :batch"
                     ),
-                    {"pending": S.PENDING_PAYMENT, "window": window_seconds, "batch": batch},
+                    {"pending": S.PENDING_PAYMENT, "product": product_id, "window": window_seconds, "batch": batch},
                 )
             ).scalars().all()
         for order_no in due:

@@ -74,7 +74,7 @@ async def send_notification(
     return f"{response.status_code} {response.text}"
 
 
-async def run_sweep(settings: Settings, watch: float | None) -> None:
+async def run_sweep(settings: Settings, product_id: int | None, watch: float | None) -> None:
     """``flashsale sweep``: cancel unpaid orders past the payment window; one pass or ``--watch``."""
     configure_logging(settings.log_level)
     engine = make_engine(settings.db)
@@ -82,7 +82,9 @@ async def run_sweep(settings: Settings, watch: float | None) -> None:
     scripts = Scripts.register(redis)
     try:
         while True:
-            cancelled = await expire_unpaid(engine, redis, scripts, settings.redis.key_prefix, settings.payment.window_seconds)
+            cancelled = await expire_unpaid(
+                engine, redis, scripts, settings.redis.key_prefix, settings.payment.window_seconds, product_id=product_id
+            )
             print(f"cancelled {cancelled} unpaid order(s) past {settings.payment.window_seconds}s", flush=True)
             if watch is None or await stopped(watch):
                 return

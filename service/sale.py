@@ -1,8 +1,26 @@
 """``flashsale sale``: a whole flash sale end to end on the real services, every invariant checked.
 
-Phases: isolate, start the API and the consumers, create the product, send the load, wait for
-the queue to drain, realign, read the stores, check the invariants (:mod:`service.sale_report`),
-report, stop the processes and clean up.
+Phases: isolate, start the API and the consumers, create the product, measure the framework
+ceiling (the no-op wave), send the purchase load, wait for the queue to drain, with
+``--pay-share`` run the order lifecycle, realign, read the stores, check the invariants
+(:mod:`service.sale_report`), report, stop the processes and clean up.
+
+Framework ceiling (``--noop-requests N``, 0 = off). Before the purchase load, ``POST
+/api/v1/bench/noop`` (``FLASHSALE_BENCH_ROUTES=true``: JWT auth and body decoding, nothing else)
+gets N requests built like the purchases (same JWTs, bodies, mix, concurrency and clients, one
+code path: :func:`send_wave`). The report puts its throughput and latency next to the purchase
+load's, with the ratios. When the route answers 404 (an API started without the bench routes,
+``--url``) the wave is skipped and the report says so.
+
+Order lifecycle (``--pay-share S``, isolated runs only). The API and the consumers get
+``FLASHSALE_PAYMENT__WINDOW_SECONDS`` = ``--payment-window``. After the first drain a share S of
+the orders pending payment (chosen at random, seeded by the run id) get a signed ``paid``
+notification, as a payment channel sends it (:func:`notification`), a bounded number at a time;
+the others are left until every one of them is older than the window in MySQL's clock, then the
+payment-timeout sweep runs once, in this process (:func:`service.lifecycle.expire_unpaid` with
+the run's settings: the same code ``flashsale sweep`` runs, counted exactly). Then a resale wave:
+new buyers send :data:`RESALE_FACTOR` times as many requests as units are on sale again (at least
+:data:`RESALE_MIN_REQUESTS`), the queue drains a second time, and the realignment follows.
 
 Isolation (default). The run gets an id ``sale_<8 hex>`` and settings of its own derived from
 the given ones: database ``<run id>`` on the same MySQL server (created by
@@ -46,7 +64,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aio_pika
 import httpx
@@ -61,24 +79,32 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from consumers.realign import RealignReport
 from db.engine import make_engine
 from db.migrate import upgrade
+from db.models import OrderStatus
 from service.auth import issue_token
 from service.broker import declare_topology, queue_depth
 from service.isolation import environment, isolated_settings, tear_down
 from service.keys import ProductKeys
+from service.lifecycle import expire_unpaid
 from service.log_setup import configure_logging
+from service.payments import Notification, sign
 from service.realign_cli import open_realigner
 from service.resources import make_redis
 from service.sale_report import (
     ACCEPTED,
     Job,
     Kind,
+    LifecycleRun,
+    Measured,
     OrderRow,
     Outcome,
+    PaymentRow,
     Shot,
     StoreFacts,
+    Wave,
     build_report,
     render,
 )
+from service.scripts import Scripts
 from service.settings import Settings
 
 T = TypeVar("T")
@@ -92,6 +118,14 @@ DRAIN_POLL = 0.2  # seconds between drain polls
 DRAINED_POLLS = 3  # consecutive polls that must see the queue drained
 STOP_TIMEOUT = 30.0  # seconds a process gets after SIGTERM before SIGKILL
 CLIENT_POOL = 4  # connections per load client: httpcore checks every pooled connection on each request
+PAY_CONCURRENCY = 32  # notifications in flight at most (each row-locks an order in one API transaction)
+WINDOW_MARGIN = 0.2  # seconds slept past the moment MySQL's clock puts the last unpaid order beyond the window
+RESALE_FACTOR = 3  # resale requests per unit on sale again, so demand exceeds supply
+RESALE_MIN_REQUESTS = 50
+
+ORDERS_PATH = "/api/v1/orders"
+NOOP_PATH = "/api/v1/bench/noop"
+NOTIFY_PATH = "/api/v1/payments/notify"
 
 # The load mix: job kind -> weight (see service.sale_report.Kind).
 MIX = {Kind.BUY: 70, Kind.RETRY: 12, Kind.DUPLICATE: 6, Kind.OVER_LIMIT: 12}
@@ -119,17 +153,22 @@ class Sale:
     per_user_limit: int
 
 
-def sale_settings(settings: Settings, run_id: str) -> Settings:
+def sale_settings(settings: Settings, run_id: str, window_seconds: int | None) -> Settings:
     """``settings`` isolated for the run (:func:`service.isolation.isolated_settings`) with a
-    random JWT secret of its own."""
+    random JWT secret of its own and, when given, a payment window of ``window_seconds``."""
     isolated = isolated_settings(settings, run_id)
-    return isolated.model_copy(update={"auth": isolated.auth.model_copy(update={"jwt_secret": secrets.token_hex(32)})})
+    payment = isolated.payment
+    if window_seconds is not None:
+        payment = payment.model_copy(update={"window_seconds": window_seconds})
+    auth = isolated.auth.model_copy(update={"jwt_secret": secrets.token_hex(32)})
+    return isolated.model_copy(update={"auth": auth, "payment": payment})
 
 
 def child_env(settings: Settings) -> dict[str, str]:
     """This process's environment plus the ``FLASHSALE_*`` variables that make a subprocess use
-    ``settings``' services, names and secret; the API also mounts the no-op benchmark route."""
-    return {**os.environ, **environment(settings), "FLASHSALE_BENCH_ROUTES": "true"}
+    ``settings``' services, names, secret and payment settings (window, channel secrets,
+    currency); the API also mounts the no-op benchmark route."""
+    return {**os.environ, **environment(settings.model_copy(update={"bench_routes": True}))}
 
 
 def _where(url: str) -> str:
@@ -143,15 +182,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def new_sale(settings: Settings, url: str | None, stock: int, per_user_limit: int) -> Sale:
-    """A new run: isolated settings and a local API URL, or ``settings`` as given with ``url``."""
+def new_sale(settings: Settings, url: str | None, stock: int, per_user_limit: int, window_seconds: int | None) -> Sale:
+    """A new run: isolated settings (payment window ``window_seconds`` seconds when given) and a
+    local API URL, or ``settings`` as given with ``url``."""
     run_id = f"sale_{secrets.token_hex(4)}"
     product_id = random.randrange(10**9, 2 * 10**9)
     if url is not None:
         return Sale(run_id, settings, False, url.rstrip("/"), product_id, stock, per_user_limit)
-    return Sale(
-        run_id, sale_settings(settings, run_id), True, f"http://127.0.0.1:{_free_port()}", product_id, stock, per_user_limit
-    )
+    isolated = sale_settings(settings, run_id, window_seconds)
+    return Sale(run_id, isolated, True, f"http://127.0.0.1:{_free_port()}", product_id, stock, per_user_limit)
 
 
 class Processes:
@@ -205,6 +244,17 @@ async def _reachable(service: str, url: str, awaitable: Awaitable[T]) -> T:
 
 
 @dataclass(frozen=True, slots=True)
+class UnpaidOrder:
+    """An order pending payment: what a channel's notification for it carries (``quantity`` in
+    units, ``amount`` in minor currency units)."""
+
+    order_no: str
+    user_id: str
+    quantity: int
+    amount: int
+
+
+@dataclass(frozen=True, slots=True)
 class Stores:
     """The sale's own connections to MySQL, Redis and RabbitMQ (drain, checks, realignment)."""
 
@@ -234,10 +284,39 @@ class Stores:
         """Messages ready in queue ``name`` (not those delivered and unacked)."""
         return await queue_depth(self.channel, name)
 
-    async def count_orders(self, product_id: int) -> int:
+    async def _scalar(self, query: str, product_id: int) -> Any:
+        """The one value ``query`` selects, with ``:p`` = ``product_id`` and ``:pending`` = the
+        ``pending_payment`` status code."""
         async with self.engine.connect() as conn:
-            query = text("SELECT COUNT(*) FROM orders WHERE product_id = :p")
-            return (await conn.execute(query, {"p": product_id})).scalar_one()
+            params = {"p": product_id, "pending": OrderStatus.PENDING_PAYMENT}
+            return (await conn.execute(text(query), params)).scalar_one()
+
+    async def count_orders(self, product_id: int) -> int:
+        return await self._scalar("SELECT COUNT(*) FROM orders WHERE product_id = :p", product_id)
+
+    async def mysql_stock(self, product_id: int) -> int:
+        """Units on sale in MySQL."""
+        return await self._scalar("SELECT stock FROM inventory WHERE product_id = :p", product_id)
+
+    async def youngest_unpaid_age(self, product_id: int) -> int | None:
+        """Whole seconds from the newest ``created_at`` of the product's orders pending payment to
+        MySQL's ``NOW()`` (both second precision), or None when none is pending."""
+        return await self._scalar(
+            "SELECT TIMESTAMPDIFF(SECOND, MAX(created_at), NOW()) FROM orders WHERE product_id = :p AND status = :pending",
+            product_id,
+        )
+
+    async def unpaid_orders(self, product_id: int) -> list[UnpaidOrder]:
+        """The product's orders pending payment, in insertion order."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    "SELECT order_no, user_id, quantity, amount FROM orders"
+                    " WHERE product_id = :p AND status = :pending ORDER BY id"
+                ),
+                {"p": product_id, "pending": OrderStatus.PENDING_PAYMENT},
+            )
+            return [UnpaidOrder(*row) for row in rows]
 
     async def facts(self, product_id: int, dead_letters_before: int) -> StoreFacts:
         """What MySQL, Redis and RabbitMQ hold for the product now."""
@@ -246,10 +325,18 @@ class Stores:
                 await conn.execute(text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id})
             ).one()
             rows = await conn.execute(
-                text("SELECT order_no, request_id, user_id, quantity, status FROM orders WHERE product_id = :p"),
+                text("SELECT order_no, request_id, user_id, quantity, status, reason FROM orders WHERE product_id = :p"),
                 {"p": product_id},
             )
             orders = [OrderRow(*row) for row in rows]
+            rows = await conn.execute(
+                text(
+                    "SELECT p.order_no, p.event, p.status FROM payments p"
+                    " JOIN orders o ON o.order_no = p.order_no WHERE o.product_id = :p"
+                ),
+                {"p": product_id},
+            )
+            payments = [PaymentRow(*row) for row in rows]
         keys = ProductKeys(self.settings.redis.key_prefix, product_id)
         redis_stock = await self.redis.get(keys.stock)
         amqp = self.settings.amqp
@@ -257,6 +344,7 @@ class Stores:
             mysql_stock=stock,
             mysql_sold=sold,
             orders=orders,
+            payments=payments,
             redis_stock=None if redis_stock is None else int(redis_stock),
             journal_ids=await self.redis.hkeys(keys.journal),
             quota={user: int(units) for user, units in (await self.redis.hgetall(keys.quota)).items()},
@@ -336,17 +424,39 @@ async def create_product(client: httpx.AsyncClient, sale: Sale) -> None:
         raise SetupError(f"product {sale.product_id}: Redis stock {loaded.redis_stock_after}, expected {sale.stock}")
 
 
-def user_name(index: int) -> str:
-    return f"buyer-{index}"
+async def noop_skipped(client: httpx.AsyncClient, sale: Sale, noop_requests: int) -> str | None:
+    """Why the no-op wave does not run (None: it runs): disabled, or ``POST`` :data:`NOOP_PATH`
+    answers 404 to one request with a buyer's JWT (the route is not mounted).
+
+    Raises:
+        SetupError: the API did not answer.
+    """
+    if noop_requests == 0:
+        return "disabled (--noop-requests 0)"
+    token = issue_token(sale.settings.auth.jwt_secret, "sale-probe")
+    body = {"product_id": sale.product_id, "quantity": 1}
+    try:
+        response = await client.post(NOOP_PATH, json=body, headers={"Authorization": f"Bearer {token}"})
+    except httpx.HTTPError as exc:
+        raise SetupError(f"probing {NOOP_PATH} failed: {exc!r}") from exc
+    if response.status_code == 404:
+        return f"{NOOP_PATH} answered 404: not mounted (the API needs FLASHSALE_BENCH_ROUTES=true)"
+    return None
 
 
-def build_plan(requests_: int, users: int, per_user_limit: int, rng: random.Random) -> list[Job]:
+def user_name(prefix: str, index: int) -> str:
+    return f"{prefix}-{index}"
+
+
+def build_plan(
+    requests_: int, users: int, per_user_limit: int, rng: random.Random, user_prefix: str = "buyer"
+) -> list[Job]:
     """Jobs totalling exactly ``requests_`` requests, in random order (mix: :data:`MIX`).
 
-    Users are dealt out one per job until each of ``users`` has one, then at random. A retry,
-    duplicate or over-limit job always carries Idempotency-Keys; a plain buy has none in
-    :data:`NO_KEY_SHARE` of cases. Over-limit jobs ask for the whole limit, then (new key) one
-    unit more.
+    Users (``<user_prefix>-<n>``) are dealt out one per job until each of ``users`` has one, then
+    at random. A retry, duplicate or over-limit job always carries Idempotency-Keys; a plain buy
+    has none in :data:`NO_KEY_SHARE` of cases. Over-limit jobs ask for the whole limit, then (new
+    key) one unit more.
     """
     kinds, weights = list(MIX), list(MIX.values())
     jobs: list[Job] = []
@@ -354,7 +464,7 @@ def build_plan(requests_: int, users: int, per_user_limit: int, rng: random.Rand
     while index < requests_:
         kind = rng.choices(kinds, weights)[0] if requests_ - index >= 2 else Kind.BUY
         number = len(jobs)
-        user = user_name(number if number < users else rng.randrange(users))
+        user = user_name(user_prefix, number if number < users else rng.randrange(users))
         key = None if kind is Kind.BUY and rng.random() < NO_KEY_SHARE else f"k{number}"
         if kind is Kind.OVER_LIMIT:
             shots = (Shot(index, user, per_user_limit, key), Shot(index + 1, user, 1, f"{key}+1"))
@@ -367,14 +477,16 @@ def build_plan(requests_: int, users: int, per_user_limit: int, rng: random.Rand
     return jobs
 
 
-def mint_tokens(secret: str, users: set[str], ttl_seconds: int) -> dict[str, str]:
-    """``Authorization`` header value (``Bearer <JWT>``) per user."""
-    return {user: f"Bearer {issue_token(secret, user, ttl_seconds=ttl_seconds)}" for user in users}
+def mint_tokens(sale: Sale, *plans: list[Job]) -> dict[str, str]:
+    """``Authorization`` header value (``Bearer <JWT>``) per user of ``plans``."""
+    auth = sale.settings.auth
+    users = {shot.user for jobs in plans for job in jobs for shot in job.shots}
+    return {user: f"Bearer {issue_token(auth.jwt_secret, user, ttl_seconds=auth.token_ttl_seconds)}" for user in users}
 
 
 def build_requests(url: str, jobs: list[Job], product_id: int, tokens: dict[str, str]) -> list[httpx.Request]:
-    """Every purchase request of the plan, built before the clock starts (``[shot.index]``)."""
-    orders_url = f"{url}/api/v1/orders"
+    """Every purchase-shaped request of the plan to ``url`` (the orders or the no-op route),
+    built before the clock starts (``[shot.index]``)."""
     bodies = {q: msgspec.json.encode({"product_id": product_id, "quantity": q}) for q in {s.quantity for j in jobs for s in j.shots}}
     requests: list[httpx.Request] = [None] * sum(len(job.shots) for job in jobs)  # type: ignore[list-item]
     for job in jobs:
@@ -382,14 +494,34 @@ def build_requests(url: str, jobs: list[Job], product_id: int, tokens: dict[str,
             headers = {"Authorization": tokens[shot.user], "Content-Type": "application/json"}
             if shot.key is not None:
                 headers["Idempotency-Key"] = shot.key
-            requests[shot.index] = httpx.Request("POST", orders_url, content=bodies[shot.quantity], headers=headers)
+            requests[shot.index] = httpx.Request("POST", url, content=bodies[shot.quantity], headers=headers)
     return requests
 
 
+def notification(sale: Sale, order: UnpaidOrder) -> httpx.Request:
+    """A ``paid`` notification for ``order`` as the first configured channel sends it: the
+    order's amount in the shop's currency, transaction id ``<run id>-<order_no>``, signed with
+    ``X-Signature`` = hex HMAC-SHA256 of the raw body (:func:`service.payments.sign`)."""
+    payment = sale.settings.payment
+    channel, secret = next(iter(payment.channel_secrets.items()))
+    note = Notification(
+        channel=channel,
+        channel_txn_id=f"{sale.run_id}-{order.order_no}",
+        order_no=order.order_no,
+        amount=order.amount,
+        currency=payment.currency,
+        event="paid",
+    )
+    body = msgspec.json.encode(note)
+    headers = {"Content-Type": "application/json", "X-Signature": sign(secret, body)}
+    return httpx.Request("POST", f"{sale.url}{NOTIFY_PATH}", content=body, headers=headers)
+
+
 class _Answer(msgspec.Struct):
-    """The fields read from a 202 body or a problem body."""
+    """The fields read from a 202 body, a notification's 200 body or a problem body."""
 
     code: str | None = None
+    result: str | None = None
     order_no: str | None = None
     request_id: str | None = None
 
@@ -402,7 +534,7 @@ def _outcome(status: int, content: bytes, latency: float) -> Outcome:
         answer = _decode_answer(content)
     except msgspec.DecodeError:
         answer = _Answer()
-    code = ACCEPTED if status == 202 else answer.code or f"http_{status}"
+    code = ACCEPTED if status == 202 else answer.result or answer.code or f"http_{status}"
     return Outcome(status, code, answer.order_no, answer.request_id, latency)
 
 
@@ -431,16 +563,19 @@ class LoadGenerator:
         self._requests = requests
         self.outcomes: list[Outcome] = [None] * len(requests)  # type: ignore[list-item]
         self.done = 0
-        self.accepted = 0
+        self.succeeded = 0  # 2xx answers
 
-    async def run(self, jobs: list[Job], clients: list[httpx.AsyncClient], concurrency: int, progress: Progress) -> float:
-        """Send everything from ``concurrency`` workers; seconds from the first request to the last answer."""
+    async def run(
+        self, jobs: list[Job], clients: list[httpx.AsyncClient], concurrency: int, progress: Progress, label: str
+    ) -> float:
+        """Send everything from ``concurrency`` workers, progress as task ``label``; seconds from
+        the first request to the last answer."""
         pending = iter(jobs)
         started = time.perf_counter()
         async with asyncio.TaskGroup() as group:
             for number in range(min(concurrency, len(jobs))):
                 group.create_task(self._worker(clients[number // CLIENT_POOL], pending))
-            group.create_task(self._show(progress, started))
+            group.create_task(self._show(progress, started, label))
         return time.perf_counter() - started
 
     async def _worker(self, client: httpx.AsyncClient, pending: Iterator[Job]) -> None:
@@ -462,13 +597,13 @@ class LoadGenerator:
             outcome = _outcome(response.status_code, response.content, time.perf_counter() - start)
         self.outcomes[shot.index] = outcome
         self.done += 1
-        self.accepted += outcome.code == ACCEPTED
+        self.succeeded += 200 <= outcome.status < 300
 
-    async def _show(self, progress: Progress, started: float) -> None:
-        task = progress.add_task("load", total=len(self._requests), rate=0, accepted=0)
+    async def _show(self, progress: Progress, started: float, label: str) -> None:
+        task = progress.add_task(label, total=len(self._requests), rate=0, succeeded=0)
         while True:
             rate = round(self.done / max(time.perf_counter() - started, 1e-9))
-            progress.update(task, completed=self.done, rate=rate, accepted=self.accepted)
+            progress.update(task, completed=self.done, rate=rate, succeeded=self.succeeded)
             if self.done == len(self._requests):
                 return
             await asyncio.sleep(0.2)
@@ -479,7 +614,7 @@ def _progress(console: Console) -> Progress:
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]} req/s, {task.fields[accepted]} accepted"),
+        TextColumn("{task.fields[rate]} req/s, {task.fields[succeeded]} answered 2xx"),
         TimeElapsedColumn(),
         console=console,
         disable=console.quiet,
@@ -517,16 +652,16 @@ async def drain(stores: Stores, sale: Sale, expected_orders: int, processes: Pro
 
 
 @dataclass(frozen=True, slots=True)
-class Measured:
-    """Everything the sale observed. Seconds for the timings; ``drain_seconds`` None = not drained."""
+class Load:
+    """The traffic asked for: ``requests`` purchases from ``users`` buyers, ``noop_requests``
+    no-op requests before them (0 = none), over ``concurrency`` connections; ``pay_share`` of
+    the orders pending payment after the first drain get paid (0 = no lifecycle phases)."""
 
-    jobs: list[Job]
-    outcomes: list[Outcome]
-    token_seconds: float
-    load_seconds: float
-    drain_seconds: float | None
-    realignment: RealignReport
-    facts: StoreFacts
+    requests: int
+    users: int
+    concurrency: int
+    noop_requests: int
+    pay_share: float
 
 
 async def _start(stack: AsyncExitStack, sale: Sale, processes: Processes, workers: int, consumers: int) -> Stores:
@@ -548,37 +683,131 @@ async def _start(stack: AsyncExitStack, sale: Sale, processes: Processes, worker
     return stores
 
 
-async def _open_sale(sale: Sale, processes: Processes, console: Console) -> None:
-    """Wait for the API, then put the product on sale. Raises SetupError."""
+async def _open_sale(sale: Sale, processes: Processes, console: Console, noop_requests: int) -> str | None:
+    """Wait for the API, put the product on sale, probe the no-op route; returns why the no-op
+    wave is skipped (None: it runs). Raises SetupError."""
     async with httpx.AsyncClient(base_url=sale.url, timeout=REQUEST_TIMEOUT, trust_env=not sale.isolated) as client:
         with console.status(f"waiting for the API at {sale.url}"):
             await wait_ready(client, processes, READY_TIMEOUT if sale.isolated else CONNECT_TIMEOUT)
         await create_product(client, sale)
+        skipped = await noop_skipped(client, sale, noop_requests)
     console.print(f"{sale.run_id}: product {sale.product_id} on sale, {sale.stock} units; logs in {processes.log_dir}")
+    if skipped:
+        console.print(f"no-op ceiling skipped: {skipped}")
+    return skipped
 
 
-async def _load(
-    sale: Sale, console: Console, requests_: int, users: int, concurrency: int
-) -> tuple[list[Job], list[Outcome], float, float]:
-    """Plan, mint the JWTs (timed apart), send the load; returns the jobs, the outcomes, and the
-    seconds spent minting and loading."""
-    jobs = build_plan(requests_, users, sale.per_user_limit, random.Random(sale.run_id))
-    with console.status("minting JWTs"):
-        started = time.perf_counter()
-        buyers = {shot.user for job in jobs for shot in job.shots}
-        tokens = mint_tokens(sale.settings.auth.jwt_secret, buyers, sale.settings.auth.token_ttl_seconds)
-        token_seconds = time.perf_counter() - started
-    generator = LoadGenerator(build_requests(sale.url, jobs, sale.product_id, tokens))
+async def send_wave(
+    sale: Sale, console: Console, label: str, requests: list[httpx.Request], jobs: list[Job], concurrency: int
+) -> Wave:
+    """Send ``requests`` (``[shot.index]`` for the shots of ``jobs``) from ``concurrency``
+    connections set up as for the purchase load, with progress ``label``: every wave (no-op,
+    purchase, payments, resale) goes through here."""
+    generator = LoadGenerator(requests)
     async with AsyncExitStack() as stack:
         clients = load_clients(stack, concurrency, trust_env=not sale.isolated)
         with _progress(console) as progress:
-            load_seconds = await generator.run(jobs, clients, concurrency, progress)
-    return jobs, generator.outcomes, token_seconds, load_seconds
+            seconds = await generator.run(jobs, clients, concurrency, progress, label)
+    return Wave(jobs, generator.outcomes, seconds)
 
 
-async def _measure(
-    sale: Sale, processes: Processes, console: Console, *, requests_: int, users: int, concurrency: int, workers: int, consumers: int
-) -> Measured:
+def _accepted_orders(wave: Wave) -> int:
+    """Distinct order numbers answered with 202 in ``wave``."""
+    return len({o.order_no for o in wave.outcomes if o.code == ACCEPTED})
+
+
+async def _first_waves(
+    sale: Sale, console: Console, load: Load, noop_requests: int
+) -> tuple[Wave | None, Wave, float]:
+    """Plan, mint the JWTs (timed apart), send ``noop_requests`` no-op requests (0: no no-op
+    wave), then the purchase wave, both with the same JWTs, bodies, mix and concurrency; returns
+    the no-op wave (None when not sent), the purchase wave, and the seconds spent minting."""
+    purchase_jobs = build_plan(load.requests, load.users, sale.per_user_limit, random.Random(sale.run_id))
+    noop_jobs = build_plan(noop_requests, load.users, sale.per_user_limit, random.Random(f"{sale.run_id}:noop"))
+    with console.status("minting JWTs"):
+        started = time.perf_counter()
+        tokens = mint_tokens(sale, purchase_jobs, noop_jobs)
+        token_seconds = time.perf_counter() - started
+    ceiling = None
+    if noop_jobs:
+        requests = build_requests(f"{sale.url}{NOOP_PATH}", noop_jobs, sale.product_id, tokens)
+        ceiling = await send_wave(sale, console, "no-op", requests, noop_jobs, load.concurrency)
+    requests = build_requests(f"{sale.url}{ORDERS_PATH}", purchase_jobs, sale.product_id, tokens)
+    purchase = await send_wave(sale, console, "purchase", requests, purchase_jobs, load.concurrency)
+    return ceiling, purchase, token_seconds
+
+
+async def _pay(stores: Stores, sale: Sale, console: Console, load: Load) -> tuple[Wave, list[str], int]:
+    """Send a ``paid`` notification (:func:`notification`) for a ``load.pay_share`` share of the
+    orders pending payment, chosen at random, at most :data:`PAY_CONCURRENCY` at once; returns
+    the wave, the order numbers notified (``[shot.index]``) and how many orders were left unpaid."""
+    unpaid = await stores.unpaid_orders(sale.product_id)
+    chosen = random.Random(f"{sale.run_id}:pay").sample(unpaid, round(load.pay_share * len(unpaid)))
+    jobs = [Job(Kind.PAY, (Shot(index, order.user_id, order.quantity, None),)) for index, order in enumerate(chosen)]
+    requests = [notification(sale, order) for order in chosen]
+    wave = await send_wave(sale, console, "payments", requests, jobs, min(load.concurrency, PAY_CONCURRENCY))
+    return wave, [order.order_no for order in chosen], len(unpaid) - len(chosen)
+
+
+async def _let_window_lapse(stores: Stores, sale: Sale, console: Console) -> float:
+    """Wait until every order of the product still pending payment is older than the payment
+    window in MySQL's clock (``created_at`` and ``NOW()`` have whole seconds, so the sweep's
+    ``created_at < NOW() - window`` holds from an age of window + 1 s); returns seconds waited."""
+    window = sale.settings.payment.window_seconds
+    started = time.perf_counter()
+    with console.status(f"letting the {window}s payment window lapse"):
+        while (age := await stores.youngest_unpaid_age(sale.product_id)) is not None and age <= window:
+            await asyncio.sleep(window + 1 - age + WINDOW_MARGIN)
+    return time.perf_counter() - started
+
+
+async def _sweep(stores: Stores, product_id: int) -> int:
+    """One payment-timeout sweep of the sale's product in this process:
+    :func:`service.lifecycle.expire_unpaid` (what ``flashsale sweep`` runs) with the run's key
+    prefix and window; returns orders cancelled."""
+    prefix, window = stores.settings.redis.key_prefix, stores.settings.payment.window_seconds
+    scripts = Scripts.register(stores.redis)
+    return await expire_unpaid(stores.engine, stores.redis, scripts, prefix, window, product_id=product_id)
+
+
+async def _resale(sale: Sale, console: Console, concurrency: int, on_sale: int) -> Wave:
+    """New buyers (``resale-<n>``, one per job, never seen before) send :data:`RESALE_FACTOR`
+    requests per unit on sale (at least :data:`RESALE_MIN_REQUESTS`), mixed as the purchase load."""
+    requests_ = max(RESALE_FACTOR * on_sale, RESALE_MIN_REQUESTS)
+    jobs = build_plan(requests_, requests_, sale.per_user_limit, random.Random(f"{sale.run_id}:resale"), "resale")
+    requests = build_requests(f"{sale.url}{ORDERS_PATH}", jobs, sale.product_id, mint_tokens(sale, jobs))
+    return await send_wave(sale, console, "resale", requests, jobs, concurrency)
+
+
+async def _lifecycle(
+    stores: Stores, sale: Sale, processes: Processes, console: Console, load: Load, orders_so_far: int
+) -> LifecycleRun:
+    """After the first drain (``orders_so_far`` order rows): pay a share, let the rest lapse,
+    sweep once, resell the returned units to new buyers, drain again."""
+    payments, notified, unpaid = await _pay(stores, sale, console, load)
+    wait_seconds = await _let_window_lapse(stores, sale, console)
+    stock_before = await stores.mysql_stock(sale.product_id)
+    swept = await _sweep(stores, sale.product_id)
+    on_sale = await stores.mysql_stock(sale.product_id)
+    console.print(f"paid {len(notified)} orders; swept {swept} unpaid ones; {on_sale} units on sale again")
+    resale = await _resale(sale, console, load.concurrency, on_sale)
+    drain_seconds = await drain(stores, sale, orders_so_far + _accepted_orders(resale), processes, console)
+    return LifecycleRun(
+        pay_share=load.pay_share,
+        window_seconds=sale.settings.payment.window_seconds,
+        payments=payments,
+        notified=notified,
+        unpaid=unpaid,
+        wait_seconds=wait_seconds,
+        swept=swept,
+        returned=on_sale - stock_before,
+        on_sale=on_sale,
+        resale=resale,
+        drain_seconds=drain_seconds,
+    )
+
+
+async def _measure(sale: Sale, processes: Processes, console: Console, load: Load, workers: int, consumers: int) -> Measured:
     """Every phase from set-up to the stores' final state; stops and cleans up on the way out."""
     async with AsyncExitStack() as stack:
         stores = await _start(stack, sale, processes, workers, consumers)
@@ -586,14 +815,18 @@ async def _measure(
             dead_letters_before = await stores.queue_depth(sale.settings.amqp.dead_letter_queue)
         except aio_pika.exceptions.AMQPError as exc:
             raise SetupError(f"dead-letter queue {sale.settings.amqp.dead_letter_queue!r} not found: {exc!r}") from exc
-        await _open_sale(sale, processes, console)
-        jobs, outcomes, token_seconds, load_seconds = await _load(sale, console, requests_, users, concurrency)
-        accepted = len({o.order_no for o in outcomes if o.code == ACCEPTED})
-        drain_seconds = await drain(stores, sale, accepted, processes, console)
+        noop_skip = await _open_sale(sale, processes, console, load.noop_requests)
+        noop_requests = 0 if noop_skip else load.noop_requests
+        noop, purchase, token_seconds = await _first_waves(sale, console, load, noop_requests)
+        orders = _accepted_orders(purchase)
+        drain_seconds = await drain(stores, sale, orders, processes, console)
+        lifecycle = None
+        if load.pay_share and drain_seconds is not None:
+            lifecycle = await _lifecycle(stores, sale, processes, console, load, orders)
         async with open_realigner(sale.settings) as realigner:
             realignment = await realigner.realign(sale.product_id)
         facts = await stores.facts(sale.product_id, dead_letters_before)
-    return Measured(jobs, outcomes, token_seconds, load_seconds, drain_seconds, realignment, facts)
+    return Measured(purchase, noop, noop_skip, lifecycle, token_seconds, drain_seconds, realignment, facts)
 
 
 def _quiet_logs() -> None:
@@ -623,23 +856,27 @@ async def run_sale(
     consumers: int,
     url: str | None,
     as_json: bool,
+    noop_requests: int,
+    pay_share: float,
+    payment_window: int,
 ) -> int:
     """``flashsale sale`` (see the module docstring); returns the exit status: 0 every invariant
     holds, 1 one failed, 2 set-up failed, 130 interrupted. Prints the report to stdout (rich tables, or exactly one
-    JSON document with ``as_json``); progress and errors go to stderr."""
+    JSON document with ``as_json``); progress and errors go to stderr. ``pay_share`` > 0 needs
+    ``url`` None (the sweep cancels every unpaid order of the database past the window);
+    ``payment_window`` in seconds applies only then."""
     began = time.perf_counter()
     _quiet_logs()
     main_task = asyncio.current_task()
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)  # clean up as on Ctrl-C
     console = Console(stderr=True, quiet=as_json)
-    sale = new_sale(settings, url, stock, per_user_limit)
+    window = payment_window if pay_share else None
+    sale = new_sale(settings, url, stock, per_user_limit, window)
     processes = Processes(child_env(sale.settings), Path(tempfile.mkdtemp(prefix=f"flashsale-{sale.run_id}-")))
     try:
-        measured = await _measure(
-            sale, processes, console,
-            requests_=requests_, users=users, concurrency=concurrency, workers=workers, consumers=consumers,
-        )
+        load = Load(requests_, users, concurrency, noop_requests, pay_share)
+        measured = await _measure(sale, processes, console, load, workers, consumers)
     except SetupError as exc:
         return _failed(sale, processes, f"set-up failed: {exc}", 2, as_json)
     except asyncio.CancelledError:
@@ -659,16 +896,11 @@ async def run_sale(
         "concurrency": concurrency,
         "workers": workers if sale.isolated else None,
         "consumers": consumers,
+        "noop_requests": noop_requests,
+        "pay_share": pay_share,
+        "payment_window_seconds": window,
     }
-    timings = {
-        "token_seconds": measured.token_seconds,
-        "load_seconds": measured.load_seconds,
-        "drain_seconds": measured.drain_seconds,
-        "wall_seconds": time.perf_counter() - began,
-    }
-    report = build_report(
-        run, measured.jobs, measured.outcomes, measured.facts, measured.realignment, timings, processes.exit_codes
-    )
+    report = build_report(run, measured, time.perf_counter() - began, processes.exit_codes)
     if report["ok"] and not any(processes.exit_codes.values()):
         shutil.rmtree(processes.log_dir, ignore_errors=True)
     else:

@@ -209,11 +209,9 @@ async def test_a_killed_api_worker_is_replaced(settings):
         await eventually(ready, timeout=60, interval=0.25)
         assert serve.poll() is None
     finally:
-        os.killpg(serve.pid, signal.SIGTERM)
-        try:
-            serve.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(serve.pid, signal.SIGKILL)
+        # SIGKILL: after a respawn granian's graceful stop can hang (the test is about the respawn).
+        os.killpg(serve.pid, signal.SIGKILL)
+        serve.wait()
 
 
 def _children(pid: int) -> list[int]:

@@ -108,7 +108,7 @@ async def test_realignment_during_live_purchases_and_consumers_ends_exact(
     await eventually(drained, timeout=30)
     stop.set()
     await looping
-    assert len(passes) > 5
+    assert any(p.in_flight > 0 for p in passes)  # passes ran while reservations were in flight
 
     final = await realigner.realign(product_id)
     mysql_stock, sold = await inventory(engine, product_id)
