@@ -112,10 +112,9 @@ class PurchaseService:
 
     async def _give_back(self, keys: ProductKeys, request_id: str) -> str:
         try:
-            result = await self._scripts.release(
+            return await self._scripts.release(
                 keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)], args=[request_id]
             )
-            return result
         except RedisError as exc:
             # The reservation stays in the journal; realignment re-publishes it after the grace period.
             log.error("release_failed", request_id=request_id, error=repr(exc))
@@ -132,5 +131,6 @@ class PurchaseService:
                 )
                 await pipe.execute()
         except RedisError as exc:
-            # The order is queued all the same; a replay answers 409 until realignment marks it.
+            # The order is queued all the same; a replay answers 409 until realignment resolves
+            # its journal entry, then it is answered as a replay (reserve.lua).
             log.warning("mark_queued_failed", request_id=accepted.request_id, error=repr(exc))
