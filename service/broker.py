@@ -36,6 +36,7 @@ _decoder = msgspec.json.Decoder(OrderMessage)
 
 
 def encode_order(message: OrderMessage) -> bytes:
+    """JSON body of an order message."""
     return _encoder.encode(message)
 
 
@@ -90,11 +91,13 @@ class Publisher:
         self._exchange: AbstractExchange | None = None
 
     async def connect(self) -> None:
+        """Open the robust connection and confirming channel; declare the topology."""
         self._connection = await aio_pika.connect_robust(self._settings.url)
         self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._exchange, _ = await declare_topology(self._channel, self._settings)
 
     async def close(self) -> None:
+        """Close the connection (and its channel)."""
         if self._connection is not None:
             await self._connection.close()
 

@@ -141,5 +141,6 @@ async def get_product(engine: AsyncEngine, redis: Redis, key_prefix: str, produc
 
 
 async def product_exists(engine: AsyncEngine, product_id: int) -> bool:
+    """True when MySQL has product ``product_id`` (used off the hot path only)."""
     async with engine.connect() as conn:
         return (await conn.execute(text("SELECT 1 FROM products WHERE id = :id"), {"id": product_id})).first() is not None

@@ -40,6 +40,7 @@ class AdminController(Controller):
     async def put_product(
         self, product_id: ProductIdPath, data: JSONBody[ProductInput], resources: NamedDependency[Resources]
     ) -> RealignReport:
+        """Create/update a product and load Redis by a realignment pass; returns that pass's report."""
         try:
             return await set_product(resources.engine, resources.realigner, product_id, data)
         except InvalidProduct as exc:
@@ -47,6 +48,7 @@ class AdminController(Controller):
 
     @get("/products/{product_id:int}/stock", summary="MySQL and Redis stock, in flight, drift")
     async def stock(self, product_id: ProductIdPath, resources: NamedDependency[Resources]) -> RealignReport:
+        """MySQL and Redis stock, in flight and drift: a dry-run realignment of the product."""
         try:
             return await resources.realigner.realign(product_id, dry_run=True)
         except LookupError:
@@ -56,6 +58,7 @@ class AdminController(Controller):
     async def refund(
         self, order_no: FromPath[str], resources: NamedDependency[Resources], data: JSONBody[RefundRequest | None] = None
     ) -> OrderStatusAnswer:
+        """``paid -> refunding``; ``{"restock": true}`` also puts the units back on sale."""
         if not is_valid_order_no(order_no):
             raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
         restock = bool(data and data.restock)
@@ -76,6 +79,7 @@ class AdminController(Controller):
         product_id: Annotated[int | None, QueryParameter(ge=1, le=2**63 - 1)] = None,
         dry_run: FromQuery[bool] = False,
     ) -> list[RealignReport]:
+        """One realignment pass over every product (or ``product_id``); ``dry_run`` writes nothing."""
         if product_id is None:
             return await resources.realigner.realign_all(dry_run=dry_run)
         try:

@@ -75,6 +75,11 @@ class OrderController(Controller):
         resources: NamedDependency[Resources],
         idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key", required=False)] = None,
     ) -> Response[OrderAccepted]:
+        """Buy: ``{"product_id", "quantity"}`` (units) -> 202 ``OrderAccepted`` with ``Location``, only
+        after the broker confirmed. ``Idempotency-Key`` (IETF Idempotency-Key draft, 1-64 visible
+        ASCII) makes retries safe. Errors (RFC 9457 problem+json, ``code``): 400 invalid_request /
+        invalid_idempotency_key, 401, 404 product_not_found, 409 sold_out / limit_exceeded /
+        sale_not_active / request_in_progress, 422 idempotency_key_reused, 503 unavailable."""
         await _require_integers(request, ("product_id", "quantity"))
         user = request.user
         if idempotency_key is None:
@@ -110,6 +115,7 @@ class OrderController(Controller):
         limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
         cursor: FromQuery[str | None] = None,
     ) -> OrderPage:
+        """The caller's orders in MySQL, newest first, ``limit`` per page; 400 for a foreign ``cursor``."""
         try:
             return await list_orders(resources.engine, request.user.id, limit, cursor)
         except BadCursor:
@@ -119,6 +125,7 @@ class OrderController(Controller):
     async def cancel(
         self, request: Request[User, Any, Any], order_no: FromPath[str], resources: NamedDependency[Resources]
     ) -> OrderView:
+        """Cancel the caller's unpaid order; 404 order_not_found, 409 order_not_cancellable."""
         _check_order_no(order_no)
         try:
             returned = await cancel_order(resources.engine, order_no, "buyer_cancelled", owner=request.user.id)
@@ -136,6 +143,7 @@ class OrderController(Controller):
     async def get_order(
         self, request: Request[User, Any, Any], order_no: FromPath[str], resources: NamedDependency[Resources]
     ) -> OrderView:
+        """The caller's order with its status history; 400 invalid_order_no, 404 order_not_found."""
         _check_order_no(order_no)
         view = await find_order(
             resources.engine, resources.redis, resources.settings.redis.key_prefix, request.user.id, order_no
