@@ -60,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +72,6 @@ import msgspec
 from aio_pika.abc import AbstractChannel
 from redis.asyncio import Redis
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -89,6 +88,7 @@ from service.log_setup import configure_logging
 from service.payments import Notification, sign
 from service.realign_cli import open_realigner
 from service.resources import make_redis
+from service.sale_load import REQUEST_TIMEOUT, LoadGenerator, build_plan, build_requests, load_clients, progress_bar
 from service.sale_report import (
     ACCEPTED,
     Job,
@@ -96,7 +96,6 @@ from service.sale_report import (
     LifecycleRun,
     Measured,
     OrderRow,
-    Outcome,
     PaymentRow,
     Shot,
     StoreFacts,
@@ -112,12 +111,10 @@ T = TypeVar("T")
 PRICE = 9900  # minor currency units
 READY_TIMEOUT = 60.0  # seconds for a started API to answer /health/ready (--url: CONNECT_TIMEOUT)
 CONNECT_TIMEOUT = 10.0  # seconds for each service to answer at set-up
-REQUEST_TIMEOUT = 30.0  # seconds per purchase request
 DRAIN_TIMEOUT = 180.0  # seconds for the queue to drain after the last answer
 DRAIN_POLL = 0.2  # seconds between drain polls
 DRAINED_POLLS = 3  # consecutive polls that must see the queue drained
 STOP_TIMEOUT = 30.0  # seconds a process gets after SIGTERM before SIGKILL
-CLIENT_POOL = 4  # connections per load client: httpcore checks every pooled connection on each request
 PAY_CONCURRENCY = 32  # notifications in flight at most (each row-locks an order in one API transaction)
 WINDOW_MARGIN = 0.2  # seconds slept past the moment MySQL's clock puts the last unpaid order beyond the window
 RESALE_FACTOR = 3  # resale requests per unit on sale again, so demand exceeds supply
@@ -127,10 +124,6 @@ ORDERS_PATH = "/api/v1/orders"
 NOOP_PATH = "/api/v1/bench/noop"
 NOTIFY_PATH = "/api/v1/payments/notify"
 
-# The load mix: job kind -> weight (see service.sale_report.Kind).
-MIX = {Kind.BUY: 70, Kind.RETRY: 12, Kind.DUPLICATE: 6, Kind.OVER_LIMIT: 12}
-TWO_UNITS_SHARE = 0.15  # share of buys for 2 units (when the limit allows it)
-NO_KEY_SHARE = 0.2  # share of plain buys sent without an Idempotency-Key
 
 _errors = Console(stderr=True)
 
@@ -444,58 +437,11 @@ async def noop_skipped(client: httpx.AsyncClient, sale: Sale, noop_requests: int
     return None
 
 
-def user_name(prefix: str, index: int) -> str:
-    return f"{prefix}-{index}"
-
-
-def build_plan(
-    requests_: int, users: int, per_user_limit: int, rng: random.Random, user_prefix: str = "buyer"
-) -> list[Job]:
-    """Jobs totalling exactly ``requests_`` requests, in random order (mix: :data:`MIX`).
-
-    Users (``<user_prefix>-<n>``) are dealt out one per job until each of ``users`` has one, then
-    at random. A retry, duplicate or over-limit job always carries Idempotency-Keys; a plain buy
-    has none in :data:`NO_KEY_SHARE` of cases. Over-limit jobs ask for the whole limit, then (new
-    key) one unit more.
-    """
-    kinds, weights = list(MIX), list(MIX.values())
-    jobs: list[Job] = []
-    index = 0
-    while index < requests_:
-        kind = rng.choices(kinds, weights)[0] if requests_ - index >= 2 else Kind.BUY
-        number = len(jobs)
-        user = user_name(user_prefix, number if number < users else rng.randrange(users))
-        key = None if kind is Kind.BUY and rng.random() < NO_KEY_SHARE else f"k{number}"
-        if kind is Kind.OVER_LIMIT:
-            shots = (Shot(index, user, per_user_limit, key), Shot(index + 1, user, 1, f"{key}+1"))
-        else:
-            quantity = 2 if per_user_limit >= 2 and rng.random() < TWO_UNITS_SHARE else 1
-            shots = tuple(Shot(index + i, user, quantity, key) for i in range(1 if kind is Kind.BUY else 2))
-        jobs.append(Job(kind, shots))
-        index += len(shots)
-    rng.shuffle(jobs)
-    return jobs
-
-
 def mint_tokens(sale: Sale, *plans: list[Job]) -> dict[str, str]:
     """``Authorization`` header value (``Bearer <JWT>``) per user of ``plans``."""
     auth = sale.settings.auth
     users = {shot.user for jobs in plans for job in jobs for shot in job.shots}
     return {user: f"Bearer {issue_token(auth.jwt_secret, user, ttl_seconds=auth.token_ttl_seconds)}" for user in users}
-
-
-def build_requests(url: str, jobs: list[Job], product_id: int, tokens: dict[str, str]) -> list[httpx.Request]:
-    """Every purchase-shaped request of the plan to ``url`` (the orders or the no-op route),
-    built before the clock starts (``[shot.index]``)."""
-    bodies = {q: msgspec.json.encode({"product_id": product_id, "quantity": q}) for q in {s.quantity for j in jobs for s in j.shots}}
-    requests: list[httpx.Request] = [None] * sum(len(job.shots) for job in jobs)  # type: ignore[list-item]
-    for job in jobs:
-        for shot in job.shots:
-            headers = {"Authorization": tokens[shot.user], "Content-Type": "application/json"}
-            if shot.key is not None:
-                headers["Idempotency-Key"] = shot.key
-            requests[shot.index] = httpx.Request("POST", url, content=bodies[shot.quantity], headers=headers)
-    return requests
 
 
 def notification(sale: Sale, order: UnpaidOrder) -> httpx.Request:
@@ -515,110 +461,6 @@ def notification(sale: Sale, order: UnpaidOrder) -> httpx.Request:
     body = msgspec.json.encode(note)
     headers = {"Content-Type": "application/json", "X-Signature": sign(secret, body)}
     return httpx.Request("POST", f"{sale.url}{NOTIFY_PATH}", content=body, headers=headers)
-
-
-class _Answer(msgspec.Struct):
-    """The fields read from a 202 body, a notification's 200 body or a problem body."""
-
-    code: str | None = None
-    result: str | None = None
-    order_no: str | None = None
-    request_id: str | None = None
-
-
-_decode_answer = msgspec.json.Decoder(_Answer).decode
-
-
-def _outcome(status: int, content: bytes, latency: float) -> Outcome:
-    try:
-        answer = _decode_answer(content)
-    except msgspec.DecodeError:
-        answer = _Answer()
-    code = ACCEPTED if status == 202 else answer.result or answer.code or f"http_{status}"
-    return Outcome(status, code, answer.order_no, answer.request_id, latency)
-
-
-def load_clients(stack: AsyncExitStack, concurrency: int, trust_env: bool) -> list[httpx.AsyncClient]:
-    """HTTP clients holding ``concurrency`` keep-alive connections in all, at most
-    :data:`CLIENT_POOL` each (closed by ``stack``)."""
-    clients = []
-    for start in range(0, concurrency, CLIENT_POOL):
-        size = min(CLIENT_POOL, concurrency - start)
-        client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
-            timeout=httpx.Timeout(REQUEST_TIMEOUT, pool=None),
-            trust_env=trust_env,
-        )
-        stack.push_async_callback(client.aclose)
-        clients.append(client)
-    return clients
-
-
-class LoadGenerator:
-    """Sends the plan's jobs from one worker task per connection of ``clients`` (worker ``i``
-    uses client ``i // CLIENT_POOL``) and keeps one :class:`Outcome` per request
-    (``outcomes[shot.index]``)."""
-
-    def __init__(self, requests: list[httpx.Request]) -> None:
-        self._requests = requests
-        self.outcomes: list[Outcome] = [None] * len(requests)  # type: ignore[list-item]
-        self.done = 0
-        self.succeeded = 0  # 2xx answers
-
-    async def run(
-        self, jobs: list[Job], clients: list[httpx.AsyncClient], concurrency: int, progress: Progress, label: str
-    ) -> float:
-        """Send everything from ``concurrency`` workers, progress as task ``label``; seconds from
-        the first request to the last answer."""
-        pending = iter(jobs)
-        started = time.perf_counter()
-        async with asyncio.TaskGroup() as group:
-            for number in range(min(concurrency, len(jobs))):
-                group.create_task(self._worker(clients[number // CLIENT_POOL], pending))
-            group.create_task(self._show(progress, started, label))
-        return time.perf_counter() - started
-
-    async def _worker(self, client: httpx.AsyncClient, pending: Iterator[Job]) -> None:
-        for job in pending:
-            if job.kind is Kind.DUPLICATE:
-                await asyncio.gather(*(self._send(client, shot) for shot in job.shots))
-            else:
-                for shot in job.shots:
-                    await self._send(client, shot)
-
-    async def _send(self, client: httpx.AsyncClient, shot: Shot) -> None:
-        start = time.perf_counter()
-        try:
-            response = await client.send(self._requests[shot.index])
-        except httpx.HTTPError as exc:
-            code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_error"
-            outcome = Outcome(0, code, None, None, time.perf_counter() - start)
-        else:
-            outcome = _outcome(response.status_code, response.content, time.perf_counter() - start)
-        self.outcomes[shot.index] = outcome
-        self.done += 1
-        self.succeeded += 200 <= outcome.status < 300
-
-    async def _show(self, progress: Progress, started: float, label: str) -> None:
-        task = progress.add_task(label, total=len(self._requests), rate=0, succeeded=0)
-        while True:
-            rate = round(self.done / max(time.perf_counter() - started, 1e-9))
-            progress.update(task, completed=self.done, rate=rate, succeeded=self.succeeded)
-            if self.done == len(self._requests):
-                return
-            await asyncio.sleep(0.2)
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]} req/s, {task.fields[succeeded]} answered 2xx"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=console.quiet,
-    )
 
 
 async def drain(stores: Stores, sale: Sale, expected_orders: int, processes: Processes, console: Console) -> float | None:
@@ -706,7 +548,7 @@ async def send_wave(
     generator = LoadGenerator(requests)
     async with AsyncExitStack() as stack:
         clients = load_clients(stack, concurrency, trust_env=not sale.isolated)
-        with _progress(console) as progress:
+        with progress_bar(console) as progress:
             seconds = await generator.run(jobs, clients, concurrency, progress, label)
     return Wave(jobs, generator.outcomes, seconds)
 
