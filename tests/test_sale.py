@@ -1,0 +1,68 @@
+"""The main job, ``flashsale sale``, end to end on the real services, and its checker's teeth."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from service.order_no import compose_order_no
+from service.sale_report import ACCEPTED, Job, Kind, OrderRow, Outcome, Shot, StoreFacts, check_invariants, summarize
+
+
+def test_a_small_sale_with_payments_holds_every_invariant():
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("flashsale")), "sale", "--json",
+            "--stock", "30", "--requests", "400", "--users", "150", "--concurrency", "32",
+            "--noop-requests", "200", "--pay-share", "0.5", "--payment-window", "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["ok"] is True
+    assert all(check["ok"] for check in report["invariants"].values())
+    assert len(report["invariants"]) == 7
+    realigned = report["realignment"]
+    assert (realigned["mysql_stock"], realigned["mysql_sold"], realigned["redis_stock_after"]) == (0, 30, 0)
+    lifecycle = report["lifecycle"]
+    assert lifecycle["paid_units"] + lifecycle["resale"]["resold_units"] == 30
+    assert lifecycle["stock_returned"] == lifecycle["cancelled_payment_timeout_units"] == lifecycle["resale"]["resold_units"]
+    assert report["ceiling"]["requests"] == 200 and report["ceiling"]["by_status"] == {"202": 200}
+
+
+def _one_accepted_order() -> tuple[list[Job], list[Outcome], OrderRow]:
+    order_no = compose_order_no("FS", "20261130000000", 1, 1)
+    jobs = [Job(Kind.BUY, (Shot(0, "u1", 1, "k0"),))]
+    outcomes = [Outcome(202, ACCEPTED, order_no, "r" * 32, 0.01)]
+    return jobs, outcomes, OrderRow(order_no, "r" * 32, "u1", 1, 0, None)
+
+
+def _facts(row: OrderRow, **changes) -> StoreFacts:
+    facts = StoreFacts(
+        mysql_stock=0, mysql_sold=1, orders=[row], payments=[], redis_stock=0,
+        journal_ids=[], quota={"u1": 1}, dead_letters=0, queue_messages=0,
+    )
+    return replace(facts, **changes)
+
+
+def test_the_checker_passes_a_clean_sale_and_fails_each_broken_invariant():
+    jobs, outcomes, row = _one_accepted_order()
+    summary = summarize(jobs, outcomes)
+
+    def verdict(facts: StoreFacts) -> dict[str, bool]:
+        return {name: check.ok for name, check in check_invariants(summary, facts, 1, 1, True, True).items()}
+
+    assert all(verdict(_facts(row)).values())
+    oversold = _facts(row, mysql_sold=2, orders=[row, replace(row, order_no="X", request_id="s" * 32)])
+    assert not verdict(oversold)["sold_within_stock"]
+    assert not verdict(_facts(row, orders=[]))["one_order_per_accepted_request"]
+    assert not verdict(_facts(row, redis_stock=1))["realigned"]
+    assert not verdict(_facts(row, dead_letters=1))["rejections_leave_no_trace"]
+    over_limit = _facts(row, orders=[replace(row, quantity=2)], mysql_sold=2, quota={"u1": 2})
+    assert not verdict(over_limit)["per_user_limit"]
