@@ -278,3 +278,22 @@ async def test_order_list_is_the_callers_newest_first_in_keyset_pages(client, to
     assert pages == 3 and seen == list(reversed(mine))
     bad = await client.get("/api/v1/orders?cursor=garbage!", headers=token("lister"))
     assert bad.status_code == 400 and bad.json()["code"] == "invalid_request"
+
+
+async def test_when_the_redis_step_of_a_cancel_is_lost_realignment_restores_stock_and_quota(
+    client, token, put_product, product_id, engine, redis, scripts, settings, consumer
+):
+    from service.lifecycle import cancel_order, give_back_to_redis
+
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["lost-step"])
+    returned = await cancel_order(engine, order_no, "buyer_cancelled")  # MySQL committed; Redis never told
+    before = await redis_state(redis, settings, product_id)
+    assert (before["stock"], before["quota"]) == ("1", {"lost-step": "1"})
+
+    report = await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    after = await redis_state(redis, settings, product_id)
+    assert (report.redis_stock_after, after["stock"], after["quota"]) == (2, "2", {})
+    # The late Redis step, should it still come, finds the return already counted.
+    assert await give_back_to_redis(redis, scripts, settings.redis.key_prefix, returned) == "realigned"
+    assert (await redis_state(redis, settings, product_id))["stock"] == "2"
