@@ -31,7 +31,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import DuplicateKeyError, as_duplicate_key, is_retryable
-from db.models import OrderStatus
+from db.models import MAX_AMOUNT, OrderStatus
 from service.broker import OrderMessage, declare_topology, decode_order
 from service.keys import ProductKeys
 from service.lifecycle import transition
@@ -48,7 +48,7 @@ _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 
 _INSERT_ORDER = text(
     "INSERT INTO orders (order_no, request_id, user_id, product_id, quantity, amount, status)"
-    " SELECT :order_no, :request_id, :user_id, p.id, :quantity, p.price * :quantity, :status"
+    " SELECT :order_no, :request_id, :user_id, p.id, :quantity, :amount, :status"
     " FROM products p WHERE p.id = :product_id"
 )
 _TAKE_STOCK = text(
@@ -95,13 +95,19 @@ def parse_order(body: bytes) -> OrderMessage:
         and USER_ID.fullmatch(order.user_id)
         and order.product_id > 0
         and order.quantity > 0
+        and 0 <= order.amount <= MAX_AMOUNT
     ):
         raise InvalidOrder("field out of domain")
     return order
 
 
-async def apply_order(engine: AsyncEngine, order: OrderMessage) -> Outcome:
+async def apply_order(engine: AsyncEngine, order: OrderMessage, replay_window_seconds: int = 86_400) -> Outcome:
     """Write one order in one transaction (see the module docstring); retried on 1213/1205.
+
+    ``replay_window_seconds`` is how long the API keeps replay records
+    (``FLASHSALE_ORDERS__REPLAY_TTL_SECONDS``): a request id taken by an order younger than that,
+    arriving with a new order number, is a retry the API could not recognise (its replay
+    record was lost with Redis data) and is recorded ``rejected``/``duplicate_request``.
 
     Raises:
         sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted.
@@ -110,7 +116,7 @@ async def apply_order(engine: AsyncEngine, order: OrderMessage) -> Outcome:
     """
     for attempt in range(1, MAX_TRANSACTION_ATTEMPTS + 1):
         try:
-            return await _apply_once(engine, order)
+            return await _apply_once(engine, order, replay_window_seconds)
         except DBAPIError as exc:
             if not is_retryable(exc) or attempt == MAX_TRANSACTION_ATTEMPTS:
                 raise
@@ -120,7 +126,7 @@ async def apply_order(engine: AsyncEngine, order: OrderMessage) -> Outcome:
     raise AssertionError("unreachable")
 
 
-async def _apply_once(engine: AsyncEngine, order: OrderMessage) -> Outcome:
+async def _apply_once(engine: AsyncEngine, order: OrderMessage, replay_window_seconds: int) -> Outcome:
     try:
         async with engine.begin() as conn:
             inserted = await _insert(conn, order, order.request_id)
@@ -132,17 +138,25 @@ async def _apply_once(engine: AsyncEngine, order: OrderMessage) -> Outcome:
                     # Another request holds this order number: the UNIQUE index stops a collision
                     # the shard lease should make impossible.
                     raise DuplicateKeyError("uq_orders_order_no", f"order number {order.order_no} is taken")
-                # The request id is taken but this order number is new: the key was reused after
-                # its replay record expired and the API accepted a new purchase.
+                # The request id is taken but this order number is new: the API took the request
+                # for a new one because its replay record was gone. Every 202 gets its row, under a
+                # reissued request id; whether it is a purchase depends on why the record was gone.
+                retry_of_live_order = await _taken_within(conn, order.request_id, replay_window_seconds)
                 inserted = await _insert(conn, order, reissued_request_id(order.request_id, order.order_no))
                 if inserted is None:
                     raise DuplicateKeyError(None, f"request {order.request_id} cannot be written")
+                if retry_of_live_order and inserted.rowcount == 1:
+                    # The record should still have been there: Redis lost it, and this is a retry of
+                    # an order that exists. Never a second purchase for one request.
+                    await _log_created(conn, inserted.lastrowid)
+                    await transition(
+                        conn, order.order_no, OrderStatus.PENDING_PAYMENT, OrderStatus.REJECTED, "duplicate_request"
+                    )
+                    return Outcome.REJECTED
+                # Older than the replay window: the key was reused after it expired, a new purchase.
             if inserted.rowcount == 0:
                 raise _Rollback(Outcome.UNKNOWN_PRODUCT)
-            await conn.execute(
-                _LOG_STATUS,
-                {"order_id": inserted.lastrowid, "from_status": None, "to_status": OrderStatus.PENDING_PAYMENT, "reason": None},
-            )
+            await _log_created(conn, inserted.lastrowid)
             # rowcount is matched rows on MySQL dialects; matched is what "had stock" means here.
             if (await conn.execute(_TAKE_STOCK, {"product_id": order.product_id, "quantity": order.quantity})).rowcount == 1:
                 return Outcome.APPLIED
@@ -160,6 +174,7 @@ async def _insert(conn: AsyncConnection, order: OrderMessage, request_id: str) -
         "user_id": order.user_id,
         "product_id": order.product_id,
         "quantity": order.quantity,
+        "amount": order.amount,
         "status": OrderStatus.PENDING_PAYMENT,
     }
     try:
@@ -170,6 +185,21 @@ async def _insert(conn: AsyncConnection, order: OrderMessage, request_id: str) -
         return None
 
 
+async def _log_created(conn: AsyncConnection, order_id: int) -> None:
+    await conn.execute(
+        _LOG_STATUS, {"order_id": order_id, "from_status": None, "to_status": OrderStatus.PENDING_PAYMENT, "reason": None}
+    )
+
+
+async def _taken_within(conn: AsyncConnection, request_id: str, seconds: int) -> bool:
+    """True when the order holding ``request_id`` was created less than ``seconds`` ago."""
+    recent = await conn.execute(
+        text("SELECT created_at > NOW() - INTERVAL :s SECOND FROM orders WHERE request_id = :r"),
+        {"s": seconds, "r": request_id},
+    )
+    return bool(recent.scalar())
+
+
 async def _request_id_of(conn: AsyncConnection, order_no: str) -> str | None:
     stored = await conn.execute(text("SELECT request_id FROM orders WHERE order_no = :o"), {"o": order_no})
     return stored.scalar()
@@ -178,8 +208,11 @@ async def _request_id_of(conn: AsyncConnection, order_no: str) -> str | None:
 class OrderConsumer:
     """Handles deliveries from the order queue; tracks the ones in hand for a clean shutdown."""
 
-    def __init__(self, engine: AsyncEngine, redis: Redis, scripts: Scripts, key_prefix: str) -> None:
+    def __init__(
+        self, engine: AsyncEngine, redis: Redis, scripts: Scripts, key_prefix: str, replay_window_seconds: int = 86_400
+    ) -> None:
         self._engine = engine
+        self._replay_window = replay_window_seconds
         self._redis = redis
         self._scripts = scripts
         self._prefix = key_prefix
@@ -232,7 +265,7 @@ class OrderConsumer:
             await message.ack()
             return
         try:
-            outcome = await apply_order(self._engine, order)
+            outcome = await apply_order(self._engine, order, self._replay_window)
         except Exception as exc:
             log.error("apply_failed", request_id=order.request_id, error=repr(exc))
             self._count("failed")
@@ -270,7 +303,7 @@ async def run_consumer(settings: Settings, engine: AsyncEngine, redis: Redis, sc
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    consumer = OrderConsumer(engine, redis, scripts, settings.redis.key_prefix)
+    consumer = OrderConsumer(engine, redis, scripts, settings.redis.key_prefix, settings.orders.replay_ttl_seconds)
     connection = await aio_pika.connect_robust(settings.amqp.url)
     try:
         channel = await connection.channel()

@@ -6,11 +6,12 @@ Exact while the sale is live. Per product:
    SNAPSHOT``) and read the product's stock in it.
 2. Read the product's reservation journal from Redis.
 3. In the same snapshot, find which of those request ids have an order row (resolved).
-4. The sale terms (window, per-user limit) are written from MySQL, so a Redis that lost its
-   data is whole again after one pass.
-5. One Lua call (``realign.lua``) drops the resolved entries and sets
+4. One Lua call (``realign.lua``) drops the resolved entries and sets
    ``stock = snapshot stock - units of every entry still in the journal``; per-user quotas are
-   rebuilt the same way (units held in MySQL + units still in the journal).
+   rebuilt the same way (units held in MySQL + units still in the journal), and the sale terms
+   (window, limit, price) are written from the snapshot, so a Redis that lost its data is whole
+   again after one pass. A pass whose snapshot is older than what Redis already reflects
+   writes nothing.
 
 Opening the snapshot before reading the journal is what makes it exact: an entry added after
 the journal read was reserved after the snapshot began, so it cannot be in the snapshot and is
@@ -42,7 +43,7 @@ from service.scripts import Scripts
 log = structlog.get_logger(__name__)
 
 _PRODUCT = text(
-    "SELECT i.stock, i.sold, i.version, p.per_user_limit, p.sale_starts_at, p.sale_ends_at"
+    "SELECT i.stock, i.sold, i.version, p.per_user_limit, p.price, p.sale_starts_at, p.sale_ends_at"
     " FROM inventory i JOIN products p ON p.id = i.product_id WHERE i.product_id = :p"
 )
 # A reservation is resolved when its order number has a row (the order number, unlike the
@@ -50,7 +51,8 @@ _PRODUCT = text(
 _ORDERS_BY_ORDER_NO = text("SELECT order_no FROM orders WHERE order_no IN :order_nos").bindparams(
     bindparam("order_nos", expanding=True)
 )
-# Units a user holds against the per-user limit: every order but cancelled and rejected ones.
+# Units a user holds against the per-user limit: every order but cancelled and rejected ones
+# (refunded ones included: the buyer did buy; lua/restock.lua keeps the quota for refunds too).
 _RELEASED_STATUSES = [OrderStatus.CANCELLED, OrderStatus.REJECTED]
 _UNITS_HELD = text(
     "SELECT user_id, SUM(quantity) FROM orders WHERE product_id = :p AND status NOT IN :released GROUP BY user_id"
@@ -78,13 +80,15 @@ class RealignReport(msgspec.Struct, frozen=True):
     skipped_stale: bool = False
 
 
-def sale_terms(per_user_limit: int, starts_at: datetime, ends_at: datetime | None) -> dict[str, int]:
-    """The product's ``sale`` hash in Redis: window in Unix milliseconds (``ends_ms`` 0 = no end;
-    MySQL times are naive UTC) and the per-user limit in units."""
+def sale_terms(per_user_limit: int, price: int, starts_at: datetime, ends_at: datetime | None) -> tuple[int, int, int, int]:
+    """The product's ``sale`` hash in Redis as ``(starts_ms, ends_ms, limit, price)``: window in
+    Unix milliseconds (``ends_ms`` 0 = no end; MySQL times are naive UTC), per-user limit in
+    units, unit price in minor currency units."""
+
     def epoch_ms(value: datetime | None) -> int:
         return 0 if value is None else int(value.replace(tzinfo=UTC).timestamp() * 1000)
 
-    return {"starts_ms": epoch_ms(starts_at), "ends_ms": epoch_ms(ends_at), "limit": per_user_limit}
+    return epoch_ms(starts_at), epoch_ms(ends_at), per_user_limit, price
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,12 +166,11 @@ class Realigner:
             quota_pairs = [str(value) for pair in held for value in pair]
             await conn.rollback()
 
+        terms = sale_terms(row.per_user_limit, row.price, row.sale_starts_at, row.sale_ends_at)
         before, after, in_flight, units, dropped, stale = await self._scripts.realign(
-            keys=[keys.stock, keys.journal, keys.quota, keys.versions],
-            args=[mysql_stock, "0" if dry_run else "1", version, len(resolved), *resolved, *quota_pairs],
+            keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale],
+            args=[mysql_stock, "0" if dry_run else "1", version, *terms, len(resolved), *resolved, *quota_pairs],
         )
-        if not dry_run and not stale:
-            await self._redis.hset(keys.sale, mapping=sale_terms(row.per_user_limit, row.sale_starts_at, row.sale_ends_at))
         redis_before = int(before) if before != "" else None
 
         republished = 0
@@ -175,7 +178,7 @@ class Realigner:
             seconds, micros = await self._redis.time()
             cutoff = seconds * 1000 + micros // 1000 - self._grace_ms
             overdue = [e for e in journal if e.request_id not in resolved and e.reserved_at_ms < cutoff]
-            republished = await self._republish(keys, product_id, overdue)
+            republished = await self._republish(keys, product_id, row.price, overdue)
 
         report = RealignReport(
             product_id=product_id,
@@ -194,12 +197,19 @@ class Realigner:
         log.info("realigned", **msgspec.structs.asdict(report))
         return report
 
-    async def _republish(self, keys: ProductKeys, product_id: int, stale: list[JournalEntry]) -> int:
+    async def _republish(self, keys: ProductKeys, product_id: int, price: int, stale: list[JournalEntry]) -> int:
+        """Publish overdue reservations again, priced at the current ``price`` (minor units)."""
         assert self._publisher is not None
         count = 0
         for entry in stale:
             message = OrderMessage(
-                entry.request_id, entry.order_no, entry.user_id, product_id, entry.quantity, entry.reserved_at_ms
+                entry.request_id,
+                entry.order_no,
+                entry.user_id,
+                product_id,
+                entry.quantity,
+                entry.reserved_at_ms,
+                price * entry.quantity,
             )
             try:
                 await self._publisher.publish(message)

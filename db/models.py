@@ -9,6 +9,9 @@ from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Index, I
 from sqlalchemy.dialects.mysql import TINYINT
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+MAX_AMOUNT = 2**63 - 1
+"""The largest amount a BIGINT column holds (minor currency units)."""
+
 
 class OrderStatus(IntEnum):
     """Order status codes as stored in ``orders.status`` (TINYINT)."""

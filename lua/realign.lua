@@ -2,17 +2,20 @@
 -- since the caller's read count as unresolved):
 --   stock = MySQL stock - units of journal entries not resolved in the caller's snapshot
 --   quota = units per user held in MySQL (snapshot) + units per user still in the journal
--- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota   KEYS[4] versions
+--   sale  = the sale terms in the snapshot (window, per-user limit, price)
+-- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota   KEYS[4] versions   KEYS[5] sale
 -- ARGV[1] MySQL stock in the snapshot   ARGV[2] '1' write, '0' dry run
--- ARGV[3] inventory version of the snapshot   ARGV[4] n = number of resolved request ids
--- ARGV[5 .. 4+n] request ids whose order has a row in the snapshot
--- ARGV[5+n ..] pairs: user id, units that user holds in MySQL (snapshot)
+-- ARGV[3] inventory version of the snapshot
+-- ARGV[4..7] sale terms in the snapshot: starts_ms, ends_ms (0 = no end), per-user limit, price
+-- ARGV[8] n = number of resolved request ids
+-- ARGV[9 .. 8+n] request ids whose order has a row in the snapshot
+-- ARGV[9+n ..] pairs: user id, units that user holds in MySQL (snapshot)
 -- Returns {stock_before or '', stock_after, in_flight_count, in_flight_units, resolved_dropped, stale}.
 -- stale = 1: Redis already reflects a newer MySQL state (another pass, or a restock); nothing
 -- was written (the next pass, with a newer snapshot, writes).
-local n = tonumber(ARGV[4])
+local n = tonumber(ARGV[8])
 local resolved = {}
-for i = 5, 4 + n do resolved[ARGV[i]] = true end
+for i = 9, 8 + n do resolved[ARGV[i]] = true end
 local version = tonumber(ARGV[3])
 local versions = redis.call('HMGET', KEYS[4], 'synced', 'restocked')
 -- Stale: a pass with a newer snapshot already wrote, or units returned after this snapshot
@@ -21,7 +24,7 @@ local stale = tonumber(versions[1] or '0') > version or tonumber(versions[2] or 
 local write = ARGV[2] == '1' and not stale
 
 local quota = {}
-for i = 5 + n, #ARGV, 2 do quota[ARGV[i]] = tonumber(ARGV[i + 1]) end
+for i = 9 + n, #ARGV, 2 do quota[ARGV[i]] = tonumber(ARGV[i + 1]) end
 
 local before = redis.call('GET', KEYS[1]) or ''
 local entries = redis.call('HGETALL', KEYS[2])
@@ -42,6 +45,7 @@ end
 -- More units in flight than MySQL holds: some will be rejected by the consumer; sell nothing more.
 local after = math.max(tonumber(ARGV[1]) - units, 0)
 if write then
+  redis.call('HSET', KEYS[5], 'starts_ms', ARGV[4], 'ends_ms', ARGV[5], 'limit', ARGV[6], 'price', ARGV[7])
   redis.call('SET', KEYS[1], after)
   redis.call('DEL', KEYS[3])
   for user, held in pairs(quota) do

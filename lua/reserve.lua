@@ -1,8 +1,8 @@
 -- Reserve stock for one purchase, atomically (the hot path: one round trip, accept or reject).
--- KEYS[1] stock   KEYS[2] sale   KEYS[3] journal   KEYS[4] quota   KEYS[5] replay record
+-- KEYS[1] stock   KEYS[2] sale (starts_ms, ends_ms, limit, price)   KEYS[3] journal   KEYS[4] quota   KEYS[5] replay record
 -- ARGV[1] request id   ARGV[2] user id   ARGV[3] quantity   ARGV[4] order number to use
 -- ARGV[5] replay record ttl (seconds)
--- Returns {outcome, order_no, reserved_at_ms}. outcome: reserved | replay | in_flight | key_reused |
+-- Returns {outcome, order_no[, reserved_at_ms, unit price]}. outcome: reserved | replay | in_flight | key_reused |
 -- not_loaded | sale_not_active | over_limit | limit_exceeded | sold_out.
 -- Only 'reserved' writes anything.
 local quantity = tonumber(ARGV[3])
@@ -22,9 +22,9 @@ if record[1] then
   order_no = record[2]
 end
 
-local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit')
+local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit', 'price')
 local stock = redis.call('GET', KEYS[1])
-if not sale[1] or not stock then return {'not_loaded', ''} end
+if not sale[1] or not sale[4] or not stock then return {'not_loaded', ''} end
 
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -44,4 +44,5 @@ redis.call('HINCRBY', KEYS[4], ARGV[2], quantity)
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. quantity .. '|' .. order_no .. '|' .. now_ms .. '|0')
 redis.call('HSET', KEYS[5], 'quantity', quantity, 'order_no', order_no, 'state', 'pending')
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
-return {'reserved', order_no, now_ms}
+-- The price (minor units) goes back as the string Redis holds: Lua numbers are doubles.
+return {'reserved', order_no, now_ms, sale[4]}

@@ -20,7 +20,8 @@ log = structlog.get_logger(__name__)
 class OrderMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """An accepted reservation, to be written to MySQL by the consumer (JSON body).
 
-    ``quantity`` in units; ``reserved_at_ms`` in Unix milliseconds (Redis server time).
+    ``quantity`` in units; ``reserved_at_ms`` in Unix milliseconds (Redis server time);
+    ``amount`` in minor currency units, priced when the stock was reserved.
     """
 
     request_id: str
@@ -29,6 +30,7 @@ class OrderMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     product_id: int
     quantity: int
     reserved_at_ms: int
+    amount: int
 
 
 _encoder = msgspec.json.Encoder()

@@ -13,11 +13,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers.realign import Realigner, RealignReport
+from db.models import MAX_AMOUNT
 from service.keys import ProductKeys
 
 PositiveId = Annotated[int, Meta(ge=1, le=2**63 - 1)]
 ProductIdPath = Annotated[int, PathParameter(ge=1, le=2**63 - 1)]
-MAX_AMOUNT = 2**63 - 1  # orders.amount is a BIGINT of minor units
 
 
 class InvalidProduct(ValueError):

@@ -69,13 +69,15 @@ class OrderRow:
 @dataclass(frozen=True, slots=True)
 class ReturnedUnits:
     """Units given back to MySQL stock by a committed change, to be given back to Redis too.
-    ``inventory_version`` is the inventory row's version after that commit."""
+    ``inventory_version`` is the inventory row's version after that commit; ``release_quota``:
+    the buyer's per-user quota goes back too (a cancel; not a refund: the buyer did buy)."""
 
     order_no: str
     user_id: str
     product_id: int
     quantity: int
     inventory_version: int
+    release_quota: bool
 
 
 async def load_order(conn: AsyncConnection, order_no: str, *, for_update: bool = False) -> OrderRow | None:
@@ -118,7 +120,7 @@ async def transition(conn: AsyncConnection, order_no: str, from_: S, to: S, reas
     )
 
 
-async def return_stock(conn: AsyncConnection, order: OrderRow) -> ReturnedUnits:
+async def return_stock(conn: AsyncConnection, order: OrderRow, *, release_quota: bool) -> ReturnedUnits:
     """``stock + q, sold - q`` for the order's product inside the caller's transaction."""
     await conn.execute(
         text(
@@ -130,7 +132,7 @@ async def return_stock(conn: AsyncConnection, order: OrderRow) -> ReturnedUnits:
     version = (
         await conn.execute(text("SELECT version FROM inventory WHERE product_id = :p"), {"p": order.product_id})
     ).scalar_one()
-    return ReturnedUnits(order.order_no, order.user_id, order.product_id, order.quantity, version)
+    return ReturnedUnits(order.order_no, order.user_id, order.product_id, order.quantity, version, release_quota)
 
 
 async def cancel_order(engine: AsyncEngine, order_no: str, reason: str, *, owner: str | None = None) -> ReturnedUnits:
@@ -148,7 +150,7 @@ async def cancel_order(engine: AsyncEngine, order_no: str, reason: str, *, owner
         if order is None or (owner is not None and order.user_id != owner):
             raise OrderNotFound(order_no)
         await transition(conn, order_no, S.PENDING_PAYMENT, S.CANCELLED, reason)
-        returned = await return_stock(conn, order)
+        returned = await return_stock(conn, order, release_quota=True)
     log.info("order_cancelled", order_no=order_no, reason=reason, quantity=order.quantity)
     return returned
 
@@ -163,7 +165,13 @@ async def give_back_to_redis(redis: Redis, scripts: Scripts, key_prefix: str, re
     try:
         return await scripts.restock(
             keys=[keys.stock, keys.quota, keys.versions, keys.returned(returned.order_no)],
-            args=[returned.user_id, returned.quantity, returned.inventory_version, RETURNED_MARKER_TTL_SECONDS],
+            args=[
+                returned.user_id,
+                returned.quantity,
+                returned.inventory_version,
+                RETURNED_MARKER_TTL_SECONDS,
+                "1" if returned.release_quota else "0",
+            ],
         )
     except RedisError as exc:
         log.warning("restock_failed", order_no=returned.order_no, error=repr(exc))

@@ -112,9 +112,12 @@ def _encode_cursor(created_at: datetime, order_id: int) -> str:
 def _decode_cursor(cursor: str) -> tuple[datetime, int]:
     try:
         created_at, order_id = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().split("|")
-        return datetime.fromisoformat(created_at), int(order_id)
+        position = datetime.fromisoformat(created_at), int(order_id)
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
         raise BadCursor(cursor) from exc
+    if position[0].tzinfo is not None or not 0 < position[1] < 2**63 or _encode_cursor(*position) != cursor:
+        raise BadCursor(cursor)  # only the exact form this module writes is taken back
+    return position
 
 
 async def list_orders(engine: AsyncEngine, user_id: str, limit: int, cursor: str | None) -> OrderPage:

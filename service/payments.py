@@ -77,7 +77,9 @@ def verify(secrets: dict[str, str], channel: str, body: bytes, signature: str | 
         SignatureInvalid: unknown channel, missing or wrong signature.
     """
     secret = secrets.get(channel)
-    if secret is None or not signature or not hmac.compare_digest(sign(secret, body), signature.lower()):
+    if secret is None or not signature or not signature.isascii():
+        raise SignatureInvalid(channel)
+    if not hmac.compare_digest(sign(secret, body).encode(), signature.lower().encode()):
         raise SignatureInvalid(channel)
 
 
@@ -142,7 +144,7 @@ async def handle_notification(engine: AsyncEngine, note: Notification, raw: byte
         if note.event == "paid":
             result = await _paid(conn, payment_id, note, order.amount, order.status, currency)
         else:
-            result = await _refunded(conn, payment_id, note, order.status)
+            result = await _refunded(conn, payment_id, note, order.amount, order.status, currency)
         status = (await load_order(conn, note.order_no)).status  # type: ignore[union-attr]
     log.info("payment_notification", order_no=note.order_no, kind=note.event, result=result)
     return NotifyResult(result, status.label)
@@ -164,25 +166,31 @@ async def _paid(conn: AsyncConnection, payment_id: int, note: Notification, amou
     return "duplicate_payment"
 
 
-async def _refunded(conn: AsyncConnection, payment_id: int, note: Notification, status: S) -> str:
-    idem_key = f"refund:{note.order_no}:refunded"
+async def _refunded(
+    conn: AsyncConnection, payment_id: int, note: Notification, amount: int, status: S, currency: str
+) -> str:
+    # Money owed back for a payment that could not pay the order (late, duplicate or mismatched)
+    # is what a refund settles first: a paid order is refunded only when nothing else is owed.
+    settled = await conn.execute(
+        text(
+            "UPDATE payments SET status = 'refunded' WHERE order_no = :o AND event = 'paid'"
+            " AND status IN ('refunding', 'duplicate', 'mismatch') AND amount = :amount AND currency = :currency"
+            " ORDER BY id LIMIT 1"
+        ),
+        {"o": note.order_no, "amount": note.amount, "currency": note.currency},
+    )
+    if settled.rowcount == 1:
+        await _settle(conn, payment_id, "applied")
+        return "refunded"
+    if status in (S.PAID, S.REFUNDING) and (note.amount != amount or note.currency != currency):
+        await _settle(conn, payment_id, "mismatch", flagged=True)
+        return "amount_mismatch"
     if status is S.PAID:  # refund started at the channel: paid -> refunding -> refunded
         await transition(conn, note.order_no, S.PAID, S.REFUNDING, "channel_refund")
         status = S.REFUNDING
     if status is S.REFUNDING:
         await transition(conn, note.order_no, S.REFUNDING, S.REFUNDED, f"{note.channel}:{note.channel_txn_id}")
-        await _settle(conn, payment_id, "applied", idem_key=idem_key)
-        return "refunded"
-    # Money returned for a payment that could not pay the order (late or duplicate payment).
-    settled = await conn.execute(
-        text(
-            "UPDATE payments SET status = 'refunded' WHERE order_no = :o AND event = 'paid'"
-            " AND status IN ('refunding', 'duplicate') AND amount = :amount ORDER BY id LIMIT 1"
-        ),
-        {"o": note.order_no, "amount": note.amount},
-    )
-    if settled.rowcount == 1:
-        await _settle(conn, payment_id, "applied")
+        await _settle(conn, payment_id, "applied", idem_key=f"refund:{note.order_no}:refunded")
         return "refunded"
     await _settle(conn, payment_id, "unexpected", flagged=True)
     return "unexpected"
@@ -201,4 +209,4 @@ async def request_refund(engine: AsyncEngine, order_no: str, restock: bool) -> R
         if order is None:
             raise OrderNotFound(order_no)
         await transition(conn, order_no, S.PAID, S.REFUNDING, "refund_restock" if restock else "refund")
-        return await return_stock(conn, order) if restock else None
+        return await return_stock(conn, order, release_quota=False) if restock else None

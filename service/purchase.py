@@ -100,7 +100,8 @@ class PurchaseService:
         if outcome != "reserved":
             raise PurchaseRejected(_CODES.get(outcome, outcome), _REJECTIONS[outcome])
 
-        message = OrderMessage(request_id, order_no, user_id, product_id, quantity, int(reserved_at[0]))
+        reserved_at_ms, unit_price = reserved_at
+        message = OrderMessage(request_id, order_no, user_id, product_id, quantity, reserved_at_ms, int(unit_price) * quantity)
         try:
             await self._publisher.publish(message)
         except PublishFailed as exc:

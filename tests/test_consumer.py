@@ -33,7 +33,7 @@ async def publish_raw(channel, settings, body: bytes, message_id: str = "x") -> 
 
 def message_for(product_id: int, user: str, sequence: int, quantity: int = 1) -> OrderMessage:
     order_no = compose_order_no("FS", "20261130000000", 99, sequence)
-    return OrderMessage(mint_request_id(), order_no, user, product_id, quantity, 0)
+    return OrderMessage(mint_request_id(), order_no, user, product_id, quantity, 0, 1500 * quantity)
 
 
 async def reserved_message(client, token, redis, settings, product_id, user) -> OrderMessage:
@@ -43,7 +43,7 @@ async def reserved_message(client, token, redis, settings, product_id, user) -> 
     body = response.json()
     entry = await redis.hget(ProductKeys(settings.redis.key_prefix, product_id).journal, body["request_id"])
     reserved_at = int(entry.split("|")[3])
-    return OrderMessage(body["request_id"], body["order_no"], user, product_id, 1, reserved_at)
+    return OrderMessage(body["request_id"], body["order_no"], user, product_id, 1, reserved_at, 1500)
 
 
 async def test_message_delivered_twice_gives_one_order_and_one_decrement(

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import jwt
 import pytest
+from sqlalchemy import text
 
 from consumers.order_consumer import apply_order
 from consumers.realign import Realigner
@@ -69,14 +70,14 @@ async def test_an_older_realignment_pass_never_overwrites_a_newer_one(engine, re
     keys = ProductKeys(settings.redis.key_prefix, product_id)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000002", 95, product_id)
-    _, _, reserved_at = await scripts.reserve(
+    _, _, reserved_at, _ = await scripts.reserve(
         keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
         args=[request_id, "e", 1, order_no, 3600],
     )
     prefix = settings.redis.key_prefix
 
     async def consumer_commits_then_another_pass_runs():
-        await apply_order(engine, OrderMessage(request_id, order_no, "e", product_id, 1, reserved_at))
+        await apply_order(engine, OrderMessage(request_id, order_no, "e", product_id, 1, reserved_at, 1500))
         newer = await Realigner(engine, redis, scripts, prefix, 60).realign(product_id)
         assert (newer.redis_stock_after, newer.resolved_dropped) == (9, 1)
 
@@ -113,9 +114,9 @@ async def test_values_with_a_trailing_newline_are_refused(client, token, setting
     assert (await client.get("/api/v1/orders", headers={"Authorization": f"Bearer {newline_sub}"})).status_code == 401
 
     dead_before = await queue_depth(amqp_channel, settings.amqp.dead_letter_queue)
-    poison = OrderMessage(mint_request_id(), good + "\n", "zed", product_id, 1, 0)
+    poison = OrderMessage(mint_request_id(), good + "\n", "zed", product_id, 1, 0, 1500)
     await publish_raw(amqp_channel, settings, encode_order(poison))
-    after = OrderMessage(mint_request_id(), compose_order_no("FS", "20261130000003", 94, 2), "zed", product_id, 1, 0)
+    after = OrderMessage(mint_request_id(), compose_order_no("FS", "20261130000003", 94, 2), "zed", product_id, 1, 0, 1500)
     await publish_raw(amqp_channel, settings, encode_order(after))
     await eventually(lambda: _rows(engine, product_id, 1))
     await eventually(lambda: _depth_above(amqp_channel, settings.amqp.dead_letter_queue, dead_before))
@@ -133,7 +134,11 @@ async def test_key_reused_after_its_replay_record_expired_is_a_new_order_with_a_
     first = (await buy(client, headers, product_id, key="reused")).json()
     await eventually(lambda: _rows(engine, product_id, 1))
     keys = ProductKeys(settings.redis.key_prefix, product_id)
-    await redis.delete(keys.replay(first["request_id"]))  # the 24 h replay window is over
+    await redis.delete(keys.replay(first["request_id"]))  # the 24 h replay window is over:
+    async with engine.begin() as conn:  # the first order is older than that
+        await conn.execute(
+            text("UPDATE orders SET created_at = NOW() - INTERVAL 2 DAY WHERE order_no = :o"), {"o": first["order_no"]}
+        )
 
     second = (await buy(client, headers, product_id, key="reused")).json()
     assert second["order_no"] != first["order_no"]
@@ -230,3 +235,39 @@ async def test_quantity_of_the_wrong_type_is_refused(client, token, put_product,
     response = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": value}, headers=token("typed"))
     assert response.status_code == 400 and response.json()["errors"][0]["field"] == "quantity"
     assert (await redis_state(redis, settings, product_id))["journal"] == {}
+
+
+async def test_a_retry_after_redis_lost_its_replay_record_is_not_a_second_purchase(
+    client, token, put_product, product_id, engine, redis, scripts, settings, consumer
+):
+    await put_product(product_id, stock=5, limit=2)
+    headers = token("lost-record")
+    first = (await buy(client, headers, product_id, key="k")).json()
+    await eventually(lambda: _rows(engine, product_id, 1))
+    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    await redis.delete(keys.replay(first["request_id"]))  # Redis lost it well inside the 24 h window
+
+    retry = (await buy(client, headers, product_id, key="k")).json()
+    await eventually(lambda: _rows(engine, product_id, 2))
+    rows = {row.order_no: row for row in await order_rows(engine, product_id)}
+    assert (rows[first["order_no"]].status, rows[retry["order_no"]].status) == (0, 7)
+    assert rows[retry["order_no"]].reason == "duplicate_request"
+    assert await inventory(engine, product_id) == (4, 1)
+    await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    assert (await redis_state(redis, settings, product_id))["stock"] == "4"
+    assert await redis.hget(keys.quota, "lost-record") == "1"
+
+
+async def test_an_older_realignment_pass_never_writes_back_old_sale_terms(
+    client, admin, engine, redis, scripts, settings, put_product, product_id
+):
+    await put_product(product_id, stock=5, limit=1)
+
+    async def operator_closes_the_sale():
+        body = {"stock": 5, "per_user_limit": 3, "sale_ends_at": "2020-01-02T00:00:00Z", "sale_starts_at": "2020-01-01T00:00:00Z"}
+        assert (await client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
+
+    older = Realigner(engine, _DuringJournalRead(redis, operator_closes_the_sale), scripts, settings.redis.key_prefix, 60)
+    assert (await older.realign(product_id)).skipped_stale
+    terms = await redis.hgetall(ProductKeys(settings.redis.key_prefix, product_id).sale)
+    assert (terms["limit"], terms["ends_ms"]) == ("3", "1577923200000")

@@ -297,3 +297,75 @@ async def test_when_the_redis_step_of_a_cancel_is_lost_realignment_restores_stoc
     # The late Redis step, should it still come, finds the return already counted.
     assert await give_back_to_redis(redis, scripts, settings.redis.key_prefix, returned) == "realigned"
     assert (await redis_state(redis, settings, product_id))["stock"] == "2"
+
+
+async def test_refund_of_a_duplicate_charge_settles_that_charge_not_the_paid_order(
+    client, token, put_product, product_id, engine, settings, consumer
+):
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["charged-twice"])
+    assert (await notify(client, settings, order_no, txn="D-1")).json()["result"] == "paid"
+    assert (await notify(client, settings, order_no, txn="D-2")).json()["result"] == "duplicate_payment"
+    refund = await notify(client, settings, order_no, txn="D-R", event="refunded")
+    assert refund.json() == {"result": "refunded", "order_status": "paid"}
+    assert [(p.channel_txn_id, p.status) for p in await payments_of(engine, order_no)] == [
+        ("D-1", "applied"), ("D-2", "refunded"), ("D-R", "applied")
+    ]
+
+
+@pytest.mark.parametrize("change", [{"amount": 1}, {"currency": "USD"}])
+async def test_a_refund_that_does_not_match_the_order_is_flagged_and_changes_nothing(
+    client, token, put_product, product_id, engine, settings, consumer, change
+):
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["odd-refund"])
+    assert (await notify(client, settings, order_no, txn=f"P-{order_no}")).json()["result"] == "paid"
+    body = json.dumps({"channel": "mockpay", "channel_txn_id": f"R-{order_no}", "order_no": order_no, "amount": 1500,
+                       "currency": settings.payment.currency, "event": "refunded", **change}).encode()
+    headers = {"content-type": "application/json", "X-Signature": sign(settings.payment.channel_secrets["mockpay"], body)}
+    response = await client.post("/api/v1/payments/notify", content=body, headers=headers)
+    assert response.json() == {"result": "amount_mismatch", "order_status": "paid"}
+    assert await status_of(engine, order_no) is S.PAID
+
+
+async def test_a_refund_with_restock_keeps_the_buyers_quota(
+    client, token, admin, put_product, product_id, engine, redis, scripts, settings, consumer
+):
+    await put_product(product_id, stock=3, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["bob"])
+    assert (await notify(client, settings, order_no, txn=f"pay-{order_no}")).json()["result"] == "paid"
+    refund = await client.post(f"/api/v1/admin/orders/{order_no}/refund", json={"restock": True}, headers=admin)
+    assert refund.status_code == 200
+    assert (await redis_state(redis, settings, product_id))["quota"] == {"bob": "1"}
+    again = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token("bob"))
+    assert again.status_code == 409 and again.json()["code"] == "limit_exceeded"
+    await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    assert (await redis_state(redis, settings, product_id))["quota"] == {"bob": "1"}
+
+
+@pytest.mark.parametrize("signature", ["é" * 64, "\udcff"])
+async def test_a_non_ascii_signature_is_401_not_500(client, token, put_product, product_id, engine, settings, consumer, signature):
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["ascii"])
+    body, headers = notification(settings, order_no)
+    raw_headers = [(b"content-type", b"application/json"), (b"x-signature", signature.encode("utf-8", "surrogateescape"))]
+    response = await client.post("/api/v1/payments/notify", content=body, headers=raw_headers)
+    assert response.status_code == 401 and response.json()["code"] == "invalid_signature"
+    assert await payments_of(engine, order_no) == []
+
+
+async def test_cancelling_an_order_that_is_still_queued_is_409_not_404(client, token, put_product, product_id):
+    await put_product(product_id, stock=2, limit=1)  # no consumer: the order stays queued
+    accepted = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token("quick"))
+    response = await client.post(f"/api/v1/orders/{accepted.json()['order_no']}/cancel", headers=token("quick"))
+    assert response.status_code == 409 and response.json()["code"] == "order_not_cancellable"
+    assert response.headers["retry-after"]
+
+
+async def test_forged_cursors_are_400(client, token):
+    import base64
+
+    for forged in ("2026-11-30T01:02:03+00:00|42", "2026-11-30T01:02:03|-1", "2026-11-30T01:02:03|0042", "x|1"):
+        cursor = base64.urlsafe_b64encode(forged.encode()).decode().rstrip("=")
+        response = await client.get(f"/api/v1/orders?cursor={cursor}", headers=token("lister"))
+        assert response.status_code == 400, forged

@@ -92,13 +92,13 @@ async def test_late_copy_of_a_released_message_is_dropped(
     keys = ProductKeys(settings.redis.key_prefix, product_id)
     request_id = "0" * 31 + "2"
     order_no = compose_order_no("FS", "20261130000000", 98, 2)
-    _, _, reserved_at = await _reserve(scripts, keys, request_id, "u", order_no)
+    _, _, reserved_at, _ = await _reserve(scripts, keys, request_id, "u", order_no)
     release_keys = [keys.stock, keys.journal, keys.quota, keys.replay(request_id)]
     assert await scripts.release(keys=release_keys, args=[request_id]) == "released"
     assert await scripts.release(keys=release_keys, args=[request_id]) == "absent"  # idempotent
 
     consumer = OrderConsumer(engine, redis, scripts, settings.redis.key_prefix)
-    late = _FakeDelivery(encode_order(OrderMessage(request_id, order_no, "u", product_id, 1, reserved_at)))
+    late = _FakeDelivery(encode_order(OrderMessage(request_id, order_no, "u", product_id, 1, reserved_at, 1500)))
     await consumer.handle(late)
     assert late.settled == "ack"
     assert consumer.counts == {"released": 1}

@@ -149,12 +149,12 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     async def reserve(user: str, sequence: int) -> OrderMessage:
         request_id = mint_request_id()
         order_no = compose_order_no("FS", "20261130000001", 96, product_id * 10 + sequence)
-        outcome, _, reserved_at = await scripts.reserve(
+        outcome, _, reserved_at, _ = await scripts.reserve(
             keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
             args=[request_id, user, 1, order_no, 3600],
         )
         assert outcome == "reserved"
-        return OrderMessage(request_id, order_no, user, product_id, 1, reserved_at)
+        return OrderMessage(request_id, order_no, user, product_id, 1, reserved_at, 1500)
 
     a, b = await reserve("a", 1), await reserve("b", 2)
 
