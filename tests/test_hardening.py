@@ -126,28 +126,35 @@ async def _depth_above(channel, queue, before):
     return await queue_depth(channel, queue) > before
 
 
+async def _retry_after_the_replay_record_is_gone(client, headers, product_id, engine, redis, settings, age_days: int):
+    """Buy with a key, wait for the row, drop the replay record (and age the order by
+    ``age_days``), retry with the same key; returns (first 202 body, retry 202 body, rows by order_no)."""
+    first = (await buy(client, headers, product_id, key="k")).json()
+    await eventually(lambda: _rows(engine, product_id, 1))
+    await redis.delete(ProductKeys(settings.redis.key_prefix, product_id).replay(first["request_id"]))
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE orders SET created_at = NOW() - INTERVAL :d DAY WHERE order_no = :o"),
+            {"d": age_days, "o": first["order_no"]},
+        )
+    retry = (await buy(client, headers, product_id, key="k")).json()
+    assert retry["order_no"] != first["order_no"]
+    await eventually(lambda: _rows(engine, product_id, 2))
+    return first, retry, {row.order_no: row for row in await order_rows(engine, product_id)}
+
+
 async def test_key_reused_after_its_replay_record_expired_is_a_new_order_with_a_row(
     client, token, put_product, product_id, engine, redis, scripts, settings, consumer
 ):
     await put_product(product_id, stock=5, limit=2)
-    headers = token("forgetful")
-    first = (await buy(client, headers, product_id, key="reused")).json()
-    await eventually(lambda: _rows(engine, product_id, 1))
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
-    await redis.delete(keys.replay(first["request_id"]))  # the 24 h replay window is over:
-    async with engine.begin() as conn:  # the first order is older than that
-        await conn.execute(
-            text("UPDATE orders SET created_at = NOW() - INTERVAL 2 DAY WHERE order_no = :o"), {"o": first["order_no"]}
-        )
-
-    second = (await buy(client, headers, product_id, key="reused")).json()
-    assert second["order_no"] != first["order_no"]
-    await eventually(lambda: _rows(engine, product_id, 2))
-    rows = {row.order_no: row for row in await order_rows(engine, product_id)}
-    assert set(rows) == {first["order_no"], second["order_no"]}
+    # Two days old: past the 24 h replay window, so the reused key is a new purchase.
+    first, second, rows = await _retry_after_the_replay_record_is_gone(
+        client, token("forgetful"), product_id, engine, redis, settings, age_days=2
+    )
+    assert (rows[first["order_no"]].status, rows[second["order_no"]].status) == (0, 0)
     report = await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
     assert (report.mysql_stock, report.redis_stock_after, report.in_flight) == (3, 3, 0)
-    assert await redis.hget(keys.quota, "forgetful") == "2"
+    assert await redis.hget(ProductKeys(settings.redis.key_prefix, product_id).quota, "forgetful") == "2"
 
 
 async def test_a_lost_mark_queued_step_becomes_a_replay_once_realigned(
@@ -241,21 +248,16 @@ async def test_a_retry_after_redis_lost_its_replay_record_is_not_a_second_purcha
     client, token, put_product, product_id, engine, redis, scripts, settings, consumer
 ):
     await put_product(product_id, stock=5, limit=2)
-    headers = token("lost-record")
-    first = (await buy(client, headers, product_id, key="k")).json()
-    await eventually(lambda: _rows(engine, product_id, 1))
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
-    await redis.delete(keys.replay(first["request_id"]))  # Redis lost it well inside the 24 h window
-
-    retry = (await buy(client, headers, product_id, key="k")).json()
-    await eventually(lambda: _rows(engine, product_id, 2))
-    rows = {row.order_no: row for row in await order_rows(engine, product_id)}
+    # Fresh order: the record should still exist, so Redis lost it and this is the same request.
+    first, retry, rows = await _retry_after_the_replay_record_is_gone(
+        client, token("lost-record"), product_id, engine, redis, settings, age_days=0
+    )
     assert (rows[first["order_no"]].status, rows[retry["order_no"]].status) == (0, 7)
     assert rows[retry["order_no"]].reason == "duplicate_request"
     assert await inventory(engine, product_id) == (4, 1)
     await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
     assert (await redis_state(redis, settings, product_id))["stock"] == "4"
-    assert await redis.hget(keys.quota, "lost-record") == "1"
+    assert await redis.hget(ProductKeys(settings.redis.key_prefix, product_id).quota, "lost-record") == "1"
 
 
 async def test_an_older_realignment_pass_never_writes_back_old_sale_terms(
