@@ -32,15 +32,17 @@ class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
     """Create or update a product. ``stock`` is the sale's units in all, sold ones included (MySQL
     keeps ``stock - sold`` on sale, so repeating a PUT changes nothing). ``price`` (minor currency
     units), ``per_user_limit`` (units) and ``name`` left out keep their current values (on
-    creation: 0, 1 and "product ID"). Without ``sale_starts_at`` the sale opens now, without
-    ``sale_ends_at`` it has no end (ISO 8601; naive times are UTC)."""
+    creation: 0, 1 and "product ID"). The sale window likewise: on creation, without
+    ``sale_starts_at`` the sale opens now and without ``sale_ends_at`` it has no end; on update,
+    a bound left out is kept and ``"sale_ends_at": null`` removes the end (ISO 8601; naive
+    times are UTC)."""
 
     stock: Annotated[int, Meta(ge=0, le=2**31 - 1)]
     price: Annotated[int, Meta(ge=0, le=2**62)] | None = None
     per_user_limit: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
     name: Annotated[str, Meta(min_length=1, max_length=200)] | None = None
     sale_starts_at: datetime | None = None
-    sale_ends_at: datetime | None = None
+    sale_ends_at: datetime | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class ProductView(msgspec.Struct):
@@ -69,10 +71,8 @@ async def set_product(engine: AsyncEngine, realigner: Realigner, product_id: int
         InvalidProduct: ``sale_ends_at`` is not after ``sale_starts_at``, or ``price x
             per_user_limit`` does not fit a BIGINT amount (nothing is written).
     """
-    starts = _utc_naive(data.sale_starts_at) if data.sale_starts_at else datetime.now(UTC).replace(tzinfo=None)
-    ends = _utc_naive(data.sale_ends_at) if data.sale_ends_at else None
-    if ends is not None and ends <= starts:
-        raise InvalidProduct("sale_ends_at", "must be after sale_starts_at")
+    starts = _utc_naive(data.sale_starts_at) if data.sale_starts_at else None
+    ends = _utc_naive(data.sale_ends_at) if isinstance(data.sale_ends_at, datetime) else None
     row = {
         "id": product_id,
         "name": data.name,
@@ -81,24 +81,33 @@ async def set_product(engine: AsyncEngine, realigner: Realigner, product_id: int
         "limit": data.per_user_limit,
         "starts": starts,
         "ends": ends,
+        "ends_given": data.sale_ends_at is not msgspec.UNSET,
         "stock": data.stock,
     }
     async with engine.begin() as conn:
         await conn.execute(
             text(
                 "INSERT INTO products (id, name, price, per_user_limit, sale_starts_at, sale_ends_at)"
-                " VALUES (:id, COALESCE(:name, :default_name), COALESCE(:price, 0), COALESCE(:limit, 1), :starts, :ends)"
+                " VALUES (:id, COALESCE(:name, :default_name), COALESCE(:price, 0), COALESCE(:limit, 1),"
+                " COALESCE(:starts, UTC_TIMESTAMP()), :ends)"
                 " ON DUPLICATE KEY UPDATE name = COALESCE(:name, name), price = COALESCE(:price, price),"
-                " per_user_limit = COALESCE(:limit, per_user_limit), sale_starts_at = VALUES(sale_starts_at),"
-                " sale_ends_at = VALUES(sale_ends_at)"
+                " per_user_limit = COALESCE(:limit, per_user_limit),"
+                " sale_starts_at = COALESCE(:starts, sale_starts_at),"
+                " sale_ends_at = IF(:ends_given, :ends, sale_ends_at)"
             ),
             row,
         )
-        price, limit = (
-            await conn.execute(text("SELECT price, per_user_limit FROM products WHERE id = :id"), row)
+        price, limit, starts_at, ends_at = (
+            await conn.execute(
+                text("SELECT price, per_user_limit, sale_starts_at, sale_ends_at FROM products WHERE id = :id"), row
+            )
         ).one()
-        if price * limit > MAX_AMOUNT:  # raised inside the transaction: nothing is written
+        # Checked on the values now stored (kept ones included); raised inside the transaction,
+        # so nothing is written.
+        if price * limit > MAX_AMOUNT:
             raise InvalidProduct("price", "price x per_user_limit must fit a BIGINT amount (minor units)")
+        if ends_at is not None and ends_at <= starts_at:
+            raise InvalidProduct("sale_ends_at", "must be after sale_starts_at")
         # ``stock`` is the sale's units in all: what is sold stays sold, the rest is on sale.
         # Setting the same number again changes nothing, mid-sale included.
         await conn.execute(

@@ -68,7 +68,7 @@ def print_reports(reports: list[RealignReport], as_json: bool, console: Console 
     for r in reports:
         table.add_row(
             *map(
-                str,
+                lambda value: "-" if value is None else str(value),  # None: not loaded in Redis before
                 (r.product_id, r.mysql_stock, r.mysql_sold, r.redis_stock_before, r.redis_stock_after,
                  r.in_flight, r.in_flight_units, r.drift, r.resolved_dropped, r.republished),
             )

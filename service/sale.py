@@ -533,7 +533,8 @@ async def _open_sale(sale: Sale, processes: Processes, console: Console, noop_re
             await wait_ready(client, processes, READY_TIMEOUT if sale.isolated else CONNECT_TIMEOUT)
         await create_product(client, sale)
         skipped = await noop_skipped(client, sale, noop_requests)
-    console.print(f"{sale.run_id}: product {sale.product_id} on sale, {sale.stock} units; logs in {processes.log_dir}")
+    console.print(f"{sale.run_id}: product {sale.product_id} on sale, {sale.stock} units")
+    console.print(f"process logs (kept only if something fails): {processes.log_dir}", soft_wrap=True)
     if skipped:
         console.print(f"no-op ceiling skipped: {skipped}")
     return skipped

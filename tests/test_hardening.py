@@ -273,3 +273,21 @@ async def test_an_older_realignment_pass_never_writes_back_old_sale_terms(
     assert (await older.realign(product_id)).skipped_stale
     terms = await redis.hgetall(ProductKeys(settings.redis.key_prefix, product_id).sale)
     assert (terms["limit"], terms["ends_ms"]) == ("3", "1577923200000")
+
+
+async def test_repeating_a_product_update_keeps_its_sale_window(client, admin, new_product_id):
+    pid = new_product_id()
+    scheduled = {"stock": 5, "sale_starts_at": "2030-01-01T00:00:00Z", "sale_ends_at": "2030-01-02T00:00:00Z"}
+    assert (await client.put(f"/api/v1/admin/products/{pid}", json=scheduled, headers=admin)).status_code == 200
+    assert (await client.put(f"/api/v1/admin/products/{pid}", json={"stock": 5}, headers=admin)).status_code == 200
+    product = (await client.get(f"/api/v1/products/{pid}")).json()
+    assert (product["sale_starts_at"], product["sale_ends_at"], product["sale_active"]) == (
+        "2030-01-01T00:00:00Z", "2030-01-02T00:00:00Z", False
+    )
+    open_ended = await client.put(f"/api/v1/admin/products/{pid}", json={"stock": 5, "sale_ends_at": None}, headers=admin)
+    assert open_ended.status_code == 200
+    assert (await client.get(f"/api/v1/products/{pid}")).json()["sale_ends_at"] is None
+    backwards = {"stock": 5, "sale_ends_at": "2029-12-31T00:00:00Z"}  # before the kept start
+    response = await client.put(f"/api/v1/admin/products/{pid}", json=backwards, headers=admin)
+    assert response.status_code == 400 and response.json()["errors"][0]["field"] == "sale_ends_at"
+    assert (await client.get(f"/api/v1/products/{pid}")).json()["sale_ends_at"] is None
