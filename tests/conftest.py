@@ -204,3 +204,22 @@ async def sampling_min_stock(redis: Redis, key: str, interval: float = 0.001):
         stop.set()
         await task
         result.append(min(seen) if seen else 0)
+
+
+class RunsAfterJournalRead:
+    """The real Redis client, except that right after the realigner reads a product's journal,
+    ``during_read`` runs (real consumers commit, another pass runs, an operator changes the
+    product): the races of realignment, made to happen at their worst moment. Everything goes to
+    the real Redis and MySQL."""
+
+    def __init__(self, redis: Redis, during_read) -> None:
+        self._redis = redis
+        self._during_read = during_read
+
+    def __getattr__(self, name: str):
+        return getattr(self._redis, name)
+
+    async def hgetall(self, key: str) -> dict[str, str]:
+        journal = await self._redis.hgetall(key)
+        await self._during_read()
+        return journal

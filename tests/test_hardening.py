@@ -23,7 +23,7 @@ from service.isolation import environment
 from service.keys import ProductKeys
 from service.order_no import compose_order_no
 from service.request_id import mint_request_id
-from tests.conftest import eventually, inventory, order_rows, redis_state
+from tests.conftest import RunsAfterJournalRead, eventually, inventory, order_rows, redis_state
 from tests.test_consumer import publish_raw
 
 
@@ -50,21 +50,6 @@ async def _rows(engine, product_id, count):
     return len(await order_rows(engine, product_id)) >= count
 
 
-class _DuringJournalRead:
-    """The real Redis client; right after the realigner reads the journal, ``during`` runs."""
-
-    def __init__(self, redis, during):
-        self._redis, self._during = redis, during
-
-    def __getattr__(self, name):
-        return getattr(self._redis, name)
-
-    async def hgetall(self, key):
-        journal = await self._redis.hgetall(key)
-        await self._during()
-        return journal
-
-
 async def test_an_older_realignment_pass_never_overwrites_a_newer_one(engine, redis, scripts, settings, put_product, product_id):
     await put_product(product_id, stock=10, limit=1)
     keys = ProductKeys(settings.redis.key_prefix, product_id)
@@ -81,7 +66,7 @@ async def test_an_older_realignment_pass_never_overwrites_a_newer_one(engine, re
         newer = await Realigner(engine, redis, scripts, prefix, 60).realign(product_id)
         assert (newer.redis_stock_after, newer.resolved_dropped) == (9, 1)
 
-    older = Realigner(engine, _DuringJournalRead(redis, consumer_commits_then_another_pass_runs), scripts, prefix, 60)
+    older = Realigner(engine, RunsAfterJournalRead(redis, consumer_commits_then_another_pass_runs), scripts, prefix, 60)
     report = await older.realign(product_id)
     assert report.skipped_stale
     state = await redis_state(redis, settings, product_id)
@@ -269,7 +254,7 @@ async def test_an_older_realignment_pass_never_writes_back_old_sale_terms(
         body = {"stock": 5, "per_user_limit": 3, "sale_ends_at": "2020-01-02T00:00:00Z", "sale_starts_at": "2020-01-01T00:00:00Z"}
         assert (await client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
 
-    older = Realigner(engine, _DuringJournalRead(redis, operator_closes_the_sale), scripts, settings.redis.key_prefix, 60)
+    older = Realigner(engine, RunsAfterJournalRead(redis, operator_closes_the_sale), scripts, settings.redis.key_prefix, 60)
     assert (await older.realign(product_id)).skipped_stale
     terms = await redis.hgetall(ProductKeys(settings.redis.key_prefix, product_id).sale)
     assert (terms["limit"], terms["ends_ms"]) == ("3", "1577923200000")

@@ -13,7 +13,7 @@ from service.broker import Publisher
 from service.keys import ProductKeys
 from service.order_no import compose_order_no
 from service.request_id import mint_request_id
-from tests.conftest import eventually, inventory, order_rows, redis_state
+from tests.conftest import RunsAfterJournalRead, eventually, inventory, order_rows, redis_state
 
 
 @pytest.fixture
@@ -119,24 +119,6 @@ async def test_realignment_during_live_purchases_and_consumers_ends_exact(
     assert all(p.redis_stock_after >= 0 for p in passes)
 
 
-class _CommitsWhileJournalIsRead:
-    """The real Redis client, except that right after the realigner reads the journal, real
-    consumers commit: the race the brief names (a commit between the job's MySQL read and its
-    Redis write). Everything it runs goes to the real Redis and MySQL."""
-
-    def __init__(self, redis, during_read):
-        self._redis = redis
-        self._during_read = during_read
-
-    def __getattr__(self, name):
-        return getattr(self._redis, name)
-
-    async def hgetall(self, key):
-        journal = await self._redis.hgetall(key)
-        await self._during_read()
-        return journal
-
-
 async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     engine, redis, scripts, settings, put_product, product_id
 ):
@@ -162,7 +144,7 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
         await apply_order(engine, a)  # an entry the job already read commits
         await apply_order(engine, await reserve("c", 3))  # a new reservation appears and commits
 
-    racing = Realigner(engine, _CommitsWhileJournalIsRead(redis, consumers_commit), scripts, settings.redis.key_prefix, 60)
+    racing = Realigner(engine, RunsAfterJournalRead(redis, consumers_commit), scripts, settings.redis.key_prefix, 60)
     report = await racing.realign(product_id)
     # Truth afterwards: MySQL 10 - 2 (a, c) = 8, in flight: b  ->  Redis must be 7.
     assert await inventory(engine, product_id) == (8, 2)
