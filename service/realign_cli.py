@@ -88,7 +88,7 @@ async def run_realign(settings: Settings, product_id: int | None, dry_run: bool,
                     else await realigner.realign_all(dry_run)
                 )
             except LookupError as exc:
-                print(f"error: {exc}")
+                print(f"error: {exc}", file=sys.stderr)
                 return 1
             print_reports(reports, as_json)
             if watch is None or await stopped(watch):
