@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import socket
 
 import aio_pika
 from redis.asyncio import Redis
@@ -43,6 +44,13 @@ def isolated_settings(base: Settings, run_id: str) -> Settings:
             ),
         }
     )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (for a subprocess to bind)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def environment(settings: Settings) -> dict[str, str]:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import secrets
 
 import httpx
-import msgspec
 from sqlalchemy import text
 
 from db.engine import make_engine
 from service.lifecycle import expire_unpaid
 from service.log_setup import configure_logging
 from service.order_no import is_valid_order_no
-from service.payments import sign
+from service.payments import Notification, signed
 from service.realign_cli import stopped
 from service.resources import make_redis
 from service.scripts import Scripts
@@ -49,24 +48,19 @@ async def send_notification(
     if not is_valid_order_no(order_no):
         raise SystemExit(f"error: {order_no!r} is not a valid order number")
     channel = channel or next(iter(settings.payment.channel_secrets))
-    body = msgspec.json.encode(
-        {
-            "channel": channel,
-            "channel_txn_id": txn_id or f"txn-{secrets.token_hex(8)}",
-            "order_no": order_no,
-            "amount": amount if amount is not None else await _order_amount(settings, order_no),
-            "currency": currency or settings.payment.currency,
-            "event": event,
-        }
+    note = Notification(
+        channel=channel,
+        channel_txn_id=txn_id or f"txn-{secrets.token_hex(8)}",
+        order_no=order_no,
+        amount=amount if amount is not None else await _order_amount(settings, order_no),
+        currency=currency or settings.payment.currency,
+        event=event,  # type: ignore[arg-type]
     )
-    signature = sign(settings.payment.channel_secrets.get(channel, ""), body)
+    # An unknown channel is signed with an empty secret: the API answers 401, as it should.
+    body, headers = signed(settings.payment.channel_secrets.get(channel, ""), note)
     try:
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-            response = await client.post(
-                "/api/v1/payments/notify",
-                content=body,
-                headers={"content-type": "application/json", "X-Signature": signature},
-            )
+            response = await client.post("/api/v1/payments/notify", content=body, headers=headers)
     except httpx.HTTPError as exc:
         raise SystemExit(f"error: {url} did not answer: {exc!r}") from None
     if not response.is_success:

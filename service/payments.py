@@ -70,6 +70,13 @@ def sign(secret: str, body: bytes) -> str:
     return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+def signed(secret: str, note: Notification) -> tuple[bytes, dict[str, str]]:
+    """The raw JSON body of ``note`` and its headers (``X-Signature`` = :func:`sign` of that body),
+    as a channel sends them."""
+    body = msgspec.json.encode(note)
+    return body, {"Content-Type": "application/json", "X-Signature": sign(secret, body)}
+
+
 def verify(secrets: dict[str, str], channel: str, body: bytes, signature: str | None) -> None:
     """Constant-time check of ``signature`` over the raw ``body`` with ``channel``'s secret.
 

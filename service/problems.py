@@ -15,6 +15,8 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from service.order_no import is_valid_order_no
+
 log = structlog.get_logger(__name__)
 
 _TITLES = {
@@ -98,6 +100,17 @@ def _from_http_exception(exc: HTTPException) -> ProblemDetailsException:
     if status >= 500:
         return Problem(status, "internal_error", "Internal server error.")
     return Problem(status, _GENERIC_CODES.get(status, "error"), str(exc.detail), headers=exc.headers)
+
+
+def require_order_no(order_no: str) -> None:
+    """Order numbers coming back in are validated before any look-up (length, charset, ISO 7064
+    MOD 97-10 check digits).
+
+    Raises:
+        Problem: 400 ``invalid_order_no`` naming the field.
+    """
+    if not is_valid_order_no(order_no):
+        raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
 
 
 def _too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:

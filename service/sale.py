@@ -55,7 +55,6 @@ import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -81,11 +80,11 @@ from db.migrate import upgrade
 from db.models import OrderStatus
 from service.auth import issue_token
 from service.broker import declare_topology, queue_depth
-from service.isolation import environment, isolated_settings, tear_down
+from service.isolation import environment, free_port, isolated_settings, tear_down
 from service.keys import ProductKeys
 from service.lifecycle import expire_unpaid
 from service.log_setup import configure_logging
-from service.payments import Notification, sign
+from service.payments import Notification, signed
 from service.realign_cli import open_realigner
 from service.resources import make_redis
 from service.sale_load import REQUEST_TIMEOUT, LoadGenerator, build_plan, build_requests, load_clients, progress_bar
@@ -169,12 +168,6 @@ def _where(url: str) -> str:
     return url.rsplit("@", 1)[-1]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def new_sale(settings: Settings, url: str | None, stock: int, per_user_limit: int, window_seconds: int | None) -> Sale:
     """A new run: isolated settings (payment window ``window_seconds`` seconds when given) and a
     local API URL, or ``settings`` as given with ``url``."""
@@ -183,7 +176,7 @@ def new_sale(settings: Settings, url: str | None, stock: int, per_user_limit: in
     if url is not None:
         return Sale(run_id, settings, False, url.rstrip("/"), product_id, stock, per_user_limit)
     isolated = sale_settings(settings, run_id, window_seconds)
-    return Sale(run_id, isolated, True, f"http://127.0.0.1:{_free_port()}", product_id, stock, per_user_limit)
+    return Sale(run_id, isolated, True, f"http://127.0.0.1:{free_port()}", product_id, stock, per_user_limit)
 
 
 class Processes:
@@ -447,7 +440,7 @@ def mint_tokens(sale: Sale, *plans: list[Job]) -> dict[str, str]:
 def notification(sale: Sale, order: UnpaidOrder) -> httpx.Request:
     """A ``paid`` notification for ``order`` as the first configured channel sends it: the
     order's amount in the shop's currency, transaction id ``<run id>-<order_no>``, signed with
-    ``X-Signature`` = hex HMAC-SHA256 of the raw body (:func:`service.payments.sign`)."""
+    ``X-Signature`` = hex HMAC-SHA256 of the raw body (:func:`service.payments.signed`)."""
     payment = sale.settings.payment
     channel, secret = next(iter(payment.channel_secrets.items()))
     note = Notification(
@@ -458,8 +451,7 @@ def notification(sale: Sale, order: UnpaidOrder) -> httpx.Request:
         currency=payment.currency,
         event="paid",
     )
-    body = msgspec.json.encode(note)
-    headers = {"Content-Type": "application/json", "X-Signature": sign(secret, body)}
+    body, headers = signed(secret, note)
     return httpx.Request("POST", f"{sale.url}{NOTIFY_PATH}", content=body, headers=headers)
 
 

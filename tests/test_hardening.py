@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,18 +18,13 @@ from sqlalchemy import text
 from consumers.order_consumer import apply_order
 from consumers.realign import Realigner
 from service.broker import OrderMessage, encode_order, queue_depth
-from service.isolation import environment
+from service.isolation import environment, free_port
 from service.keys import ProductKeys
 from service.order_no import compose_order_no
 from service.request_id import mint_request_id
 from tests.conftest import RunsAfterJournalRead, eventually, inventory, order_rows, redis_state
 from tests.test_consumer import publish_raw
-
-
-async def buy(client, headers, product_id, quantity=1, key=None):
-    if key is not None:
-        headers = {**headers, "Idempotency-Key": key}
-    return await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": quantity}, headers=headers)
+from tests.test_purchase import buy
 
 
 async def test_setting_the_same_stock_again_mid_sale_does_not_oversell(client, token, put_product, product_id, engine, consumer):
@@ -173,14 +167,8 @@ async def test_deeply_nested_json_is_400(client, token):
     assert response.status_code == 400 and response.json()["code"] == "invalid_request"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 async def test_a_killed_api_worker_is_replaced(settings):
-    port = _free_port()
+    port = free_port()
     serve = subprocess.Popen(
         [str(Path(sys.executable).with_name("flashsale")), "serve", "--port", str(port), "--workers", "2"],
         env={**os.environ, **environment(settings)},

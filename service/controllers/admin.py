@@ -13,9 +13,8 @@ from consumers.realign import RealignReport
 from service.auth import admin_only
 from service.catalog import InvalidProduct, ProductIdPath, ProductInput, set_product
 from service.lifecycle import OrderNotFound, TransitionLost, give_back_to_redis
-from service.order_no import is_valid_order_no
 from service.payments import request_refund
-from service.problems import Problem, field_error
+from service.problems import Problem, field_error, require_order_no
 from service.resources import Resources
 
 
@@ -59,8 +58,7 @@ class AdminController(Controller):
         self, order_no: FromPath[str], resources: NamedDependency[Resources], data: JSONBody[RefundRequest | None] = None
     ) -> OrderStatusAnswer:
         """``paid -> refunding``; ``{"restock": true}`` also puts the units back on sale."""
-        if not is_valid_order_no(order_no):
-            raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
+        require_order_no(order_no)
         restock = bool(data and data.restock)
         try:
             returned = await request_refund(resources.engine, order_no, restock)

@@ -13,9 +13,8 @@ from msgspec import Meta
 from service.auth import User
 from service.catalog import PositiveId, product_exists
 from service.lifecycle import OrderNotFound, TransitionLost, cancel_order, give_back_to_redis
-from service.order_no import is_valid_order_no
 from service.orders import BadCursor, OrderPage, OrderView, find_order, list_orders
-from service.problems import Problem, field_error
+from service.problems import Problem, field_error, require_order_no
 from service.purchase import PurchaseRejected
 from service.request_id import is_valid_idempotency_key, mint_request_id, request_id_from_key
 from service.resources import Resources
@@ -55,12 +54,6 @@ async def _require_integers(request: Request[Any, Any, Any], fields: tuple[str, 
     for field in fields:
         if type(raw.get(field)) is not int:
             raise field_error(field, "Expected `int`")
-
-
-def _check_order_no(order_no: str) -> None:
-    """Order numbers coming back in are validated before any look-up (length, charset, check digits)."""
-    if not is_valid_order_no(order_no):
-        raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
 
 
 class OrderController(Controller):
@@ -126,7 +119,7 @@ class OrderController(Controller):
         self, request: Request[User, Any, Any], order_no: FromPath[str], resources: NamedDependency[Resources]
     ) -> OrderView:
         """Cancel the caller's unpaid order; 404 order_not_found, 409 order_not_cancellable."""
-        _check_order_no(order_no)
+        require_order_no(order_no)
         prefix = resources.settings.redis.key_prefix
         try:
             returned = await cancel_order(resources.engine, order_no, "buyer_cancelled", owner=request.user.id)
@@ -148,7 +141,7 @@ class OrderController(Controller):
         self, request: Request[User, Any, Any], order_no: FromPath[str], resources: NamedDependency[Resources]
     ) -> OrderView:
         """The caller's order with its status history; 400 invalid_order_no, 404 order_not_found."""
-        _check_order_no(order_no)
+        require_order_no(order_no)
         view = await find_order(
             resources.engine, resources.redis, resources.settings.redis.key_prefix, request.user.id, order_no
         )

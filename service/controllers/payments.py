@@ -7,7 +7,6 @@ from litestar import Controller, Request, post
 from litestar.di import NamedDependency
 
 from service.lifecycle import OrderNotFound
-from service.order_no import is_valid_order_no
 from service.payments import (
     ChannelTxnReused,
     Notification,
@@ -16,7 +15,7 @@ from service.payments import (
     handle_notification,
     verify,
 )
-from service.problems import Problem, field_error
+from service.problems import Problem, field_error, require_order_no
 from service.resources import Resources
 
 _decoder = msgspec.json.Decoder(Notification)
@@ -42,8 +41,7 @@ class PaymentController(Controller):
             verify(settings.channel_secrets, note.channel, raw, request.headers.get("X-Signature"))
         except SignatureInvalid:
             raise Problem(401, "invalid_signature", "Missing or wrong X-Signature for this channel.") from None
-        if not is_valid_order_no(note.order_no):
-            raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
+        require_order_no(note.order_no)
         try:
             return await handle_notification(resources.engine, note, raw, settings.currency)
         except OrderNotFound:
