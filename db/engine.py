@@ -5,8 +5,6 @@ from __future__ import annotations
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from service.settings import DBSettings
-
 ER_DUP_ENTRY = 1062
 ER_LOCK_WAIT_TIMEOUT = 1205
 ER_LOCK_DEADLOCK = 1213
@@ -41,12 +39,15 @@ def as_duplicate_key(exc: DBAPIError) -> DuplicateKeyError | None:
     return DuplicateKeyError(key.rsplit(".", 1)[-1] if key else None, message)
 
 
-def make_engine(settings: DBSettings) -> AsyncEngine:
-    """One pooled engine per process (no connection set-up per request)."""
+def make_engine(url: str, *, pool_size: int = 20, max_overflow: int = 10) -> AsyncEngine:
+    """One pooled engine per process (no connection set-up per request).
+
+    ``url``: ``mysql+asyncmy://...``; ``pool_size``/``max_overflow``: connections kept / allowed beyond.
+    """
     return create_async_engine(
-        settings.url,
-        pool_size=settings.pool_size,
-        max_overflow=settings.max_overflow,
+        url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
         pool_pre_ping=True,
         pool_recycle=1800,
         # Every timestamp the service writes or compares (CURRENT_TIMESTAMP, NOW()) is UTC.

@@ -1,6 +1,6 @@
 """Count the Redis round trips and commands the purchase path sends per request.
 
-Runs the real purchase path (service.purchase.PurchaseService) in-process against the local
+Runs the real purchase path (service.domain.purchase.PurchaseService) in-process against the local
 Redis, MySQL and RabbitMQ under an isolated run (own database, key prefix, queue names), then
 removes everything. Counting is client-side: every ``execute_command`` and every pipeline
 ``execute`` issued by the purchase calls is one round trip (background work such as the shard
@@ -20,12 +20,12 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from db.migrate import upgrade
-from service.catalog import ProductInput, set_product
-from service.isolation import isolated_settings, new_run_id, tear_down
+from service.bootstrap import Resources
+from service.domain.catalog import ProductInput, set_product
+from service.domain.purchase import PurchaseRejected
+from service.domain.request_id import mint_request_id
 from service.log_setup import configure_logging
-from service.purchase import PurchaseRejected
-from service.request_id import mint_request_id
-from service.resources import Resources
+from service.sale.isolation import isolated_settings, new_run_id, tear_down
 from service.settings import Settings
 
 _counting: ContextVar[Counter[str] | None] = ContextVar("counting", default=None)

@@ -21,13 +21,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from consumers.order_consumer import OrderConsumer
 from db.engine import make_engine
 from db.migrate import upgrade
-from service.app import create_app
-from service.auth import issue_token
-from service.broker import declare_topology
-from service.isolation import isolated_settings, new_run_id, tear_down
-from service.keys import ProductKeys
-from service.resources import make_redis
-from service.scripts import Scripts
+from service.adapters.broker import declare_topology
+from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.scripts import Scripts
+from service.api.app import create_app
+from service.api.auth import issue_token
+from service.bootstrap import make_redis
+from service.sale.isolation import isolated_settings, new_run_id, tear_down
 from service.settings import Settings
 
 _product_ids = itertools.count(1000)
@@ -56,7 +56,7 @@ async def isolated_services(settings: Settings) -> AsyncIterator[None]:
 
 @pytest.fixture(scope="session")
 async def engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
-    engine = make_engine(settings.db)
+    engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
     yield engine
     await engine.dispose()
 

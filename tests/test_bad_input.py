@@ -8,7 +8,7 @@ import jwt
 import pytest
 from sqlalchemy import text
 
-from service.broker import queue_depth
+from service.adapters.broker import queue_depth
 from tests.conftest import redis_state
 
 CASES = [

@@ -13,13 +13,13 @@ import aio_pika
 from sqlalchemy import event, text
 from structlog.testing import capture_logs
 
-from consumers.order_consumer import Outcome, apply_order
 from db.engine import make_engine
-from service.broker import OrderMessage, encode_order, queue_depth
-from service.isolation import environment
-from service.keys import ProductKeys
-from service.order_no import compose_order_no
-from service.request_id import mint_request_id
+from service.adapters.broker import OrderMessage, encode_order, queue_depth
+from service.adapters.redis.keys import ProductKeys
+from service.domain.order_no import compose_order_no
+from service.domain.order_writer import Outcome, apply_order
+from service.domain.request_id import mint_request_id
+from service.sale.isolation import environment
 from tests.conftest import eventually, inventory, order_rows
 
 
@@ -129,7 +129,7 @@ async def test_unknown_product_is_dead_lettered_after_bounded_attempts(
 
 async def test_lock_wait_timeout_retries_the_whole_transaction(settings, engine, put_product, product_id):
     await put_product(product_id, stock=3, limit=1)
-    impatient = make_engine(settings.db.model_copy(update={"pool_size": 2}))
+    impatient = make_engine(settings.db.url, pool_size=2, max_overflow=settings.db.max_overflow)
 
     def short_lock_wait(dbapi_connection, _record):  # this engine's sessions give up a lock wait after 1 s
         cursor = dbapi_connection.cursor()

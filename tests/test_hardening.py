@@ -15,14 +15,20 @@ import jwt
 import pytest
 from sqlalchemy import text
 
-from consumers.order_consumer import apply_order
-from consumers.realign import Realigner
-from service.broker import OrderMessage, encode_order, queue_depth
-from service.isolation import environment, free_port
-from service.keys import ProductKeys
-from service.order_no import compose_order_no
-from service.request_id import mint_request_id
-from tests.conftest import RunsAfterJournalRead, eventually, inventory, order_rows, redis_state
+from service.adapters.broker import OrderMessage, encode_order, queue_depth
+from service.adapters.redis.keys import ProductKeys
+from service.domain.order_no import compose_order_no
+from service.domain.order_writer import apply_order
+from service.domain.realign import Realigner
+from service.domain.request_id import mint_request_id
+from service.sale.isolation import environment, free_port
+from tests.conftest import (
+    RunsAfterJournalRead,
+    eventually,
+    inventory,
+    order_rows,
+    redis_state,
+)
 from tests.test_consumer import publish_raw
 from tests.test_purchase import buy
 

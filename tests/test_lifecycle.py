@@ -10,11 +10,11 @@ from collections import Counter
 import pytest
 from sqlalchemy import text
 
-from consumers.realign import Realigner
 from db.models import OrderStatus as S
-from service.keys import ProductKeys
-from service.lifecycle import IllegalTransition, expire_unpaid, transition
-from service.payments import sign
+from service.adapters.redis.keys import ProductKeys
+from service.domain.lifecycle import IllegalTransition, expire_unpaid, transition
+from service.domain.payments import sign
+from service.domain.realign import Realigner
 from tests.conftest import eventually, inventory, order_rows, redis_state
 
 
@@ -149,7 +149,7 @@ async def test_cancel_returns_the_unit_exactly_once_and_it_sells_again(
 
 
 def _scripts(redis):
-    from service.scripts import Scripts
+    from service.adapters.redis.scripts import Scripts
 
     return Scripts.register(redis)
 
@@ -283,7 +283,7 @@ async def test_order_list_is_the_callers_newest_first_in_keyset_pages(client, to
 async def test_when_the_redis_step_of_a_cancel_is_lost_realignment_restores_stock_and_quota(
     client, token, put_product, product_id, engine, redis, scripts, settings, consumer
 ):
-    from service.lifecycle import cancel_order, give_back_to_redis
+    from service.domain.lifecycle import cancel_order, give_back_to_redis
 
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["lost-step"])

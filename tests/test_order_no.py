@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.keys import sequence_key
-from service.order_no import (
+from service.adapters.redis.keys import sequence_key
+from service.domain.order_no import (
     SEQUENCE_MAX,
     SHARDS,
     OrderNumberMinter,
@@ -89,9 +89,9 @@ async def test_shards_are_exclusive(redis, scripts, settings):
 
 _MINT_IN_A_PROCESS = """
 import asyncio, json, sys
-from service.order_no import OrderNumberMinter, ShardLease
-from service.resources import make_redis
-from service.scripts import Scripts
+from service.domain.order_no import OrderNumberMinter, ShardLease
+from service.bootstrap import make_redis
+from service.adapters.redis.scripts import Scripts
 from service.settings import Settings
 
 async def main(count):

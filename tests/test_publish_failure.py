@@ -7,13 +7,13 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from consumers.order_consumer import OrderConsumer
-from service.app import create_app
-from service.broker import OrderMessage, encode_order
-from service.keys import ProductKeys
-from service.order_no import compose_order_no
-from service.purchase import PurchaseRejected
-from service.request_id import mint_request_id
-from service.resources import Resources
+from service.adapters.broker import OrderMessage, encode_order
+from service.adapters.redis.keys import ProductKeys
+from service.api.app import create_app
+from service.bootstrap import Resources
+from service.domain.order_no import compose_order_no
+from service.domain.purchase import PurchaseRejected
+from service.domain.request_id import mint_request_id
 from tests.conftest import inventory, order_rows, redis_state
 
 

@@ -5,9 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from service.keys import ProductKeys
-from service.order_no import is_valid_order_no
-from tests.conftest import eventually, inventory, order_rows, redis_state, sampling_min_stock
+from service.adapters.redis.keys import ProductKeys
+from service.domain.order_no import is_valid_order_no
+from tests.conftest import (
+    eventually,
+    inventory,
+    order_rows,
+    redis_state,
+    sampling_min_stock,
+)
 
 
 async def buy(client, headers, product_id, quantity=1, key=None):

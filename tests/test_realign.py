@@ -8,12 +8,18 @@ from collections import Counter
 
 import pytest
 
-from consumers.realign import Realigner
-from service.broker import Publisher
-from service.keys import ProductKeys
-from service.order_no import compose_order_no
-from service.request_id import mint_request_id
-from tests.conftest import RunsAfterJournalRead, eventually, inventory, order_rows, redis_state
+from service.adapters.broker import Publisher
+from service.adapters.redis.keys import ProductKeys
+from service.domain.order_no import compose_order_no
+from service.domain.realign import Realigner
+from service.domain.request_id import mint_request_id
+from tests.conftest import (
+    RunsAfterJournalRead,
+    eventually,
+    inventory,
+    order_rows,
+    redis_state,
+)
 
 
 @pytest.fixture
@@ -122,8 +128,8 @@ async def test_realignment_during_live_purchases_and_consumers_ends_exact(
 async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     engine, redis, scripts, settings, put_product, product_id
 ):
-    from consumers.order_consumer import apply_order
-    from service.broker import OrderMessage
+    from service.adapters.broker import OrderMessage
+    from service.domain.order_writer import apply_order
 
     await put_product(product_id, stock=10, limit=1)
     keys = ProductKeys(settings.redis.key_prefix, product_id)

@@ -13,10 +13,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from service.keys import ProductKeys
-from service.purchase import PurchaseRejected
-from service.request_id import mint_request_id
-from service.resources import Resources
+from service.adapters.redis.keys import ProductKeys
+from service.bootstrap import Resources
+from service.domain.purchase import PurchaseRejected
+from service.domain.request_id import mint_request_id
 from tests.conftest import redis_state
 
 

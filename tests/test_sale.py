@@ -8,8 +8,18 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from service.order_no import compose_order_no
-from service.sale_report import ACCEPTED, Job, Kind, OrderRow, Outcome, Shot, StoreFacts, check_invariants, summarize
+from service.domain.order_no import compose_order_no
+from service.sale.report import (
+    ACCEPTED,
+    Job,
+    Kind,
+    OrderRow,
+    Outcome,
+    Shot,
+    StoreFacts,
+    check_invariants,
+    summarize,
+)
 
 
 def test_a_small_sale_with_payments_holds_every_invariant():

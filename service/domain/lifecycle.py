@@ -18,8 +18,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import OrderStatus as S
-from service.keys import ProductKeys
-from service.scripts import Scripts
+from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.scripts import Scripts
 
 log = structlog.get_logger(__name__)
 

@@ -12,13 +12,13 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from consumers.realign import Realigner, RealignReport
 from db.engine import make_engine
-from service.broker import Publisher
-from service.catalog import ProductInput, set_product
+from service.adapters.broker import Publisher
+from service.adapters.redis.scripts import Scripts
+from service.bootstrap import make_redis
+from service.domain.catalog import ProductInput, set_product
+from service.domain.realign import Realigner, RealignReport
 from service.log_setup import configure_logging
-from service.resources import make_redis
-from service.scripts import Scripts
 from service.settings import Settings
 
 
@@ -41,7 +41,7 @@ async def stopped(seconds: float) -> bool:
 @asynccontextmanager
 async def open_realigner(settings: Settings, publish: bool = True) -> AsyncIterator[Realigner]:
     """A :class:`Realigner` on fresh connections, closed on exit (publisher only when ``publish``)."""
-    engine = make_engine(settings.db)
+    engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
     redis = make_redis(settings)
     publisher = Publisher(settings.amqp) if publish else None
     try:

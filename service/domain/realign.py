@@ -36,9 +36,9 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
-from service.broker import OrderMessage, Publisher, PublishFailed
-from service.keys import ProductKeys
-from service.scripts import Scripts
+from service.adapters.broker import OrderMessage, Publisher, PublishFailed
+from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.scripts import Scripts
 
 log = structlog.get_logger(__name__)
 

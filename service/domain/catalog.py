@@ -12,9 +12,9 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.realign import Realigner, RealignReport
 from db.models import MAX_AMOUNT
-from service.keys import ProductKeys
+from service.adapters.redis.keys import ProductKeys
+from service.domain.realign import Realigner, RealignReport
 
 PositiveId = Annotated[int, Meta(ge=1, le=2**63 - 1)]
 ProductIdPath = Annotated[int, PathParameter(ge=1, le=2**63 - 1)]

@@ -12,10 +12,14 @@ from typing import Any
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
-from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
+from litestar.plugins.problem_details import (
+    ProblemDetailsConfig,
+    ProblemDetailsException,
+    ProblemDetailsPlugin,
+)
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
-from service.order_no import is_valid_order_no
+from service.domain.order_no import is_valid_order_no
 
 log = structlog.get_logger(__name__)
 

@@ -3,7 +3,7 @@
 Phases: isolate, start the API and the consumers, create the product, measure the framework
 ceiling (the no-op wave), send the purchase load, wait for the queue to drain, with
 ``--pay-share`` run the order lifecycle, realign, read the stores, check the invariants
-(:mod:`service.sale_report`), report, stop the processes and clean up.
+(:mod:`service.sale.report`), report, stop the processes and clean up.
 
 Framework ceiling (``--noop-requests N``, 0 = off). Before the purchase load, ``POST
 /api/v1/bench/noop`` (``FLASHSALE_BENCH_ROUTES=true``: JWT auth and body decoding, nothing else)
@@ -17,7 +17,7 @@ Order lifecycle (``--pay-share S``, isolated runs only). The API and the consume
 the orders pending payment (chosen at random, seeded by the run id) get a signed ``paid``
 notification, as a payment channel sends it (:func:`notification`), a bounded number at a time;
 the others are left until every one of them is older than the window in MySQL's clock, then the
-payment-timeout sweep runs once, in this process (:func:`service.lifecycle.expire_unpaid` with
+payment-timeout sweep runs once, in this process (:func:`service.domain.lifecycle.expire_unpaid` with
 the run's settings: the same code ``flashsale sweep`` runs, counted exactly). Then a resale wave:
 new buyers send :data:`RESALE_FACTOR` times as many requests as units are on sale again (at least
 :data:`RESALE_MIN_REQUESTS`), the queue drains a second time, and the realignment follows.
@@ -74,21 +74,29 @@ from rich.console import Console
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.realign import RealignReport
 from db.engine import make_engine
 from db.migrate import upgrade
 from db.models import OrderStatus
-from service.auth import issue_token
-from service.broker import declare_topology, queue_depth
-from service.isolation import environment, free_port, isolated_settings, tear_down
-from service.keys import ProductKeys
-from service.lifecycle import expire_unpaid
+from service.adapters.broker import declare_topology, queue_depth
+from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.scripts import Scripts
+from service.api.auth import issue_token
+from service.bootstrap import make_redis
+from service.cli.realign import open_realigner
+from service.domain.lifecycle import expire_unpaid
+from service.domain.payments import Notification, signed
+from service.domain.realign import RealignReport
 from service.log_setup import configure_logging
-from service.payments import Notification, signed
-from service.realign_cli import open_realigner
-from service.resources import make_redis
-from service.sale_load import REQUEST_TIMEOUT, LoadGenerator, build_plan, build_requests, load_clients, progress_bar
-from service.sale_report import (
+from service.sale.isolation import environment, free_port, isolated_settings, tear_down
+from service.sale.load import (
+    REQUEST_TIMEOUT,
+    LoadGenerator,
+    build_plan,
+    build_requests,
+    load_clients,
+    progress_bar,
+)
+from service.sale.report import (
     ACCEPTED,
     Job,
     Kind,
@@ -102,7 +110,6 @@ from service.sale_report import (
     build_report,
     render,
 )
-from service.scripts import Scripts
 from service.settings import Settings
 
 T = TypeVar("T")
@@ -146,7 +153,7 @@ class Sale:
 
 
 def sale_settings(settings: Settings, run_id: str, window_seconds: int | None) -> Settings:
-    """``settings`` isolated for the run (:func:`service.isolation.isolated_settings`) with a
+    """``settings`` isolated for the run (:func:`service.sale.isolation.isolated_settings`) with a
     random JWT secret of its own and, when given, a payment window of ``window_seconds``."""
     isolated = isolated_settings(settings, run_id)
     payment = isolated.payment
@@ -256,7 +263,7 @@ class Stores:
         Raises:
             SetupError: a service did not answer.
         """
-        engine = make_engine(settings.db)
+        engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
         stack.push_async_callback(engine.dispose)
         redis = make_redis(settings)
         stack.push_async_callback(redis.aclose)
@@ -440,7 +447,7 @@ def mint_tokens(sale: Sale, *plans: list[Job]) -> dict[str, str]:
 def notification(sale: Sale, order: UnpaidOrder) -> httpx.Request:
     """A ``paid`` notification for ``order`` as the first configured channel sends it: the
     order's amount in the shop's currency, transaction id ``<run id>-<order_no>``, signed with
-    ``X-Signature`` = hex HMAC-SHA256 of the raw body (:func:`service.payments.signed`)."""
+    ``X-Signature`` = hex HMAC-SHA256 of the raw body (:func:`service.domain.payments.signed`)."""
     payment = sale.settings.payment
     channel, secret = next(iter(payment.channel_secrets.items()))
     note = Notification(
@@ -598,7 +605,7 @@ async def _let_window_lapse(stores: Stores, sale: Sale, console: Console) -> flo
 
 async def _sweep(stores: Stores, product_id: int) -> int:
     """One payment-timeout sweep of the sale's product in this process:
-    :func:`service.lifecycle.expire_unpaid` (what ``flashsale sweep`` runs) with the run's key
+    :func:`service.domain.lifecycle.expire_unpaid` (what ``flashsale sweep`` runs) with the run's key
     prefix and window; returns orders cancelled."""
     prefix, window = stores.settings.redis.key_prefix, stores.settings.payment.window_seconds
     scripts = Scripts.register(stores.redis)

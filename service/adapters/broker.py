@@ -9,7 +9,12 @@ from __future__ import annotations
 import aio_pika
 import msgspec
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue, AbstractRobustConnection
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 
 from service.settings import AMQPSettings

@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 import structlog
 from redis.asyncio import Redis
 
-from service.keys import sequence_key, shard_lease_key
-from service.scripts import Scripts
+from service.adapters.redis.keys import sequence_key, shard_lease_key
+from service.adapters.redis.scripts import Scripts
 
 log = structlog.get_logger(__name__)
 

@@ -30,7 +30,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import as_duplicate_key
 from db.models import OrderStatus as S
-from service.lifecycle import OrderNotFound, ReturnedUnits, load_order, return_stock, transition
+from service.domain.lifecycle import (
+    OrderNotFound,
+    ReturnedUnits,
+    load_order,
+    return_stock,
+    transition,
+)
 
 log = structlog.get_logger(__name__)
 

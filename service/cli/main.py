@@ -36,7 +36,7 @@ def serve(host: str, port: int, workers: int) -> None:
     from granian.constants import Interfaces, Loops
 
     Granian(
-        "service.app:create_app",
+        "service.api.app:create_app",
         factory=True,
         address=host,
         port=port,
@@ -55,16 +55,16 @@ def consume(prefetch: int | None) -> None:
     """Write queued orders to MySQL (run as many as you like). Exits 0 on SIGTERM after finishing its messages."""
     from consumers.order_consumer import run_consumer
     from db.engine import make_engine
+    from service.adapters.redis.scripts import Scripts
+    from service.bootstrap import make_redis
     from service.log_setup import configure_logging
-    from service.resources import make_redis
-    from service.scripts import Scripts
 
     settings = get_settings()
     configure_logging(settings.log_level)
     prefetch = prefetch or settings.amqp.prefetch
 
     async def go() -> None:
-        engine = make_engine(settings.db)
+        engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
         redis = make_redis(settings)
         try:
             await run_consumer(settings, engine, redis, Scripts.register(redis), prefetch)
@@ -82,7 +82,7 @@ def consume(prefetch: int | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON array per pass.")
 def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json: bool) -> None:
     """Make Redis stock = MySQL stock - reservations in flight (one pass, or --watch)."""
-    from service.realign_cli import run_realign
+    from service.cli.realign import run_realign
 
     sys.exit(_run(run_realign(get_settings(), product_id, dry_run, watch, as_json)))
 
@@ -111,7 +111,7 @@ def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json:
 )
 def sale(**options) -> None:  # type: ignore[no-untyped-def]
     """Run a whole flash sale end to end on the real services and check every invariant."""
-    from service.sale import run_sale
+    from service.sale.job import run_sale
 
     sys.exit(_run(run_sale(get_settings(), **options)))
 
@@ -126,7 +126,7 @@ def sale(**options) -> None:  # type: ignore[no-untyped-def]
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The API.")
 def pay(order_no: str, amount: int | None, txn_id: str | None, event: str, channel: str | None, currency: str | None, url: str) -> None:
     """Send a signed payment notification for ORDER_NO, as a payment channel would."""
-    from service.pay_cli import send_notification
+    from service.cli.pay import send_notification
 
     result = _run(send_notification(get_settings(), order_no, amount, txn_id, event, channel, currency, url))
     click.echo(result)
@@ -137,7 +137,7 @@ def pay(order_no: str, amount: int | None, txn_id: str | None, event: str, chann
 @click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
 def sweep(product_id: int | None, watch: float | None) -> None:
     """Cancel orders unpaid after the payment window (FLASHSALE_PAYMENT__WINDOW_SECONDS); units go back on sale."""
-    from service.pay_cli import run_sweep
+    from service.cli.pay import run_sweep
 
     _run(run_sweep(get_settings(), product_id, watch))
 
@@ -178,8 +178,8 @@ def product_set(
 ) -> None:
     """Create or update PRODUCT_ID: STOCK is the sale's units in all (sold ones included), and
     Redis is loaded safely (never over live stock)."""
-    from service.catalog import InvalidProduct, ProductInput
-    from service.realign_cli import print_reports, set_product_cli
+    from service.cli.realign import print_reports, set_product_cli
+    from service.domain.catalog import InvalidProduct, ProductInput
 
     fields = {"stock": stock, "price": price, "per_user_limit": per_user_limit, "name": name, "sale_starts_at": starts, "sale_ends_at": ends}
     try:
@@ -196,7 +196,7 @@ def product_set(
 @click.option("--ttl", default=None, type=click.IntRange(1), help="Seconds (default from settings).")
 def token(user_id: str, admin: bool, ttl: int | None) -> None:
     """Print a JWT for USER (HS256 with FLASHSALE_AUTH__JWT_SECRET)."""
-    from service.auth import issue_token
+    from service.api.auth import issue_token
 
     settings = get_settings()
     try:

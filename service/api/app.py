@@ -11,16 +11,16 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.plugins import InitPluginProtocol
 
-from service.auth import make_jwt_auth
-from service.controllers.admin import AdminController
-from service.controllers.bench import BenchController
-from service.controllers.health import HealthController
-from service.controllers.orders import OrderController
-from service.controllers.payments import PaymentController
-from service.controllers.products import ProductController
+from service.api.auth import make_jwt_auth
+from service.api.controllers.admin import AdminController
+from service.api.controllers.bench import BenchController
+from service.api.controllers.health import HealthController
+from service.api.controllers.orders import OrderController
+from service.api.controllers.payments import PaymentController
+from service.api.controllers.products import ProductController
+from service.api.problems import UNEXPECTED_ERROR_HANDLERS, problem_details_plugin
+from service.bootstrap import Resources
 from service.log_setup import configure_logging
-from service.problems import UNEXPECTED_ERROR_HANDLERS, problem_details_plugin
-from service.resources import Resources
 from service.settings import Settings, get_settings
 
 

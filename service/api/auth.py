@@ -11,7 +11,7 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.handlers.base import BaseRouteHandler
 from litestar.security.jwt import JWTAuth, Token
 
-from service.request_id import USER_ID
+from service.domain.request_id import USER_ID
 
 
 @dataclass

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.realign import Realigner
 from db.engine import make_engine
-from service.broker import Publisher
-from service.order_no import OrderNumberMinter, ShardLease
-from service.purchase import PurchaseService
-from service.scripts import Scripts
+from service.adapters.broker import Publisher
+from service.adapters.redis.scripts import Scripts
+from service.domain.order_no import OrderNumberMinter, ShardLease
+from service.domain.purchase import PurchaseService
+from service.domain.realign import Realigner
 from service.settings import Settings
 
 
@@ -44,7 +44,7 @@ class Resources:
     @classmethod
     async def open(cls, settings: Settings) -> Resources:
         """Connect to MySQL, Redis and RabbitMQ, load the scripts and lease an order-number shard."""
-        engine = make_engine(settings.db)
+        engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
         redis = make_redis(settings)
         scripts = Scripts.register(redis)
         await scripts.load()

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
-from service.keys import order_key
+from service.adapters.redis.keys import order_key
 
 _COLUMNS = "id, order_no, request_id, user_id, product_id, quantity, amount, status, reason, created_at"
 

@@ -11,8 +11,8 @@ from typing import Any
 from litestar import Controller, Request, post
 from litestar.params import JSONBody
 
-from service.auth import User
-from service.controllers.orders import PurchaseRequest
+from service.api.auth import User
+from service.api.controllers.orders import PurchaseRequest
 
 
 class BenchController(Controller):

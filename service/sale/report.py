@@ -23,10 +23,10 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from consumers.realign import RealignReport
 from db.models import OrderStatus
-from service.order_no import is_valid_order_no
-from service.realign_cli import print_reports
+from service.cli.realign import print_reports
+from service.domain.order_no import is_valid_order_no
+from service.domain.realign import RealignReport
 
 ACCEPTED = "accepted"  # the code recorded for a 202
 
@@ -610,7 +610,7 @@ def _lifecycle_section(lifecycle: LifecycleRun, resale: LoadSummary, facts: Stor
         "paid_units": paid_units,
         "orders_left_unpaid": lifecycle.unpaid,
         "window_wait_seconds": _seconds(lifecycle.wait_seconds),
-        "sweep": "service.lifecycle.expire_unpaid, in-process, once",
+        "sweep": "service.domain.lifecycle.expire_unpaid, in-process, once",
         "swept_orders": lifecycle.swept,
         "cancelled_payment_timeout_orders": timed_out_orders,
         "cancelled_payment_timeout_units": timed_out_units,

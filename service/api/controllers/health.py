@@ -7,7 +7,7 @@ from litestar import Controller, Response, get
 from litestar.di import NamedDependency
 from sqlalchemy import text
 
-from service.resources import Resources
+from service.bootstrap import Resources
 
 
 class Readiness(msgspec.Struct):

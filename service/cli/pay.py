@@ -8,18 +8,18 @@ import httpx
 from sqlalchemy import text
 
 from db.engine import make_engine
-from service.lifecycle import expire_unpaid
+from service.adapters.redis.scripts import Scripts
+from service.bootstrap import make_redis
+from service.cli.realign import stopped
+from service.domain.lifecycle import expire_unpaid
+from service.domain.order_no import is_valid_order_no
+from service.domain.payments import Notification, signed
 from service.log_setup import configure_logging
-from service.order_no import is_valid_order_no
-from service.payments import Notification, signed
-from service.realign_cli import stopped
-from service.resources import make_redis
-from service.scripts import Scripts
 from service.settings import Settings
 
 
 async def _order_amount(settings: Settings, order_no: str) -> int:
-    engine = make_engine(settings.db)
+    engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
     try:
         async with engine.connect() as conn:
             amount = (await conn.execute(text("SELECT amount FROM orders WHERE order_no = :o"), {"o": order_no})).scalar()
@@ -71,7 +71,7 @@ async def send_notification(
 async def run_sweep(settings: Settings, product_id: int | None, watch: float | None) -> None:
     """``flashsale sweep``: cancel unpaid orders past the payment window; one pass or ``--watch``."""
     configure_logging(settings.log_level)
-    engine = make_engine(settings.db)
+    engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
     redis = make_redis(settings)
     scripts = Scripts.register(redis)
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from litestar import Controller, get
 from litestar.di import NamedDependency
 
-from service.catalog import ProductIdPath, ProductView, get_product
-from service.problems import Problem
-from service.resources import Resources
+from service.api.problems import Problem
+from service.bootstrap import Resources
+from service.domain.catalog import ProductIdPath, ProductView, get_product
 
 
 class ProductController(Controller):

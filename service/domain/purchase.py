@@ -12,10 +12,10 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from service.broker import OrderMessage, Publisher, PublishFailed
-from service.keys import ProductKeys, order_key
-from service.order_no import OrderNumberMinter, ShardLost
-from service.scripts import Scripts
+from service.adapters.broker import OrderMessage, Publisher, PublishFailed
+from service.adapters.redis.keys import ProductKeys, order_key
+from service.adapters.redis.scripts import Scripts
+from service.domain.order_no import OrderNumberMinter, ShardLost
 from service.settings import Settings
 
 log = structlog.get_logger(__name__)

@@ -9,13 +9,18 @@ from litestar import Controller, get, post, put
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
-from consumers.realign import RealignReport
-from service.auth import admin_only
-from service.catalog import InvalidProduct, ProductIdPath, ProductInput, set_product
-from service.lifecycle import OrderNotFound, TransitionLost, give_back_to_redis
-from service.payments import request_refund
-from service.problems import Problem, field_error, require_order_no
-from service.resources import Resources
+from service.api.auth import admin_only
+from service.api.problems import Problem, field_error, require_order_no
+from service.bootstrap import Resources
+from service.domain.catalog import (
+    InvalidProduct,
+    ProductIdPath,
+    ProductInput,
+    set_product,
+)
+from service.domain.lifecycle import OrderNotFound, TransitionLost, give_back_to_redis
+from service.domain.payments import request_refund
+from service.domain.realign import RealignReport
 
 
 class RefundRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -6,8 +6,10 @@ import msgspec
 from litestar import Controller, Request, post
 from litestar.di import NamedDependency
 
-from service.lifecycle import OrderNotFound
-from service.payments import (
+from service.api.problems import Problem, field_error, require_order_no
+from service.bootstrap import Resources
+from service.domain.lifecycle import OrderNotFound
+from service.domain.payments import (
     ChannelTxnReused,
     Notification,
     NotifyResult,
@@ -15,8 +17,6 @@ from service.payments import (
     handle_notification,
     verify,
 )
-from service.problems import Problem, field_error, require_order_no
-from service.resources import Resources
 
 _decoder = msgspec.json.Decoder(Notification)
 

@@ -7,17 +7,38 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.di import NamedDependency
-from litestar.params import FromPath, FromQuery, HeaderParameter, JSONBody, QueryParameter
+from litestar.params import (
+    FromPath,
+    FromQuery,
+    HeaderParameter,
+    JSONBody,
+    QueryParameter,
+)
 from msgspec import Meta
 
-from service.auth import User
-from service.catalog import PositiveId, product_exists
-from service.lifecycle import OrderNotFound, TransitionLost, cancel_order, give_back_to_redis
-from service.orders import BadCursor, OrderPage, OrderView, find_order, list_orders
-from service.problems import Problem, field_error, require_order_no
-from service.purchase import PurchaseRejected
-from service.request_id import is_valid_idempotency_key, mint_request_id, request_id_from_key
-from service.resources import Resources
+from service.api.auth import User
+from service.api.problems import Problem, field_error, require_order_no
+from service.bootstrap import Resources
+from service.domain.catalog import PositiveId, product_exists
+from service.domain.lifecycle import (
+    OrderNotFound,
+    TransitionLost,
+    cancel_order,
+    give_back_to_redis,
+)
+from service.domain.orders import (
+    BadCursor,
+    OrderPage,
+    OrderView,
+    find_order,
+    list_orders,
+)
+from service.domain.purchase import PurchaseRejected
+from service.domain.request_id import (
+    is_valid_idempotency_key,
+    mint_request_id,
+    request_id_from_key,
+)
 
 
 class PurchaseRequest(msgspec.Struct, forbid_unknown_fields=True):

@@ -14,14 +14,20 @@ from contextlib import AsyncExitStack
 import httpx
 import msgspec
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
-from service.sale_report import ACCEPTED, Job, Kind, Outcome, Shot
+from service.sale.report import ACCEPTED, Job, Kind, Outcome, Shot
 
 REQUEST_TIMEOUT = 30.0  # seconds per purchase request
 CLIENT_POOL = 4  # connections per load client: httpcore checks every pooled connection on each request
 
-# The load mix: job kind -> weight (see service.sale_report.Kind).
+# The load mix: job kind -> weight (see service.sale.report.Kind).
 MIX = {Kind.BUY: 70, Kind.RETRY: 12, Kind.DUPLICATE: 6, Kind.OVER_LIMIT: 12}
 TWO_UNITS_SHARE = 0.15  # share of buys for 2 units (when the limit allows it)
 NO_KEY_SHARE = 0.2  # share of plain buys sent without an Idempotency-Key

@@ -1,0 +1,1 @@
+"""Redis: key names, the Lua scripts and the typed stock store over them."""
