@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 
 import aio_pika
 import structlog
@@ -20,8 +19,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.adapters.broker import OrderMessage, declare_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.scripts import Scripts
+from service.bootstrap import Resources
 from service.domain.order_writer import InvalidOrder, Outcome, apply_order, parse_order
-from service.settings import Settings
+from service.runtime import stop_signal
 
 log = structlog.get_logger(__name__)
 
@@ -119,25 +119,25 @@ class OrderConsumer:
             await asyncio.gather(*list(self._in_hand), return_exceptions=True)
 
 
-async def run_consumer(settings: Settings, engine: AsyncEngine, redis: Redis, scripts: Scripts, prefetch: int) -> None:
-    """Consume until SIGTERM/SIGINT, then stop taking messages, finish those in hand, and return."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    consumer = OrderConsumer(engine, redis, scripts, settings.redis.key_prefix, settings.orders.replay_ttl_seconds)
-    connection = await aio_pika.connect_robust(settings.amqp.url)
-    try:
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=prefetch)
-        _, queue = await declare_topology(channel, settings.amqp)
-        tag = await queue.consume(consumer.handle)
-        log.info("consuming", queue=settings.amqp.queue, prefetch=prefetch)
-        await stop.wait()
-        log.info("stopping", in_hand=consumer.in_hand)
-        await queue.cancel(tag)
-        await consumer.drain()
-    finally:
-        await connection.close()
-        log.info("stopped", **consumer.counts)
+async def run_consumer(resources: Resources, prefetch: int) -> None:
+    """Consume until SIGTERM/SIGINT, then stop taking messages, finish those in hand, and return.
+    ``prefetch``: deliveries in hand at most."""
+    settings = resources.settings
+    consumer = OrderConsumer(
+        resources.engine, resources.redis, resources.scripts, settings.redis.key_prefix, settings.orders.replay_ttl_seconds
+    )
+    with stop_signal() as stop:
+        connection = await aio_pika.connect_robust(settings.amqp.url)
+        try:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=prefetch)
+            _, queue = await declare_topology(channel, settings.amqp)
+            tag = await queue.consume(consumer.handle)
+            log.info("consuming", queue=settings.amqp.queue, prefetch=prefetch)
+            await stop.wait()
+            log.info("stopping", in_hand=consumer.in_hand)
+            await queue.cancel(tag)
+            await consumer.drain()
+        finally:
+            await connection.close()
+            log.info("stopped", **consumer.counts)

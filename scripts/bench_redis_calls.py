@@ -21,7 +21,7 @@ from redis.asyncio.client import Pipeline
 
 from db.migrate import upgrade
 from service.bootstrap import Resources
-from service.domain.catalog import ProductInput, set_product
+from service.domain.catalog import ProductInput
 from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
 from service.log_setup import configure_logging
@@ -69,12 +69,12 @@ async def main(requests: int) -> None:
     warm_up = 50
     try:
         await upgrade(settings.db.url)
-        resources = await Resources.open(settings)
+        resources = await Resources.open(settings, purchase=True)
         Redis.execute_command = _counted_command  # type: ignore[method-assign]
         Pipeline.execute = _counted_pipeline  # type: ignore[method-assign]
         try:
             stock = warm_up + requests
-            await set_product(resources.engine, resources.realigner, 1, ProductInput(stock=stock, per_user_limit=1))
+            await resources.catalog.set(1, ProductInput(stock=stock, per_user_limit=1))
             await _run(resources, 1, range(warm_up))
             rows = [
                 ("accept path", *await _run(resources, 1, range(warm_up, stock))),

@@ -1,7 +1,12 @@
-"""Per-process resources, opened once at start-up and shared by every request (no per-request set-up)."""
+"""The composition root: every entry point (API lifespan, consumer, realignment, sweep, product
+set, the sale, scripts/) opens its connections and builds its use cases here, once per process
+(no per-request set-up), and closes them here.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -10,7 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.engine import make_engine
 from service.adapters.broker import Publisher
 from service.adapters.redis.scripts import Scripts
+from service.domain.catalog import CatalogService
 from service.domain.order_no import OrderNumberMinter, ShardLease
+from service.domain.orders import OrderService
+from service.domain.payments import PaymentService
 from service.domain.purchase import PurchaseService
 from service.domain.realign import Realigner
 from service.settings import Settings
@@ -30,45 +38,84 @@ def make_redis(settings: Settings) -> Redis:
 
 @dataclass
 class Resources:
-    """Everything a running API process holds."""
+    """Everything one process holds: connections and the use cases built on them.
+
+    ``publisher`` is None when opened with ``publish=False``; ``lease`` and ``purchases`` are None
+    unless opened with ``purchase=True`` (only the API mints order numbers).
+    """
 
     settings: Settings
     engine: AsyncEngine
     redis: Redis
     scripts: Scripts
-    lease: ShardLease
-    publisher: Publisher
-    purchases: PurchaseService
+    publisher: Publisher | None
+    lease: ShardLease | None
+    purchases: PurchaseService | None
     realigner: Realigner
+    orders: OrderService
+    catalog: CatalogService
+    payments: PaymentService
 
     @classmethod
-    async def open(cls, settings: Settings) -> Resources:
-        """Connect to MySQL, Redis and RabbitMQ, load the scripts and lease an order-number shard."""
+    async def open(cls, settings: Settings, *, publish: bool = True, purchase: bool = True) -> Resources:
+        """Connect to MySQL and Redis, load the scripts; with ``publish`` connect to RabbitMQ, with
+        ``purchase`` (needs ``publish``) lease an order-number shard for the purchase path.
+
+        Raises whatever the first unreachable store raises (nothing stays open then).
+        """
         engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
         redis = make_redis(settings)
-        scripts = Scripts.register(redis)
-        await scripts.load()
-        lease = ShardLease(redis, scripts, settings.redis.key_prefix, settings.orders.shard_lease_seconds)
-        await lease.start()
-        publisher = Publisher(settings.amqp)
-        await publisher.connect()
-        minter = OrderNumberMinter(redis, lease, settings.redis.key_prefix, settings.orders.order_no_prefix)
+        prefix = settings.redis.key_prefix
+        publisher = lease = purchases = None
+        try:
+            scripts = Scripts.register(redis)
+            await scripts.load()
+            if publish:
+                publisher = Publisher(settings.amqp)
+                await publisher.connect()
+            if purchase and publisher is not None:
+                lease = ShardLease(redis, scripts, prefix, settings.orders.shard_lease_seconds)
+                await lease.start()
+                minter = OrderNumberMinter(redis, lease, prefix, settings.orders.order_no_prefix)
+                purchases = PurchaseService(redis, scripts, minter, publisher, settings, engine=engine)
+        except BaseException:
+            await _close(engine, redis, publisher, lease)
+            raise
+        realigner = Realigner(engine, redis, scripts, prefix, settings.realign.grace_seconds, publisher)
+        payment = settings.payment
         return cls(
             settings=settings,
             engine=engine,
             redis=redis,
             scripts=scripts,
-            lease=lease,
             publisher=publisher,
-            purchases=PurchaseService(redis, scripts, minter, publisher, settings),
-            realigner=Realigner(
-                engine, redis, scripts, settings.redis.key_prefix, settings.realign.grace_seconds, publisher
-            ),
+            lease=lease,
+            purchases=purchases,
+            realigner=realigner,
+            orders=OrderService(engine, redis, scripts, prefix),
+            catalog=CatalogService(engine, redis, prefix, realigner),
+            payments=PaymentService(engine, redis, scripts, prefix, payment.channel_secrets, payment.currency),
         )
 
     async def close(self) -> None:
         """Release the shard lease and close every connection."""
-        await self.lease.stop()
-        await self.publisher.close()
-        await self.redis.aclose()
-        await self.engine.dispose()
+        await _close(self.engine, self.redis, self.publisher, self.lease)
+
+
+async def _close(engine: AsyncEngine, redis: Redis, publisher: Publisher | None, lease: ShardLease | None) -> None:
+    if lease is not None:
+        await lease.stop()
+    if publisher is not None:
+        await publisher.close()
+    await redis.aclose()
+    await engine.dispose()
+
+
+@asynccontextmanager
+async def opened(settings: Settings, *, publish: bool = True, purchase: bool = False) -> AsyncIterator[Resources]:
+    """``async with opened(settings) as resources``: :meth:`Resources.open`, closed on exit."""
+    resources = await Resources.open(settings, publish=publish, purchase=purchase)
+    try:
+        yield resources
+    finally:
+        await resources.close()

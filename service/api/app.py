@@ -18,8 +18,8 @@ from service.api.controllers.health import HealthController
 from service.api.controllers.orders import OrderController
 from service.api.controllers.payments import PaymentController
 from service.api.controllers.products import ProductController
-from service.api.problems import UNEXPECTED_ERROR_HANDLERS, problem_details_plugin
-from service.bootstrap import Resources
+from service.api.problems import ERROR_HANDLERS, problem_details_plugin
+from service.bootstrap import Resources, opened
 from service.log_setup import configure_logging
 from service.settings import Settings, get_settings
 
@@ -36,11 +36,9 @@ class FlashsalePlugin(InitPluginProtocol):
 
         @asynccontextmanager
         async def lifespan(_: Litestar) -> AsyncIterator[None]:
-            resources["current"] = await Resources.open(settings)
-            try:
+            async with opened(settings, purchase=True) as resources["current"]:
                 yield
-            finally:
-                await resources.pop("current").close()
+            resources.pop("current")
 
         def provide_resources() -> Resources:
             return resources["current"]
@@ -51,7 +49,7 @@ class FlashsalePlugin(InitPluginProtocol):
         app_config.route_handlers.append(Router("/api/v1", route_handlers=controllers))
         app_config.lifespan.append(lifespan)
         app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)
-        app_config.exception_handlers.update(UNEXPECTED_ERROR_HANDLERS)
+        app_config.exception_handlers.update(ERROR_HANDLERS)
         return make_jwt_auth(settings.auth.jwt_secret).on_app_init(app_config)
 
 

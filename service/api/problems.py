@@ -19,7 +19,7 @@ from litestar.plugins.problem_details import (
 )
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
-from service.domain.order_no import is_valid_order_no
+from service.domain.errors import DomainError, InvalidInput
 
 log = structlog.get_logger(__name__)
 
@@ -106,15 +106,36 @@ def _from_http_exception(exc: HTTPException) -> ProblemDetailsException:
     return Problem(status, _GENERIC_CODES.get(status, "error"), str(exc.detail), headers=exc.headers)
 
 
-def require_order_no(order_no: str) -> None:
-    """Order numbers coming back in are validated before any look-up (length, charset, ISO 7064
-    MOD 97-10 check digits).
+STATUS_BY_CODE = {
+    "invalid_request": 400,
+    "invalid_idempotency_key": 400,
+    "invalid_order_no": 400,
+    "invalid_signature": 401,
+    "product_not_found": 404,
+    "order_not_found": 404,
+    "sold_out": 409,
+    "limit_exceeded": 409,
+    "sale_not_active": 409,
+    "request_in_progress": 409,
+    "order_not_cancellable": 409,
+    "order_not_refundable": 409,
+    "channel_txn_reused": 409,
+    "idempotency_key_reused": 422,
+    "unavailable": 503,
+}
+"""The one place where a domain error's ``code`` becomes an HTTP status (../shared/DESIGN.md)."""
 
-    Raises:
-        Problem: 400 ``invalid_order_no`` naming the field.
-    """
-    if not is_valid_order_no(order_no):
-        raise field_error("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")
+
+def _domain_error(request: Request[Any, Any, Any], exc: DomainError) -> Response[Any]:
+    """A :class:`DomainError` as problem+json: status by ``code``, ``Retry-After`` when the
+    condition is transient, ``errors`` naming the field of an :class:`InvalidInput`. A code
+    without a status is a programming error: 500, logged."""
+    status = STATUS_BY_CODE.get(exc.code)
+    if status is None:
+        return _unexpected(request, exc)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    errors = [{"field": exc.field, "message": exc.message}] if isinstance(exc, InvalidInput) else None
+    return Problem(status, exc.code, exc.detail, headers=headers, errors=errors).to_response(request)
 
 
 def _too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:
@@ -134,4 +155,5 @@ def problem_details_plugin() -> ProblemDetailsPlugin:
     )
 
 
-UNEXPECTED_ERROR_HANDLERS = {RecursionError: _too_deep, Exception: _unexpected}
+ERROR_HANDLERS = {DomainError: _domain_error, RecursionError: _too_deep, Exception: _unexpected}
+"""Exception handlers of the app: domain errors, too-deep JSON, anything unexpected (500, logged)."""

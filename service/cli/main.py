@@ -54,23 +54,15 @@ def serve(host: str, port: int, workers: int) -> None:
 def consume(prefetch: int | None) -> None:
     """Write queued orders to MySQL (run as many as you like). Exits 0 on SIGTERM after finishing its messages."""
     from consumers.order_consumer import run_consumer
-    from db.engine import make_engine
-    from service.adapters.redis.scripts import Scripts
-    from service.bootstrap import make_redis
+    from service.bootstrap import opened
     from service.log_setup import configure_logging
 
     settings = get_settings()
     configure_logging(settings.log_level)
-    prefetch = prefetch or settings.amqp.prefetch
 
     async def go() -> None:
-        engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
-        redis = make_redis(settings)
-        try:
-            await run_consumer(settings, engine, redis, Scripts.register(redis), prefetch)
-        finally:
-            await redis.aclose()
-            await engine.dispose()
+        async with opened(settings, publish=False) as resources:
+            await run_consumer(resources, prefetch or settings.amqp.prefetch)
 
     _run(go())
 
@@ -82,7 +74,7 @@ def consume(prefetch: int | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON array per pass.")
 def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json: bool) -> None:
     """Make Redis stock = MySQL stock - reservations in flight (one pass, or --watch)."""
-    from service.cli.realign import run_realign
+    from consumers.realign import run_realign
 
     sys.exit(_run(run_realign(get_settings(), product_id, dry_run, watch, as_json)))
 
@@ -178,13 +170,21 @@ def product_set(
 ) -> None:
     """Create or update PRODUCT_ID: STOCK is the sale's units in all (sold ones included), and
     Redis is loaded safely (never over live stock)."""
-    from service.cli.realign import print_reports, set_product_cli
+    from service.bootstrap import opened
+    from service.cli.render import print_reports
     from service.domain.catalog import InvalidProduct, ProductInput
+    from service.domain.realign import RealignReport
+    from service.log_setup import configure_logging
+
+    async def load(data: ProductInput) -> RealignReport:
+        configure_logging("WARNING")
+        async with opened(get_settings()) as resources:
+            return await resources.catalog.set(product_id, data)
 
     fields = {"stock": stock, "price": price, "per_user_limit": per_user_limit, "name": name, "sale_starts_at": starts, "sale_ends_at": ends}
     try:
         data = msgspec.convert({k: v for k, v in fields.items() if v is not None}, ProductInput)
-        report = _run(set_product_cli(get_settings(), product_id, data))
+        report = _run(load(data))
     except (msgspec.ValidationError, InvalidProduct) as exc:
         raise click.BadParameter(str(exc)) from None
     print_reports([report], as_json)

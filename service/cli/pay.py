@@ -7,24 +7,18 @@ import secrets
 import httpx
 from sqlalchemy import text
 
-from db.engine import make_engine
-from service.adapters.redis.scripts import Scripts
-from service.bootstrap import make_redis
-from service.cli.realign import stopped
+from service.bootstrap import opened
 from service.domain.lifecycle import expire_unpaid
 from service.domain.order_no import is_valid_order_no
 from service.domain.payments import Notification, signed
 from service.log_setup import configure_logging
+from service.runtime import watch
 from service.settings import Settings
 
 
 async def _order_amount(settings: Settings, order_no: str) -> int:
-    engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
-    try:
-        async with engine.connect() as conn:
-            amount = (await conn.execute(text("SELECT amount FROM orders WHERE order_no = :o"), {"o": order_no})).scalar()
-    finally:
-        await engine.dispose()
+    async with opened(settings, publish=False) as resources, resources.engine.connect() as conn:
+        amount = (await conn.execute(text("SELECT amount FROM orders WHERE order_no = :o"), {"o": order_no})).scalar()
     if amount is None:
         raise SystemExit(f"error: no order {order_no} in MySQL (still queued?)")
     return int(amount)
@@ -68,20 +62,17 @@ async def send_notification(
     return f"{response.status_code} {response.text}"
 
 
-async def run_sweep(settings: Settings, product_id: int | None, watch: float | None) -> None:
-    """``flashsale sweep``: cancel unpaid orders past the payment window; one pass or ``--watch``."""
+async def run_sweep(settings: Settings, product_id: int | None, every: float | None) -> None:
+    """``flashsale sweep``: cancel unpaid orders past the payment window; one pass, or repeated
+    every ``every`` seconds until SIGTERM/SIGINT."""
     configure_logging(settings.log_level)
-    engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
-    redis = make_redis(settings)
-    scripts = Scripts.register(redis)
-    try:
-        while True:
+    window = settings.payment.window_seconds
+    async with opened(settings, publish=False) as resources:
+
+        async def one_pass() -> None:
             cancelled = await expire_unpaid(
-                engine, redis, scripts, settings.redis.key_prefix, settings.payment.window_seconds, product_id=product_id
+                resources.engine, resources.redis, resources.scripts, settings.redis.key_prefix, window, product_id=product_id
             )
-            print(f"cancelled {cancelled} unpaid order(s) past {settings.payment.window_seconds}s", flush=True)
-            if watch is None or await stopped(watch):
-                return
-    finally:
-        await redis.aclose()
-        await engine.dispose()
+            print(f"cancelled {cancelled} unpaid order(s) past {window}s", flush=True)
+
+        await watch(every, one_pass)

@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import msgspec
-from litestar.params import PathParameter
 from msgspec import Meta
 from redis.asyncio import Redis
 from sqlalchemy import text
@@ -14,18 +13,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import MAX_AMOUNT
 from service.adapters.redis.keys import ProductKeys
+from service.domain.errors import InvalidInput, ProductNotFound
 from service.domain.realign import Realigner, RealignReport
 
 PositiveId = Annotated[int, Meta(ge=1, le=2**63 - 1)]
-ProductIdPath = Annotated[int, PathParameter(ge=1, le=2**63 - 1)]
 
 
-class InvalidProduct(ValueError):
+class InvalidProduct(InvalidInput):
     """Product input that is well-formed but inconsistent; ``field`` names the culprit."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
@@ -153,3 +148,25 @@ async def product_exists(engine: AsyncEngine, product_id: int) -> bool:
     """True when MySQL has product ``product_id`` (used off the hot path only)."""
     async with engine.connect() as conn:
         return (await conn.execute(text("SELECT 1 FROM products WHERE id = :id"), {"id": product_id})).first() is not None
+
+
+class CatalogService:
+    """Product use cases: read the sale info (anyone), create or update a product (admin)."""
+
+    def __init__(self, engine: AsyncEngine, redis: Redis, key_prefix: str, realigner: Realigner) -> None:
+        self._engine = engine
+        self._redis = redis
+        self._prefix = key_prefix
+        self._realigner = realigner
+
+    async def get(self, product_id: int) -> ProductView:
+        """Sale info and remaining stock. Raises :class:`ProductNotFound`."""
+        view = await get_product(self._engine, self._redis, self._prefix, product_id)
+        if view is None:
+            raise ProductNotFound(product_id)
+        return view
+
+    async def set(self, product_id: int, data: ProductInput) -> RealignReport:
+        """Create or update a product and load Redis by a realignment pass (see :func:`set_product`).
+        Raises :class:`InvalidProduct`."""
+        return await set_product(self._engine, self._realigner, product_id, data)

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.models import OrderStatus as S
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.scripts import Scripts
+from service.domain.errors import OrderNotFound
 
 log = structlog.get_logger(__name__)
 
@@ -33,10 +34,6 @@ ALLOWED: dict[S, frozenset[S]] = {
 rejected are final."""
 
 RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
-
-
-class OrderNotFound(LookupError):
-    """No such order (or not the caller's)."""
 
 
 class IllegalTransition(ValueError):

@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 
 from service.adapters.redis.keys import sequence_key, shard_lease_key
 from service.adapters.redis.scripts import Scripts
+from service.domain.errors import InvalidInput
 
 log = structlog.get_logger(__name__)
 
@@ -196,3 +197,14 @@ class OrderNumberMinter:
     def give_back(self, order_no: str) -> None:
         """Keep an order number that was never handed out for the next purchase of this process."""
         self._spares.append((time.monotonic(), order_no))
+
+
+def require_valid_order_no(order_no: str) -> None:
+    """Order numbers coming back in are validated before any look-up (length, charset, ISO 7064
+    MOD 97-10 check digits).
+
+    Raises:
+        InvalidInput: ``invalid_order_no`` naming the field ``order_no``.
+    """
+    if not is_valid_order_no(order_no):
+        raise InvalidInput("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")

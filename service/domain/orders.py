@@ -13,6 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
 from service.adapters.redis.keys import order_key
+from service.adapters.redis.scripts import Scripts
+from service.domain.errors import Conflict, InvalidInput, OrderNotFound
+from service.domain.lifecycle import TransitionLost, cancel_order, give_back_to_redis
+from service.domain.order_no import require_valid_order_no
 
 _COLUMNS = "id, order_no, request_id, user_id, product_id, quantity, amount, status, reason, created_at"
 
@@ -50,8 +54,11 @@ class OrderPage(msgspec.Struct):
     next_cursor: str | None
 
 
-class BadCursor(ValueError):
-    """A ``cursor`` that this service did not hand out."""
+class BadCursor(InvalidInput):
+    """A ``cursor`` that this service did not hand out (``invalid_request`` on ``cursor``)."""
+
+    def __init__(self, cursor: str) -> None:
+        super().__init__("cursor", "not a cursor this service handed out")
 
 
 def _utc(value: datetime) -> datetime:
@@ -142,3 +149,53 @@ async def list_orders(engine: AsyncEngine, user_id: str, limit: int, cursor: str
     page = rows[:limit]
     next_cursor = _encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
     return OrderPage(orders=[_view(row) for row in page], next_cursor=next_cursor)
+
+
+class OrderService:
+    """The buyer's use cases on their orders: read one, list, cancel. One instance per process."""
+
+    def __init__(self, engine: AsyncEngine, redis: Redis, scripts: Scripts, key_prefix: str) -> None:
+        self._engine = engine
+        self._redis = redis
+        self._scripts = scripts
+        self._prefix = key_prefix
+
+    async def get(self, user_id: str, order_no: str) -> OrderView:
+        """``user_id``'s order ``order_no`` with its status history.
+
+        Raises:
+            InvalidInput: ``invalid_order_no``.
+            OrderNotFound: unknown, or someone else's.
+        """
+        require_valid_order_no(order_no)
+        view = await find_order(self._engine, self._redis, self._prefix, user_id, order_no)
+        if view is None:
+            raise OrderNotFound(order_no)
+        return view
+
+    async def page(self, user_id: str, limit: int, cursor: str | None) -> OrderPage:
+        """One keyset page (``limit`` orders) of ``user_id``'s orders; raises :class:`BadCursor`."""
+        return await list_orders(self._engine, user_id, limit, cursor)
+
+    async def cancel(self, user_id: str, order_no: str) -> OrderView:
+        """Cancel ``user_id``'s unpaid order; its units and the buyer's quota go back on sale.
+
+        Raises:
+            InvalidInput: ``invalid_order_no``.
+            OrderNotFound: unknown, or someone else's.
+            Conflict: ``order_not_cancellable`` (paid, cancelled, ...; or still queued, with
+                ``retry_after`` 1 s).
+        """
+        require_valid_order_no(order_no)
+        try:
+            returned = await cancel_order(self._engine, order_no, "buyer_cancelled", owner=user_id)
+        except OrderNotFound:
+            if await find_order(self._engine, self._redis, self._prefix, user_id, order_no) is not None:
+                raise Conflict(
+                    "The order is still queued; retry in a moment.", code="order_not_cancellable", retry_after=1
+                ) from None
+            raise
+        except TransitionLost as lost:
+            raise Conflict(f"The order is {lost.current.label}.", code="order_not_cancellable") from None
+        await give_back_to_redis(self._redis, self._scripts, self._prefix, returned)
+        return await self.get(user_id, order_no)

@@ -24,19 +24,24 @@ from typing import Annotated, Literal
 import msgspec
 import structlog
 from msgspec import Meta
+from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import as_duplicate_key
 from db.models import OrderStatus as S
+from service.adapters.redis.scripts import Scripts
+from service.domain.errors import Conflict, DomainError, InvalidInput, OrderNotFound
 from service.domain.lifecycle import (
-    OrderNotFound,
     ReturnedUnits,
+    TransitionLost,
+    give_back_to_redis,
     load_order,
     return_stock,
     transition,
 )
+from service.domain.order_no import require_valid_order_no
 
 log = structlog.get_logger(__name__)
 
@@ -52,12 +57,23 @@ class Notification(msgspec.Struct, forbid_unknown_fields=True):
     event: Literal["paid", "refunded"]
 
 
-class ChannelTxnReused(Exception):
-    """The channel's transaction id was already recorded for another order."""
+class ChannelTxnReused(Conflict):
+    """The channel's transaction id was already recorded for another order (``channel_txn_reused``)."""
+
+    code = "channel_txn_reused"
+
+    def __init__(self, channel_txn_id: str) -> None:
+        super().__init__(f"Channel transaction {channel_txn_id} belongs to another order.")
 
 
-class SignatureInvalid(Exception):
-    """Missing or wrong ``X-Signature``, or a channel without a configured secret."""
+class SignatureInvalid(DomainError):
+    """Missing or wrong ``X-Signature``, or a channel without a configured secret (``invalid_signature``)."""
+
+    code = "invalid_signature"
+
+    def __init__(self, channel: str) -> None:
+        super().__init__("Missing or wrong X-Signature for this channel.")
+        self.channel = channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,3 +239,58 @@ async def request_refund(engine: AsyncEngine, order_no: str, restock: bool) -> R
             raise OrderNotFound(order_no)
         await transition(conn, order_no, S.PAID, S.REFUNDING, "refund_restock" if restock else "refund")
         return await return_stock(conn, order, release_quota=False) if restock else None
+
+
+_notification = msgspec.json.Decoder(Notification)
+
+
+class PaymentService:
+    """Payment use cases: a channel's signed notification, an operator's refund. One per process.
+
+    ``secrets``: channel -> HMAC-SHA256 secret; ``currency``: the shop's ISO 4217 code.
+    """
+
+    def __init__(
+        self, engine: AsyncEngine, redis: Redis, scripts: Scripts, key_prefix: str, secrets: dict[str, str], currency: str
+    ) -> None:
+        self._engine = engine
+        self._redis = redis
+        self._scripts = scripts
+        self._prefix = key_prefix
+        self._secrets = secrets
+        self._currency = currency
+
+    async def notify(self, raw: bytes, signature: str | None) -> NotifyResult:
+        """Decode, verify (``signature`` = hex HMAC-SHA256 of ``raw``) and apply a notification.
+
+        Raises:
+            InvalidInput: not a notification (``body``) or ``invalid_order_no``.
+            SignatureInvalid: unknown channel, missing or wrong signature.
+            OrderNotFound, ChannelTxnReused: see :func:`handle_notification`.
+        """
+        try:
+            note = _notification.decode(raw)
+        except msgspec.ValidationError as exc:
+            raise InvalidInput("body", str(exc)) from None
+        except msgspec.DecodeError:
+            raise InvalidInput("body", "not a JSON notification") from None
+        verify(self._secrets, note.channel, raw, signature)
+        require_valid_order_no(note.order_no)
+        return await handle_notification(self._engine, note, raw, self._currency)
+
+    async def refund(self, order_no: str, restock: bool) -> None:
+        """Start the refund of a paid order (``paid -> refunding``); with ``restock`` its units go
+        back on sale in MySQL and then in Redis (the buyer keeps the per-user quota).
+
+        Raises:
+            InvalidInput: ``invalid_order_no``.
+            OrderNotFound: unknown order.
+            Conflict: ``order_not_refundable`` (not paid, a repeated refund included).
+        """
+        require_valid_order_no(order_no)
+        try:
+            returned = await request_refund(self._engine, order_no, restock)
+        except TransitionLost as lost:
+            raise Conflict(f"The order is {lost.current.label}.", code="order_not_refundable") from None
+        if returned is not None:
+            await give_back_to_redis(self._redis, self._scripts, self._prefix, returned)

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.keys import ProductKeys, order_key
 from service.adapters.redis.scripts import Scripts
+from service.domain.catalog import product_exists
+from service.domain.errors import DomainError, InvalidInput, ProductNotFound
 from service.domain.order_no import OrderNumberMinter, ShardLost
 from service.settings import Settings
 
@@ -31,15 +34,14 @@ class Accepted:
     quantity: int
 
 
-class PurchaseRejected(Exception):
-    """The purchase was not taken. ``code`` is the stable error code of the HTTP contract:
-    ``sold_out``, ``limit_exceeded``, ``sale_not_active``, ``request_in_progress``,
-    ``idempotency_key_reused``, ``quantity_over_limit``, ``not_loaded`` or ``unavailable``."""
+class PurchaseRejected(DomainError):
+    """The purchase was not taken; nothing stays reserved. ``code`` is the stable error code of
+    the HTTP contract: ``sold_out``, ``limit_exceeded``, ``sale_not_active``,
+    ``request_in_progress``, ``idempotency_key_reused`` or ``unavailable`` (Redis/RabbitMQ
+    failure, or the stock is not loaded yet; ``retry_after`` seconds)."""
 
     def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
+        super().__init__(detail, code=code, retry_after=1 if code == "unavailable" else None)
 
 
 _REJECTIONS = {
@@ -48,18 +50,24 @@ _REJECTIONS = {
     "sale_not_active": "The sale for this product is not open.",
     "in_flight": "A request with this Idempotency-Key is still being processed.",
     "key_reused": "This Idempotency-Key was used with a different request body.",
-    "over_limit": "quantity is above the product's per-user limit.",
-    "not_loaded": "This product is not on sale.",
+    "not_loaded": "Stock is not loaded yet, retry shortly.",
 }
-_CODES = {"in_flight": "request_in_progress", "key_reused": "idempotency_key_reused", "over_limit": "quantity_over_limit"}
+_CODES = {"in_flight": "request_in_progress", "key_reused": "idempotency_key_reused"}
 
 
 class PurchaseService:
     """Runs purchases for one process; holds its Redis client, scripts, minter and publisher."""
 
     def __init__(
-        self, redis: Redis, scripts: Scripts, minter: OrderNumberMinter, publisher: Publisher, settings: Settings
+        self,
+        redis: Redis,
+        scripts: Scripts,
+        minter: OrderNumberMinter,
+        publisher: Publisher,
+        settings: Settings,
+        engine: AsyncEngine | None = None,
     ) -> None:
+        self._engine = engine
         self._redis = redis
         self._scripts = scripts
         self._minter = minter
@@ -75,6 +83,8 @@ class PurchaseService:
         Raises:
             PurchaseRejected: a business rejection (nothing was written) or ``unavailable``
                 (Redis/RabbitMQ failure; any reservation made was given back).
+            InvalidInput: ``quantity`` above the product's per-user limit.
+            ProductNotFound: Redis does not know the product and MySQL has no such product.
         """
         keys = ProductKeys(self._prefix, product_id)
         try:
@@ -97,6 +107,13 @@ class PurchaseService:
         accepted = Accepted(order_no, request_id, product_id, quantity)
         if outcome == "replay":
             return accepted
+        if outcome == "over_limit":
+            raise InvalidInput("quantity", "quantity is above the product's per-user limit.")
+        if outcome == "not_loaded":
+            # Off the hot path: only a product Redis does not know costs a MySQL look-up.
+            if self._engine is not None and not await product_exists(self._engine, product_id):
+                raise ProductNotFound(product_id)
+            raise PurchaseRejected("unavailable", _REJECTIONS[outcome])
         if outcome != "reserved":
             raise PurchaseRejected(_CODES.get(outcome, outcome), _REJECTIONS[outcome])
 

@@ -39,6 +39,7 @@ from db.models import OrderStatus
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.scripts import Scripts
+from service.domain.errors import ProductNotFound
 
 log = structlog.get_logger(__name__)
 
@@ -140,11 +141,17 @@ class Realigner:
         """One pass over every product."""
         return [await self.realign(product_id, dry_run) for product_id in await self.product_ids()]
 
+    async def realign_pass(self, product_id: int | None, dry_run: bool = False) -> list[RealignReport]:
+        """One pass over ``product_id`` (raises :class:`ProductNotFound`), or every product when None."""
+        if product_id is None:
+            return await self.realign_all(dry_run)
+        return [await self.realign(product_id, dry_run)]
+
     async def realign(self, product_id: int, dry_run: bool = False) -> RealignReport:
         """One exact pass for one product (see the module docstring).
 
         Raises:
-            LookupError: the product has no inventory row in MySQL.
+            ProductNotFound: the product has no inventory row in MySQL.
         """
         keys = ProductKeys(self._prefix, product_id)
         async with self.engine.connect() as conn:
@@ -153,7 +160,7 @@ class Realigner:
             row = (await conn.execute(_PRODUCT, {"p": product_id})).first()
             if row is None:
                 await conn.rollback()
-                raise LookupError(f"product {product_id} has no inventory row")
+                raise ProductNotFound(product_id)
             mysql_stock, mysql_sold, version = row.stock, row.sold, row.version
             journal = parse_journal(await self._redis.hgetall(keys.journal))
             by_order_no = {entry.order_no: entry.request_id for entry in journal}

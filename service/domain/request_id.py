@@ -15,6 +15,8 @@ import re
 import secrets
 import time
 
+from service.domain.errors import InvalidInput
+
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,64}")
 USER_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
 """User ids (JWT ``sub``): 1-64 of ``A-Za-z0-9_.:@-``; never ``|``, the journal's field separator."""
@@ -41,3 +43,17 @@ def request_id_from_key(user_id: str, product_id: int, idempotency_key: str) -> 
     """The request id of ``idempotency_key`` sent by ``user_id`` for ``product_id`` (32 lowercase hex)."""
     digest = hashlib.sha256(f"{user_id}\n{product_id}\n{idempotency_key}".encode())
     return digest.hexdigest()[:32]
+
+
+def request_id_for(user_id: str, product_id: int, idempotency_key: str | None) -> str:
+    """The purchase's request id: derived from ``idempotency_key`` when the client sent one
+    (IETF Idempotency-Key draft, scoped to user and product), else a new minted one.
+
+    Raises:
+        InvalidInput: ``invalid_idempotency_key`` (not 1-64 visible ASCII characters).
+    """
+    if idempotency_key is None:
+        return mint_request_id()
+    if not is_valid_idempotency_key(idempotency_key):
+        raise InvalidInput("Idempotency-Key", "must be 1-64 visible ASCII characters", "invalid_idempotency_key")
+    return request_id_from_key(user_id, product_id, idempotency_key)

@@ -81,8 +81,7 @@ from service.adapters.broker import declare_topology, queue_depth
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.scripts import Scripts
 from service.api.auth import issue_token
-from service.bootstrap import make_redis
-from service.cli.realign import open_realigner
+from service.bootstrap import make_redis, opened
 from service.domain.lifecycle import expire_unpaid
 from service.domain.payments import Notification, signed
 from service.domain.realign import RealignReport
@@ -665,8 +664,8 @@ async def _measure(sale: Sale, processes: Processes, console: Console, load: Loa
         lifecycle = None
         if load.pay_share and drain_seconds is not None:
             lifecycle = await _lifecycle(stores, sale, processes, console, load, orders)
-        async with open_realigner(sale.settings) as realigner:
-            realignment = await realigner.realign(sale.product_id)
+        async with opened(sale.settings) as resources:
+            realignment = await resources.realigner.realign(sale.product_id)
         facts = await stores.facts(sale.product_id, dead_letters_before)
     return Measured(purchase, noop, noop_skip, lifecycle, token_seconds, drain_seconds, realignment, facts)
 

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from db.models import OrderStatus
-from service.cli.realign import print_reports
+from service.cli.render import print_reports
 from service.domain.order_no import is_valid_order_no
 from service.domain.realign import RealignReport
 

@@ -10,16 +10,9 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from service.api.auth import admin_only
-from service.api.problems import Problem, field_error, require_order_no
+from service.api.params import ProductIdPath
 from service.bootstrap import Resources
-from service.domain.catalog import (
-    InvalidProduct,
-    ProductIdPath,
-    ProductInput,
-    set_product,
-)
-from service.domain.lifecycle import OrderNotFound, TransitionLost, give_back_to_redis
-from service.domain.payments import request_refund
+from service.domain.catalog import ProductInput
 from service.domain.realign import RealignReport
 
 
@@ -45,34 +38,20 @@ class AdminController(Controller):
         self, product_id: ProductIdPath, data: JSONBody[ProductInput], resources: NamedDependency[Resources]
     ) -> RealignReport:
         """Create/update a product and load Redis by a realignment pass; returns that pass's report."""
-        try:
-            return await set_product(resources.engine, resources.realigner, product_id, data)
-        except InvalidProduct as exc:
-            raise field_error(exc.field, str(exc)) from None
+        return await resources.catalog.set(product_id, data)
 
     @get("/products/{product_id:int}/stock", summary="MySQL and Redis stock, in flight, drift")
     async def stock(self, product_id: ProductIdPath, resources: NamedDependency[Resources]) -> RealignReport:
         """MySQL and Redis stock, in flight and drift: a dry-run realignment of the product."""
-        try:
-            return await resources.realigner.realign(product_id, dry_run=True)
-        except LookupError:
-            raise Problem(404, "product_not_found", f"Product {product_id} does not exist.") from None
+        return await resources.realigner.realign(product_id, dry_run=True)
 
     @post("/orders/{order_no:str}/refund", status_code=200, summary="Start the refund of a paid order")
     async def refund(
         self, order_no: FromPath[str], resources: NamedDependency[Resources], data: JSONBody[RefundRequest | None] = None
     ) -> OrderStatusAnswer:
         """``paid -> refunding``; ``{"restock": true}`` also puts the units back on sale."""
-        require_order_no(order_no)
         restock = bool(data and data.restock)
-        try:
-            returned = await request_refund(resources.engine, order_no, restock)
-        except OrderNotFound:
-            raise Problem(404, "order_not_found", f"No order {order_no}.") from None
-        except TransitionLost as lost:
-            raise Problem(409, "order_not_refundable", f"The order is {lost.current.label}.") from None
-        if returned is not None:
-            await give_back_to_redis(resources.redis, resources.scripts, resources.settings.redis.key_prefix, returned)
+        await resources.payments.refund(order_no, restock)
         return OrderStatusAnswer(order_no, "refunding", restocked=restock)
 
     @post("/realign", status_code=200, summary="One realignment pass")
@@ -83,9 +62,4 @@ class AdminController(Controller):
         dry_run: FromQuery[bool] = False,
     ) -> list[RealignReport]:
         """One realignment pass over every product (or ``product_id``); ``dry_run`` writes nothing."""
-        if product_id is None:
-            return await resources.realigner.realign_all(dry_run=dry_run)
-        try:
-            return [await resources.realigner.realign(product_id, dry_run=dry_run)]
-        except LookupError:
-            raise Problem(404, "product_not_found", f"Product {product_id} does not exist.") from None
+        return await resources.realigner.realign_pass(product_id, dry_run)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from litestar import Controller, get
 from litestar.di import NamedDependency
 
-from service.api.problems import Problem
+from service.api.params import ProductIdPath
 from service.bootstrap import Resources
-from service.domain.catalog import ProductIdPath, ProductView, get_product
+from service.domain.catalog import ProductView
 
 
 class ProductController(Controller):
@@ -17,7 +17,4 @@ class ProductController(Controller):
     @get("/{product_id:int}", summary="Sale info and remaining stock")
     async def show(self, product_id: ProductIdPath, resources: NamedDependency[Resources]) -> ProductView:
         """Sale info and remaining stock; 404 product_not_found."""
-        view = await get_product(resources.engine, resources.redis, resources.settings.redis.key_prefix, product_id)
-        if view is None:
-            raise Problem(404, "product_not_found", f"Product {product_id} does not exist.")
-        return view
+        return await resources.catalog.get(product_id)

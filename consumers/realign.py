@@ -1,0 +1,33 @@
+"""``flashsale realign``: the stock realignment job (one pass, or ``--watch`` until SIGTERM).
+
+The pass itself is :class:`service.domain.realign.Realigner`; this module only opens the
+connections, repeats and prints.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from service.bootstrap import opened
+from service.cli.render import print_reports
+from service.domain.errors import ProductNotFound
+from service.log_setup import configure_logging
+from service.runtime import watch
+from service.settings import Settings
+
+
+async def run_realign(settings: Settings, product_id: int | None, dry_run: bool, every: float | None, as_json: bool) -> int:
+    """Realign ``product_id`` (or every product); repeat every ``every`` seconds when given.
+    ``dry_run`` reports without writing. Returns the exit status: 0, or 1 for an unknown product."""
+    configure_logging("WARNING")
+    async with opened(settings, publish=not dry_run) as resources:
+
+        async def one_pass() -> None:
+            print_reports(await resources.realigner.realign_pass(product_id, dry_run), as_json)
+
+        try:
+            await watch(every, one_pass)
+        except ProductNotFound as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    return 0

@@ -1,0 +1,40 @@
+"""Process life for the long-running commands: stop on SIGTERM/SIGINT, repeat a pass with ``--watch``."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def stop_signal() -> Iterator[asyncio.Event]:
+    """An event that SIGTERM or SIGINT sets while inside the block (handlers removed on exit).
+    Call from inside the running event loop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield stop
+    finally:
+        for sig in _STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+async def watch(seconds: float | None, one_pass: Callable[[], Awaitable[object]]) -> None:
+    """Run ``one_pass`` once; with ``seconds`` repeat it every ``seconds`` until SIGTERM/SIGINT
+    (a signal during the wait ends the loop at once; a pass in progress is finished first)."""
+    with stop_signal() as stop:
+        while True:
+            await one_pass()
+            if seconds is None or stop.is_set():
+                return
+            try:
+                await asyncio.wait_for(stop.wait(), seconds)
+            except TimeoutError:
+                continue
+            return
