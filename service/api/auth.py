@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from litestar.handlers.base import BaseRouteHandler
-from litestar.security.jwt import JWTAuth, Token
+from litestar.middleware.authentication import AuthenticationResult
+from litestar.security.jwt import JWTAuth, JWTAuthenticationMiddleware, Token
 
 from service.domain.request_id import USER_ID
 
@@ -27,6 +29,38 @@ class User:
 
     id: str
     is_admin: bool
+
+
+class CachingJWTMiddleware(JWTAuthenticationMiddleware):
+    """Litestar's JWT middleware with a per-process cache of verified tokens.
+
+    A buyer in a stampede sends the same token many times; verifying its HS256 signature and
+    decoding its claims every time was the largest cost on the reject path. The cache maps the
+    exact encoded token (signature included, so a forged token never matches) to the user it
+    proved, until the token's ``exp``: an expired token is verified again (and so refused).
+    Only tokens that verified are cached; at most ``MAX_ENTRIES`` (cleared whole when full, so
+    memory stays bounded under a flood of distinct tokens).
+    """
+
+    MAX_ENTRIES = 100_000
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._verified: dict[str, tuple[float, AuthenticationResult]] = {}
+
+    async def authenticate_token(
+        self, encoded_token: str, connection: ASGIConnection[Any, Any, Any, Any]
+    ) -> AuthenticationResult:
+        cached = self._verified.get(encoded_token)
+        if cached is not None:
+            if time.time() < cached[0]:
+                return cached[1]
+            del self._verified[encoded_token]
+        result = await super().authenticate_token(encoded_token, connection)
+        if len(self._verified) >= self.MAX_ENTRIES:
+            self._verified.clear()
+        self._verified[encoded_token] = (result.auth.exp.timestamp(), result)
+        return result
 
 
 async def _retrieve_user(token: FlashsaleToken, _: ASGIConnection[Any, Any, Any, Any]) -> User:
@@ -53,6 +87,7 @@ def make_jwt_auth(secret: str) -> JWTAuth[User, FlashsaleToken]:
         token_cls=FlashsaleToken,
         retrieve_user_handler=_retrieve_user,
         require_claims=["exp", "sub"],
+        authentication_middleware_class=CachingJWTMiddleware,
         exclude=["/schema", "/api/v1/health", "^/api/v1/products/", "^/api/v1/payments/notify$"],
     )
 
