@@ -25,7 +25,8 @@ from service.domain.catalog import ProductInput
 from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
 from service.log_setup import configure_logging
-from service.sale.isolation import isolated_settings, new_run_id, tear_down
+from service.sale.isolation import isolated_settings, new_run_id
+from service.sale.stores import tear_down
 from service.settings import Settings
 
 _counting: ContextVar[Counter[str] | None] = ContextVar("counting", default=None)

@@ -27,7 +27,8 @@ from service.adapters.redis.scripts import Scripts
 from service.api.app import create_app
 from service.api.auth import issue_token
 from service.bootstrap import make_redis
-from service.sale.isolation import isolated_settings, new_run_id, tear_down
+from service.sale.isolation import isolated_settings, new_run_id
+from service.sale.stores import tear_down
 from service.settings import Settings
 
 _product_ids = itertools.count(1000)

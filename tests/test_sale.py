@@ -9,17 +9,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from service.domain.order_no import compose_order_no
-from service.sale.report import (
-    ACCEPTED,
-    Job,
-    Kind,
-    OrderRow,
-    Outcome,
-    Shot,
-    StoreFacts,
-    check_invariants,
-    summarize,
-)
+from service.sale.facts import SaleOrderRow as OrderRow
+from service.sale.facts import StoreFacts
+from service.sale.invariants import check_invariants
+from service.sale.plan import ACCEPTED, Job, Kind, Shot
+from service.sale.plan import Answer as Outcome
+from service.sale.report import summarize
 
 
 def test_a_small_sale_with_payments_holds_every_invariant():

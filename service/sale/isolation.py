@@ -1,17 +1,19 @@
-"""Run-scoped settings: one database, key prefix and set of queue names per run (tests, ``flashsale sale``)."""
+"""Run-scoped settings: one database, key prefix and set of queue names per run (tests,
+``flashsale sale``), the environment that hands them to child processes, and the run itself
+(:class:`Sale`)."""
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
 import secrets
 import socket
+from dataclasses import dataclass
 
-import aio_pika
-from redis.asyncio import Redis
-from sqlalchemy import text
+from pydantic import BaseModel
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from service.settings import Settings
 
@@ -53,58 +55,75 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _env_value(value: object) -> str:
+    """One setting as pydantic-settings reads it back: JSON for dicts and lists, ``true``/``false``
+    for booleans, ``str`` otherwise."""
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _variables(model: BaseModel, prefix: str, delimiter: str) -> dict[str, str]:
+    """``<PREFIX><FIELD>`` per field of ``model``; a nested group recurses with ``<FIELD><delimiter>``."""
+    variables: dict[str, str] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        key = f"{prefix}{name.upper()}"
+        if isinstance(value, BaseModel):
+            variables |= _variables(value, f"{key}{delimiter}", delimiter)
+        else:
+            variables[key] = _env_value(value)
+    return variables
+
+
 def environment(settings: Settings) -> dict[str, str]:
-    """The ``FLASHSALE_*`` variables that make a subprocess use ``settings``' isolation."""
-    return {
-        "FLASHSALE_DB__URL": settings.db.url,
-        "FLASHSALE_REDIS__URL": settings.redis.url,
-        "FLASHSALE_REDIS__KEY_PREFIX": settings.redis.key_prefix,
-        "FLASHSALE_AMQP__URL": settings.amqp.url,
-        "FLASHSALE_AMQP__EXCHANGE": settings.amqp.exchange,
-        "FLASHSALE_AMQP__QUEUE": settings.amqp.queue,
-        "FLASHSALE_AMQP__DEAD_LETTER_EXCHANGE": settings.amqp.dead_letter_exchange,
-        "FLASHSALE_AMQP__DEAD_LETTER_QUEUE": settings.amqp.dead_letter_queue,
-        "FLASHSALE_AMQP__DELIVERY_LIMIT": str(settings.amqp.delivery_limit),
-        "FLASHSALE_AUTH__JWT_SECRET": settings.auth.jwt_secret,
-        "FLASHSALE_REALIGN__GRACE_SECONDS": str(settings.realign.grace_seconds),
-        "FLASHSALE_PAYMENT__WINDOW_SECONDS": str(settings.payment.window_seconds),
-        "FLASHSALE_PAYMENT__CHANNEL_SECRETS": json.dumps(settings.payment.channel_secrets),
-        "FLASHSALE_PAYMENT__CURRENCY": settings.payment.currency,
-        "FLASHSALE_BENCH_ROUTES": "true" if settings.bench_routes else "false",
-    }
+    """The ``FLASHSALE_*`` variables that make a subprocess read exactly ``settings``: every field
+    of the model, nested groups joined with ``__`` (``FLASHSALE_DB__URL``), dicts and lists as JSON."""
+    config = Settings.model_config
+    return _variables(settings, config.get("env_prefix", ""), config.get("env_nested_delimiter") or "__")
 
 
-async def tear_down(settings: Settings) -> None:
-    """Drop the run's database, unlink its Redis keys, delete its queues and exchanges."""
-    parsed = make_url(settings.db.url)
-    engine = create_async_engine(parsed._replace(database=None))
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(text(f"DROP DATABASE IF EXISTS `{parsed.database}`"))
-    finally:
-        await engine.dispose()
+@dataclass(frozen=True, slots=True)
+class Sale:
+    """One run of ``flashsale sale``: its id, the settings of every process in it, the API's base
+    URL, the product on sale and its terms (``stock`` and ``per_user_limit`` in units);
+    ``isolated`` False with ``--url``."""
 
-    redis = Redis.from_url(settings.redis.url)
-    try:
-        batch = []
-        # The prefix and anything derived from it (tests use "<prefix>-<part>" prefixes too).
-        async for key in redis.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000):
-            batch.append(key)
-            if len(batch) >= 1000:
-                await redis.unlink(*batch)
-                batch.clear()
-        if batch:
-            await redis.unlink(*batch)
-    finally:
-        await redis.aclose()
+    run_id: str
+    settings: Settings
+    isolated: bool
+    url: str
+    product_id: int
+    stock: int
+    per_user_limit: int
 
-    amqp = settings.amqp
-    connection = await aio_pika.connect(amqp.url)
-    try:
-        channel = await connection.channel()
-        for queue in (amqp.queue, amqp.dead_letter_queue):
-            await channel.queue_delete(queue)
-        for exchange in (amqp.exchange, amqp.dead_letter_exchange):
-            await channel.exchange_delete(exchange)
-    finally:
-        await connection.close()
+
+def sale_settings(settings: Settings, run_id: str, window_seconds: int | None) -> Settings:
+    """``settings`` isolated for the run (:func:`isolated_settings`) with a random JWT secret of
+    its own and, when given, a payment window of ``window_seconds``."""
+    isolated = isolated_settings(settings, run_id)
+    payment = isolated.payment
+    if window_seconds is not None:
+        payment = payment.model_copy(update={"window_seconds": window_seconds})
+    auth = isolated.auth.model_copy(update={"jwt_secret": secrets.token_hex(32)})
+    return isolated.model_copy(update={"auth": auth, "payment": payment})
+
+
+def new_sale(settings: Settings, url: str | None, stock: int, per_user_limit: int, window_seconds: int | None) -> Sale:
+    """A new run with a random product id in [10^9, 2*10^9): isolated settings (payment window
+    ``window_seconds`` seconds when given) and a local API URL on a free port, or ``settings`` as
+    given with ``url``."""
+    run_id = new_run_id("sale")
+    product_id = random.randrange(10**9, 2 * 10**9)
+    if url is not None:
+        return Sale(run_id, settings, False, url.rstrip("/"), product_id, stock, per_user_limit)
+    isolated = sale_settings(settings, run_id, window_seconds)
+    return Sale(run_id, isolated, True, f"http://127.0.0.1:{free_port()}", product_id, stock, per_user_limit)
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """This process's environment plus the ``FLASHSALE_*`` variables of ``settings``
+    (:func:`environment`); the API also mounts the no-op benchmark route."""
+    return {**os.environ, **environment(settings.model_copy(update={"bench_routes": True}))}

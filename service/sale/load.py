@@ -1,12 +1,11 @@
-"""The load generator of ``flashsale sale``: a plan of purchase-shaped jobs (buys, retries with
-the same Idempotency-Key, concurrent duplicates, over-limit attempts), the requests built before
-the clock starts, and the workers that send them at a fixed concurrency, one outcome each.
+"""The HTTP load generator of ``flashsale sale``: the requests of a plan built before the clock
+starts, the keep-alive clients, the workers that send them at a fixed concurrency (one
+:class:`~service.sale.plan.Answer` each), and the progress bar.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -22,50 +21,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from service.sale.report import ACCEPTED, Job, Kind, Outcome, Shot
+from service.sale.plan import ACCEPTED, Answer, Job, Kind, Shot, Wave
 
 REQUEST_TIMEOUT = 30.0  # seconds per purchase request
 CLIENT_POOL = 4  # connections per load client: httpcore checks every pooled connection on each request
-
-# The load mix: job kind -> weight (see service.sale.report.Kind).
-MIX = {Kind.BUY: 70, Kind.RETRY: 12, Kind.DUPLICATE: 6, Kind.OVER_LIMIT: 12}
-TWO_UNITS_SHARE = 0.15  # share of buys for 2 units (when the limit allows it)
-NO_KEY_SHARE = 0.2  # share of plain buys sent without an Idempotency-Key
-
-
-def user_name(prefix: str, index: int) -> str:
-    """``<prefix>-<index>``: the JWT subject of a simulated buyer."""
-    return f"{prefix}-{index}"
-
-
-def build_plan(
-    requests_: int, users: int, per_user_limit: int, rng: random.Random, user_prefix: str = "buyer"
-) -> list[Job]:
-    """Jobs totalling exactly ``requests_`` requests, in random order (mix: :data:`MIX`).
-
-    Users (``<user_prefix>-<n>``) are dealt out one per job until each of ``users`` has one, then
-    at random. A retry, duplicate or over-limit job always carries Idempotency-Keys; a plain buy
-    has none in :data:`NO_KEY_SHARE` of cases. Over-limit jobs ask for the whole limit, then (new
-    key) one unit more.
-    """
-    kinds, weights = list(MIX), list(MIX.values())
-    jobs: list[Job] = []
-    index = 0
-    while index < requests_:
-        kind = rng.choices(kinds, weights)[0] if requests_ - index >= 2 else Kind.BUY
-        number = len(jobs)
-        user = user_name(user_prefix, number if number < users else rng.randrange(users))
-        key = None if kind is Kind.BUY and rng.random() < NO_KEY_SHARE else f"k{number}"
-        if kind is Kind.OVER_LIMIT:
-            shots = (Shot(index, user, per_user_limit, key), Shot(index + 1, user, 1, f"{key}+1"))
-        else:
-            quantity = 2 if per_user_limit >= 2 and rng.random() < TWO_UNITS_SHARE else 1
-            shots = tuple(Shot(index + i, user, quantity, key) for i in range(1 if kind is Kind.BUY else 2))
-        jobs.append(Job(kind, shots))
-        index += len(shots)
-    rng.shuffle(jobs)
-    return jobs
-
 
 def build_requests(url: str, jobs: list[Job], product_id: int, tokens: dict[str, str]) -> list[httpx.Request]:
     """Every purchase-shaped request of the plan to ``url`` (the orders or the no-op route),
@@ -81,7 +40,7 @@ def build_requests(url: str, jobs: list[Job], product_id: int, tokens: dict[str,
     return requests
 
 
-class _Answer(msgspec.Struct):
+class _Body(msgspec.Struct):
     """The fields read from a 202 body, a notification's 200 body or a problem body."""
 
     code: str | None = None
@@ -90,16 +49,18 @@ class _Answer(msgspec.Struct):
     request_id: str | None = None
 
 
-_decode_answer = msgspec.json.Decoder(_Answer).decode
+_decode_body = msgspec.json.Decoder(_Body).decode
 
 
-def _outcome(status: int, content: bytes, latency: float) -> Outcome:
+def _answer(status: int, content: bytes, latency: float) -> Answer:
+    """The :class:`~service.sale.plan.Answer` to a response with ``status`` and body ``content``
+    (``latency`` in seconds)."""
     try:
-        answer = _decode_answer(content)
+        body = _decode_body(content)
     except msgspec.DecodeError:
-        answer = _Answer()
-    code = ACCEPTED if status == 202 else answer.result or answer.code or f"http_{status}"
-    return Outcome(status, code, answer.order_no, answer.request_id, latency)
+        body = _Body()
+    code = ACCEPTED if status == 202 else body.result or body.code or f"http_{status}"
+    return Answer(status, code, body.order_no, body.request_id, latency)
 
 
 def load_clients(stack: AsyncExitStack, concurrency: int, trust_env: bool) -> list[httpx.AsyncClient]:
@@ -120,12 +81,12 @@ def load_clients(stack: AsyncExitStack, concurrency: int, trust_env: bool) -> li
 
 class LoadGenerator:
     """Sends the plan's jobs from one worker task per connection of ``clients`` (worker ``i``
-    uses client ``i // CLIENT_POOL``) and keeps one :class:`Outcome` per request
+    uses client ``i // CLIENT_POOL``) and keeps one :class:`Answer` per request
     (``outcomes[shot.index]``)."""
 
     def __init__(self, requests: list[httpx.Request]) -> None:
         self._requests = requests
-        self.outcomes: list[Outcome] = [None] * len(requests)  # type: ignore[list-item]
+        self.outcomes: list[Answer] = [None] * len(requests)  # type: ignore[list-item]
         self.done = 0
         self.succeeded = 0  # 2xx answers
 
@@ -156,9 +117,9 @@ class LoadGenerator:
             response = await client.send(self._requests[shot.index])
         except httpx.HTTPError as exc:
             code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_error"
-            outcome = Outcome(0, code, None, None, time.perf_counter() - start)
+            outcome = Answer(0, code, None, None, time.perf_counter() - start)
         else:
-            outcome = _outcome(response.status_code, response.content, time.perf_counter() - start)
+            outcome = _answer(response.status_code, response.content, time.perf_counter() - start)
         self.outcomes[shot.index] = outcome
         self.done += 1
         self.succeeded += 200 <= outcome.status < 300
@@ -184,3 +145,17 @@ def progress_bar(console: Console) -> Progress:
         console=console,
         disable=console.quiet,
     )
+
+
+async def send_wave(
+    console: Console, label: str, requests: list[httpx.Request], jobs: list[Job], concurrency: int, trust_env: bool
+) -> Wave:
+    """Send ``requests`` (``[shot.index]`` for the shots of ``jobs``) from ``concurrency``
+    connections (:func:`load_clients`), with progress ``label``: every wave (no-op, purchase,
+    payments, resale) goes through here. ``trust_env``: honour proxy variables (``--url`` runs)."""
+    generator = LoadGenerator(requests)
+    async with AsyncExitStack() as stack:
+        clients = load_clients(stack, concurrency, trust_env)
+        with progress_bar(console) as progress:
+            seconds = await generator.run(jobs, clients, concurrency, progress, label)
+    return Wave(jobs, generator.outcomes, seconds)

@@ -1,0 +1,230 @@
+"""The stores of ``flashsale sale``: the sale's own connections to MySQL, Redis and RabbitMQ
+(:class:`Stores`: drain polls, the reads behind the report, the sweep and the realignment),
+and the set-up and tear-down of an isolated run (:func:`isolate`, :func:`tear_down`).
+
+The sale's connections come from the composition root (:mod:`service.bootstrap`); the raw
+clients of :func:`tear_down` exist only to drop a whole isolated run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aio_pika
+from aio_pika.abc import AbstractChannel
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from db.migrate import upgrade
+from db.models import OrderStatus
+from service.adapters.broker import queue_depth
+from service.adapters.redis.keys import ProductKeys
+from service.bootstrap import Resources, opened
+from service.domain.lifecycle import expire_unpaid
+from service.domain.realign import RealignReport
+from service.sale.errors import SetupError, stderr, where
+from service.sale.facts import PaymentRow, SaleOrderRow, StoreFacts, UnpaidOrder
+from service.sale.isolation import Sale
+from service.settings import Settings
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT = 10.0  # seconds for each service to answer at set-up
+
+
+async def _reachable(service: str, url: str, awaitable: Awaitable[T]) -> T:
+    """``awaitable``'s result, or SetupError naming the service that did not answer."""
+    try:
+        return await asyncio.wait_for(awaitable, CONNECT_TIMEOUT)
+    except Exception as exc:
+        raise SetupError(f"{service} at {where(url)} is unreachable: {exc!r}") from exc
+
+
+
+@dataclass(frozen=True, slots=True)
+class Stores:
+    """The sale's own connections to MySQL, Redis (with the Lua scripts registered) and RabbitMQ
+    (drain, checks, sweep, realignment)."""
+
+    settings: Settings
+    resources: Resources
+    channel: AbstractChannel
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self.resources.engine
+
+    @property
+    def redis(self) -> Redis:
+        return self.resources.redis
+
+    @classmethod
+    async def open(cls, stack: AsyncExitStack, settings: Settings) -> Stores:
+        """Connect to all three (closed by ``stack``).
+
+        Raises:
+            SetupError: a service did not answer.
+        """
+        resources = await _reachable("Redis", settings.redis.url, Resources.open(settings, publish=False, purchase=False))
+        stack.push_async_callback(resources.close)
+        await _reachable("MySQL", settings.db.url, _select_one(resources.engine))
+        connection = await _reachable("RabbitMQ", settings.amqp.url, aio_pika.connect(settings.amqp.url))
+        stack.push_async_callback(connection.close)
+        return cls(settings, resources, await connection.channel())
+
+    async def queue_depth(self, name: str) -> int:
+        """Messages ready in queue ``name`` (not those delivered and unacked)."""
+        return await queue_depth(self.channel, name)
+
+    async def _scalar(self, query: str, product_id: int) -> Any:
+        """The one value ``query`` selects, with ``:p`` = ``product_id`` and ``:pending`` = the
+        ``pending_payment`` status code."""
+        async with self.engine.connect() as conn:
+            params = {"p": product_id, "pending": OrderStatus.PENDING_PAYMENT}
+            return (await conn.execute(text(query), params)).scalar_one()
+
+    async def count_orders(self, product_id: int) -> int:
+        """Order rows of the product in MySQL, whatever their status."""
+        return await self._scalar("SELECT COUNT(*) FROM orders WHERE product_id = :p", product_id)
+
+    async def mysql_stock(self, product_id: int) -> int:
+        """Units on sale in MySQL."""
+        return await self._scalar("SELECT stock FROM inventory WHERE product_id = :p", product_id)
+
+    async def youngest_unpaid_age(self, product_id: int) -> int | None:
+        """Whole seconds from the newest ``created_at`` of the product's orders pending payment to
+        MySQL's ``NOW()`` (both second precision), or None when none is pending."""
+        return await self._scalar(
+            "SELECT TIMESTAMPDIFF(SECOND, MAX(created_at), NOW()) FROM orders WHERE product_id = :p AND status = :pending",
+            product_id,
+        )
+
+    async def unpaid_orders(self, product_id: int) -> list[UnpaidOrder]:
+        """The product's orders pending payment, in insertion order."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    "SELECT order_no, user_id, quantity, amount FROM orders"
+                    " WHERE product_id = :p AND status = :pending ORDER BY id"
+                ),
+                {"p": product_id, "pending": OrderStatus.PENDING_PAYMENT},
+            )
+            return [UnpaidOrder(*row) for row in rows]
+
+    async def sweep(self, product_id: int) -> int:
+        """One payment-timeout sweep of the product in this process:
+        :func:`service.domain.lifecycle.expire_unpaid` (what ``flashsale sweep`` runs) with the
+        run's key prefix and payment window; returns orders cancelled."""
+        prefix, window = self.settings.redis.key_prefix, self.settings.payment.window_seconds
+        resources = self.resources
+        return await expire_unpaid(resources.engine, resources.redis, resources.scripts, prefix, window, product_id=product_id)
+
+    async def realign(self, product_id: int) -> RealignReport:
+        """One realignment pass over the product (what ``flashsale realign --product`` runs), on
+        connections of its own with a publisher (lost messages are published again)."""
+        async with opened(self.settings) as resources:
+            return await resources.realigner.realign(product_id)
+
+    async def facts(self, product_id: int, dead_letters_before: int) -> StoreFacts:
+        """What MySQL, Redis and RabbitMQ hold for the product now."""
+        async with self.engine.connect() as conn:
+            stock, sold = (
+                await conn.execute(text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id})
+            ).one()
+            rows = await conn.execute(
+                text("SELECT order_no, request_id, user_id, quantity, status, reason FROM orders WHERE product_id = :p"),
+                {"p": product_id},
+            )
+            orders = [SaleOrderRow(*row) for row in rows]
+            rows = await conn.execute(
+                text(
+                    "SELECT p.order_no, p.event, p.status FROM payments p"
+                    " JOIN orders o ON o.order_no = p.order_no WHERE o.product_id = :p"
+                ),
+                {"p": product_id},
+            )
+            payments = [PaymentRow(*row) for row in rows]
+        keys = ProductKeys(self.settings.redis.key_prefix, product_id)
+        redis_stock = await self.redis.get(keys.stock)
+        amqp = self.settings.amqp
+        return StoreFacts(
+            mysql_stock=stock,
+            mysql_sold=sold,
+            orders=orders,
+            payments=payments,
+            redis_stock=None if redis_stock is None else int(redis_stock),
+            journal_ids=await self.redis.hkeys(keys.journal),
+            quota={user: int(units) for user, units in (await self.redis.hgetall(keys.quota)).items()},
+            dead_letters=await self.queue_depth(amqp.dead_letter_queue) - dead_letters_before,
+            queue_messages=await self.queue_depth(amqp.queue),
+        )
+
+
+async def _select_one(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+
+
+async def _remove(what: str, remove: Callable[[], Awaitable[None]]) -> None:
+    """Run one clean-up step; a failure is a warning (the report stands)."""
+    try:
+        await remove()
+    except Exception as exc:  # noqa: BLE001 - whatever went wrong, clean-up is best effort
+        stderr.print(f"[yellow]warning:[/] could not remove {what}: {exc!r}")
+
+
+async def isolate(stack: AsyncExitStack, sale: Sale) -> None:
+    """Create the run's database (schema at head); register removal of everything the run
+    creates: database, Redis keys, queues and exchanges.
+
+    Raises:
+        SetupError: MySQL did not answer or the migration failed.
+    """
+    settings = sale.settings
+    stack.push_async_callback(_remove, f"database, Redis keys and queues of {sale.run_id}", lambda: tear_down(settings))
+    try:
+        await upgrade(settings.db.url)
+    except Exception as exc:
+        raise SetupError(f"could not create database {sale.run_id} at {where(settings.db.url)}: {exc!r}") from exc
+
+
+async def tear_down(settings: Settings) -> None:
+    """Drop the run's database, unlink its Redis keys, delete its queues and exchanges."""
+    parsed = make_url(settings.db.url)
+    engine = create_async_engine(parsed._replace(database=None))
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(f"DROP DATABASE IF EXISTS `{parsed.database}`"))
+    finally:
+        await engine.dispose()
+
+    redis = Redis.from_url(settings.redis.url)
+    try:
+        batch = []
+        # The prefix and anything derived from it (tests use "<prefix>-<part>" prefixes too).
+        async for key in redis.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                await redis.unlink(*batch)
+                batch.clear()
+        if batch:
+            await redis.unlink(*batch)
+    finally:
+        await redis.aclose()
+
+    amqp = settings.amqp
+    connection = await aio_pika.connect(amqp.url)
+    try:
+        channel = await connection.channel()
+        for queue in (amqp.queue, amqp.dead_letter_queue):
+            await channel.queue_delete(queue)
+        for exchange in (amqp.exchange, amqp.dead_letter_exchange):
+            await channel.exchange_delete(exchange)
+    finally:
+        await connection.close()

@@ -1,0 +1,93 @@
+"""The child processes' environment is generated from the settings model: every field round-trips.
+
+Needs no running server.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from pydantic import BaseModel
+
+from service.sale.isolation import environment
+from service.settings import (
+    AMQPSettings,
+    AuthSettings,
+    DBSettings,
+    OrderSettings,
+    PaymentSettings,
+    RealignSettings,
+    RedisSettings,
+    Settings,
+)
+
+
+def _leaves(model: BaseModel, path: str = "") -> dict[str, object]:
+    """Every non-group field of ``model`` by dotted path."""
+    leaves: dict[str, object] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            leaves |= _leaves(value, f"{path}{name}.")
+        else:
+            leaves[f"{path}{name}"] = value
+    return leaves
+
+
+def _unlike_the_defaults() -> Settings:
+    """Settings with every field set to something other than its default."""
+    return Settings(
+        db=DBSettings(url="mysql+asyncmy://app:pw@db.example:3307/shop", pool_size=7, max_overflow=3),
+        redis=RedisSettings(url="redis://cache.example:6380/2", key_prefix="run_1.x-y", max_connections=17),
+        amqp=AMQPSettings(
+            url="amqp://u:p@mq.example:5673/vh",
+            exchange="x.orders",
+            queue="x.orders.q",
+            dead_letter_exchange="x.dlx",
+            dead_letter_queue="x.dead",
+            confirm_timeout=2.5,
+            delivery_limit=9,
+            prefetch=11,
+        ),
+        auth=AuthSettings(jwt_secret="s" * 40, token_ttl_seconds=120),
+        orders=OrderSettings(order_no_prefix="QX", replay_ttl_seconds=600, shard_lease_seconds=12),
+        realign=RealignSettings(grace_seconds=1.5),
+        payment=PaymentSettings(
+            channel_secrets={"a": "secret-a", "b": 'quote " and \\ backslash'}, window_seconds=33, currency="EUR"
+        ),
+        log_level="DEBUG",
+        bench_routes=True,
+    )
+
+
+@pytest.fixture
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No ``FLASHSALE_*`` variable from the process running the tests."""
+    for name in list(os.environ):
+        if name.upper().startswith("FLASHSALE_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_every_setting_round_trips_through_the_child_environment(clean_environment: pytest.MonkeyPatch) -> None:
+    custom = _unlike_the_defaults()
+    defaults = _leaves(Settings(_env_file=None))  # type: ignore[call-arg]
+    assert [path for path, value in _leaves(custom).items() if value == defaults[path]] == []
+
+    variables = environment(custom)
+    assert len(variables) == len(defaults)
+    assert all(name.startswith("FLASHSALE_") for name in variables)
+    assert variables["FLASHSALE_DB__URL"] == custom.db.url
+    assert variables["FLASHSALE_AUTH__JWT_SECRET"] == custom.auth.jwt_secret
+    for name, value in variables.items():
+        clean_environment.setenv(name, value)
+
+    assert Settings(_env_file=None) == custom  # type: ignore[call-arg]
+
+
+def test_the_defaults_round_trip_too(clean_environment: pytest.MonkeyPatch) -> None:
+    defaults = Settings(_env_file=None)  # type: ignore[call-arg]
+    for name, value in environment(defaults).items():
+        clean_environment.setenv(name, value)
+    assert Settings(_env_file=None) == defaults  # type: ignore[call-arg]
