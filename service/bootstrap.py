@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import make_engine
 from service.adapters.broker import Publisher
-from service.adapters.redis.scripts import Scripts
+from service.adapters.redis.stock_store import StockStore
 from service.domain.order_no import OrderNumberMinter, ShardLease
 from service.domain.purchase import PurchaseService
 from service.domain.realign import Realigner
@@ -28,14 +28,21 @@ def make_redis(settings: Settings) -> Redis:
     return Redis.from_pool(pool)
 
 
+def make_store(settings: Settings) -> StockStore:
+    """A :class:`StockStore` on a new :func:`make_redis` client, with the run's key prefix and
+    replay TTL (scripts registered, not yet loaded: call ``load()`` where the hot path follows)."""
+    return StockStore(
+        make_redis(settings), settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds
+    )
+
+
 @dataclass
 class Resources:
     """Everything a running API process holds."""
 
     settings: Settings
     engine: AsyncEngine
-    redis: Redis
-    scripts: Scripts
+    store: StockStore
     lease: ShardLease
     publisher: Publisher
     purchases: PurchaseService
@@ -45,30 +52,26 @@ class Resources:
     async def open(cls, settings: Settings) -> Resources:
         """Connect to MySQL, Redis and RabbitMQ, load the scripts and lease an order-number shard."""
         engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
-        redis = make_redis(settings)
-        scripts = Scripts.register(redis)
-        await scripts.load()
-        lease = ShardLease(redis, scripts, settings.redis.key_prefix, settings.orders.shard_lease_seconds)
+        store = make_store(settings)
+        await store.load()
+        lease = ShardLease(store, settings.orders.shard_lease_seconds)
         await lease.start()
         publisher = Publisher(settings.amqp)
         await publisher.connect()
-        minter = OrderNumberMinter(redis, lease, settings.redis.key_prefix, settings.orders.order_no_prefix)
+        minter = OrderNumberMinter(store, lease, settings.orders.order_no_prefix)
         return cls(
             settings=settings,
             engine=engine,
-            redis=redis,
-            scripts=scripts,
+            store=store,
             lease=lease,
             publisher=publisher,
-            purchases=PurchaseService(redis, scripts, minter, publisher, settings),
-            realigner=Realigner(
-                engine, redis, scripts, settings.redis.key_prefix, settings.realign.grace_seconds, publisher
-            ),
+            purchases=PurchaseService(store, minter, publisher),
+            realigner=Realigner(engine, store, settings.realign.grace_seconds, publisher),
         )
 
     async def close(self) -> None:
         """Release the shard lease and close every connection."""
         await self.lease.stop()
         await self.publisher.close()
-        await self.redis.aclose()
+        await self.store.aclose()
         await self.engine.dispose()

@@ -55,8 +55,7 @@ def consume(prefetch: int | None) -> None:
     """Write queued orders to MySQL (run as many as you like). Exits 0 on SIGTERM after finishing its messages."""
     from consumers.order_consumer import run_consumer
     from db.engine import make_engine
-    from service.adapters.redis.scripts import Scripts
-    from service.bootstrap import make_redis
+    from service.bootstrap import make_store
     from service.log_setup import configure_logging
 
     settings = get_settings()
@@ -65,11 +64,11 @@ def consume(prefetch: int | None) -> None:
 
     async def go() -> None:
         engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
-        redis = make_redis(settings)
+        store = make_store(settings)
         try:
-            await run_consumer(settings, engine, redis, Scripts.register(redis), prefetch)
+            await run_consumer(settings, engine, store, prefetch)
         finally:
-            await redis.aclose()
+            await store.aclose()
             await engine.dispose()
 
     _run(go())

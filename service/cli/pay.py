@@ -8,8 +8,7 @@ import httpx
 from sqlalchemy import text
 
 from db.engine import make_engine
-from service.adapters.redis.scripts import Scripts
-from service.bootstrap import make_redis
+from service.bootstrap import make_store
 from service.cli.realign import stopped
 from service.domain.lifecycle import expire_unpaid
 from service.domain.order_no import is_valid_order_no
@@ -72,16 +71,13 @@ async def run_sweep(settings: Settings, product_id: int | None, watch: float | N
     """``flashsale sweep``: cancel unpaid orders past the payment window; one pass or ``--watch``."""
     configure_logging(settings.log_level)
     engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
-    redis = make_redis(settings)
-    scripts = Scripts.register(redis)
+    store = make_store(settings)
     try:
         while True:
-            cancelled = await expire_unpaid(
-                engine, redis, scripts, settings.redis.key_prefix, settings.payment.window_seconds, product_id=product_id
-            )
+            cancelled = await expire_unpaid(engine, store, settings.payment.window_seconds, product_id=product_id)
             print(f"cancelled {cancelled} unpaid order(s) past {settings.payment.window_seconds}s", flush=True)
             if watch is None or await stopped(watch):
                 return
     finally:
-        await redis.aclose()
+        await store.aclose()
         await engine.dispose()

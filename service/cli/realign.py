@@ -14,8 +14,7 @@ from rich.table import Table
 
 from db.engine import make_engine
 from service.adapters.broker import Publisher
-from service.adapters.redis.scripts import Scripts
-from service.bootstrap import make_redis
+from service.bootstrap import make_store
 from service.domain.catalog import ProductInput, set_product
 from service.domain.realign import Realigner, RealignReport
 from service.log_setup import configure_logging
@@ -42,18 +41,16 @@ async def stopped(seconds: float) -> bool:
 async def open_realigner(settings: Settings, publish: bool = True) -> AsyncIterator[Realigner]:
     """A :class:`Realigner` on fresh connections, closed on exit (publisher only when ``publish``)."""
     engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
-    redis = make_redis(settings)
+    store = make_store(settings)
     publisher = Publisher(settings.amqp) if publish else None
     try:
         if publisher is not None:
             await publisher.connect()
-        yield Realigner(
-            engine, redis, Scripts.register(redis), settings.redis.key_prefix, settings.realign.grace_seconds, publisher
-        )
+        yield Realigner(engine, store, settings.realign.grace_seconds, publisher)
     finally:
         if publisher is not None:
             await publisher.close()
-        await redis.aclose()
+        await store.aclose()
         await engine.dispose()
 
 

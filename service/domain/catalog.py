@@ -8,12 +8,11 @@ from typing import Annotated
 import msgspec
 from litestar.params import PathParameter
 from msgspec import Meta
-from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import MAX_AMOUNT
-from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.stock_store import StockStore
 from service.domain.realign import Realigner, RealignReport
 
 PositiveId = Annotated[int, Meta(ge=1, le=2**63 - 1)]
@@ -121,7 +120,7 @@ async def set_product(engine: AsyncEngine, realigner: Realigner, product_id: int
     return await realigner.realign(product_id)
 
 
-async def get_product(engine: AsyncEngine, redis: Redis, key_prefix: str, product_id: int) -> ProductView | None:
+async def get_product(engine: AsyncEngine, store: StockStore, product_id: int) -> ProductView | None:
     """Sale info and remaining stock, or None for an unknown product."""
     async with engine.connect() as conn:
         row = (
@@ -135,7 +134,7 @@ async def get_product(engine: AsyncEngine, redis: Redis, key_prefix: str, produc
         ).first()
     if row is None:
         return None
-    redis_stock = await redis.get(ProductKeys(key_prefix, product_id).stock)
+    redis_stock = await store.stock(product_id)
     now = datetime.now(UTC).replace(tzinfo=None)
     return ProductView(
         id=row.id,
@@ -145,7 +144,7 @@ async def get_product(engine: AsyncEngine, redis: Redis, key_prefix: str, produc
         sale_starts_at=row.sale_starts_at.replace(tzinfo=UTC),
         sale_ends_at=row.sale_ends_at.replace(tzinfo=UTC) if row.sale_ends_at else None,
         sale_active=row.sale_starts_at <= now and (row.sale_ends_at is None or now < row.sale_ends_at),
-        remaining=int(redis_stock) if redis_stock is not None else row.stock,
+        remaining=redis_stock if redis_stock is not None else row.stock,
     )
 
 

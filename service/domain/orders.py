@@ -7,12 +7,11 @@ import binascii
 from datetime import UTC, datetime
 
 import msgspec
-from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
-from service.adapters.redis.keys import order_key
+from service.adapters.redis.stock_store import StockStore
 
 _COLUMNS = "id, order_no, request_id, user_id, product_id, quantity, amount, status, reason, created_at"
 
@@ -71,7 +70,7 @@ def _view(row) -> OrderView:  # type: ignore[no-untyped-def]
     )
 
 
-async def find_order(engine: AsyncEngine, redis: Redis, key_prefix: str, user_id: str, order_no: str) -> OrderView | None:
+async def find_order(engine: AsyncEngine, store: StockStore, user_id: str, order_no: str) -> OrderView | None:
     """The caller's order ``order_no`` with its status history, or None when unknown or someone else's."""
     async with engine.connect() as conn:
         row = (await conn.execute(text(f"SELECT {_COLUMNS} FROM orders WHERE order_no = :o"), {"o": order_no})).first()
@@ -96,13 +95,12 @@ async def find_order(engine: AsyncEngine, redis: Redis, key_prefix: str, user_id
                 for entry in log
             ]
             return view
-    queued = await redis.get(order_key(key_prefix, order_no))
-    if queued is None:
+    queued = await store.queued_order(order_no)
+    if queued is None or queued.user_id != user_id:
         return None
-    owner, product_id, request_id, quantity = queued.split("|")
-    if owner != user_id:
-        return None
-    return OrderView(order_no=order_no, request_id=request_id, status="queued", product_id=int(product_id), quantity=int(quantity))
+    return OrderView(
+        order_no=order_no, request_id=queued.request_id, status="queued", product_id=queued.product_id, quantity=queued.quantity
+    )
 
 
 def _encode_cursor(created_at: datetime, order_id: int) -> str:

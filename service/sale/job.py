@@ -69,7 +69,6 @@ import aio_pika
 import httpx
 import msgspec
 from aio_pika.abc import AbstractChannel
-from redis.asyncio import Redis
 from rich.console import Console
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -78,10 +77,9 @@ from db.engine import make_engine
 from db.migrate import upgrade
 from db.models import OrderStatus
 from service.adapters.broker import declare_topology, queue_depth
-from service.adapters.redis.keys import ProductKeys
-from service.adapters.redis.scripts import Scripts
+from service.adapters.redis.stock_store import StockStore
 from service.api.auth import issue_token
-from service.bootstrap import make_redis
+from service.bootstrap import make_store
 from service.cli.realign import open_realigner
 from service.domain.lifecycle import expire_unpaid
 from service.domain.payments import Notification, signed
@@ -253,7 +251,7 @@ class Stores:
 
     settings: Settings
     engine: AsyncEngine
-    redis: Redis
+    store: StockStore
     channel: AbstractChannel
 
     @classmethod
@@ -265,13 +263,13 @@ class Stores:
         """
         engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
         stack.push_async_callback(engine.dispose)
-        redis = make_redis(settings)
-        stack.push_async_callback(redis.aclose)
+        store = make_store(settings)
+        stack.push_async_callback(store.aclose)
         await _reachable("MySQL", settings.db.url, _select_one(engine))
-        await _reachable("Redis", settings.redis.url, redis.ping())
+        await _reachable("Redis", settings.redis.url, store.ping())
         connection = await _reachable("RabbitMQ", settings.amqp.url, aio_pika.connect(settings.amqp.url))
         stack.push_async_callback(connection.close)
-        return cls(settings, engine, redis, await connection.channel())
+        return cls(settings, engine, store, await connection.channel())
 
     async def queue_depth(self, name: str) -> int:
         """Messages ready in queue ``name`` (not those delivered and unacked)."""
@@ -330,17 +328,15 @@ class Stores:
                 {"p": product_id},
             )
             payments = [PaymentRow(*row) for row in rows]
-        keys = ProductKeys(self.settings.redis.key_prefix, product_id)
-        redis_stock = await self.redis.get(keys.stock)
         amqp = self.settings.amqp
         return StoreFacts(
             mysql_stock=stock,
             mysql_sold=sold,
             orders=orders,
             payments=payments,
-            redis_stock=None if redis_stock is None else int(redis_stock),
-            journal_ids=await self.redis.hkeys(keys.journal),
-            quota={user: int(units) for user, units in (await self.redis.hgetall(keys.quota)).items()},
+            redis_stock=await self.store.stock(product_id),
+            journal_ids=[entry.request_id for entry in await self.store.journal(product_id)],
+            quota=await self.store.quota(product_id),
             dead_letters=await self.queue_depth(amqp.dead_letter_queue) - dead_letters_before,
             queue_messages=await self.queue_depth(amqp.queue),
         )
@@ -607,9 +603,8 @@ async def _sweep(stores: Stores, product_id: int) -> int:
     """One payment-timeout sweep of the sale's product in this process:
     :func:`service.domain.lifecycle.expire_unpaid` (what ``flashsale sweep`` runs) with the run's key
     prefix and window; returns orders cancelled."""
-    prefix, window = stores.settings.redis.key_prefix, stores.settings.payment.window_seconds
-    scripts = Scripts.register(stores.redis)
-    return await expire_unpaid(stores.engine, stores.redis, scripts, prefix, window, product_id=product_id)
+    window = stores.settings.payment.window_seconds
+    return await expire_unpaid(stores.engine, stores.store, window, product_id=product_id)
 
 
 async def _resale(sale: Sale, console: Console, concurrency: int, on_sale: int) -> Wave:

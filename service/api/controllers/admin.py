@@ -72,7 +72,7 @@ class AdminController(Controller):
         except TransitionLost as lost:
             raise Problem(409, "order_not_refundable", f"The order is {lost.current.label}.") from None
         if returned is not None:
-            await give_back_to_redis(resources.redis, resources.scripts, resources.settings.redis.key_prefix, returned)
+            await give_back_to_redis(resources.store, returned)
         return OrderStatusAnswer(order_no, "refunding", restocked=restock)
 
     @post("/realign", status_code=200, summary="One realignment pass")

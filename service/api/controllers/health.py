@@ -32,7 +32,7 @@ class HealthController(Controller):
         channel and MySQL answers; 503 (same body) otherwise."""
         redis_ok = rabbit_ok = mysql_ok = False
         try:
-            redis_ok = all(await resources.redis.script_exists(resources.scripts.reserve.sha)) and resources.lease.held
+            redis_ok = await resources.store.ready() and resources.lease.held
         except Exception:
             pass
         rabbit_ok = resources.publisher.ready

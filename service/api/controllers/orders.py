@@ -141,19 +141,18 @@ class OrderController(Controller):
     ) -> OrderView:
         """Cancel the caller's unpaid order; 404 order_not_found, 409 order_not_cancellable."""
         require_order_no(order_no)
-        prefix = resources.settings.redis.key_prefix
         try:
             returned = await cancel_order(resources.engine, order_no, "buyer_cancelled", owner=request.user.id)
         except OrderNotFound:
-            if await find_order(resources.engine, resources.redis, prefix, request.user.id, order_no) is not None:
+            if await find_order(resources.engine, resources.store, request.user.id, order_no) is not None:
                 raise Problem(
                     409, "order_not_cancellable", "The order is still queued; retry in a moment.", headers={"Retry-After": "1"}
                 ) from None
             raise Problem(404, "order_not_found", f"No order {order_no}.") from None
         except TransitionLost as lost:
             raise Problem(409, "order_not_cancellable", f"The order is {lost.current.label}.") from None
-        await give_back_to_redis(resources.redis, resources.scripts, prefix, returned)
-        view = await find_order(resources.engine, resources.redis, prefix, request.user.id, order_no)
+        await give_back_to_redis(resources.store, returned)
+        view = await find_order(resources.engine, resources.store, request.user.id, order_no)
         assert view is not None
         return view
 
@@ -163,9 +162,7 @@ class OrderController(Controller):
     ) -> OrderView:
         """The caller's order with its status history; 400 invalid_order_no, 404 order_not_found."""
         require_order_no(order_no)
-        view = await find_order(
-            resources.engine, resources.redis, resources.settings.redis.key_prefix, request.user.id, order_no
-        )
+        view = await find_order(resources.engine, resources.store, request.user.id, order_no)
         if view is None:
             raise Problem(404, "order_not_found", f"No order {order_no}.")
         return view

@@ -17,7 +17,7 @@ class ProductController(Controller):
     @get("/{product_id:int}", summary="Sale info and remaining stock")
     async def show(self, product_id: ProductIdPath, resources: NamedDependency[Resources]) -> ProductView:
         """Sale info and remaining stock; 404 product_not_found."""
-        view = await get_product(resources.engine, resources.redis, resources.settings.redis.key_prefix, product_id)
+        view = await get_product(resources.engine, resources.store, product_id)
         if view is None:
             raise Problem(404, "product_not_found", f"Product {product_id} does not exist.")
         return view
