@@ -109,17 +109,9 @@ class StockStore:
         """The key names of one product (stock, sale, journal, quota, versions, replay, returned)."""
         return ProductKeys(self._prefix, product_id)
 
-    def order_key(self, order_no: str) -> str:
-        """The key of a queued order's view."""
-        return order_key(self._prefix, order_no)
-
     def sequence_key(self, shard: int, second: str) -> str:
         """The order-number sequence counter of ``shard`` in UTC ``second`` (``yyyyMMddHHmmss``)."""
         return sequence_key(self._prefix, shard, second)
-
-    def shard_lease_key(self, shard: int) -> str:
-        """The lease key of order-number ``shard`` (0-99)."""
-        return shard_lease_key(self._prefix, shard)
 
     # -- the purchase path ---------------------------------------------------------------------
 

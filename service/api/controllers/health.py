@@ -28,7 +28,7 @@ class HealthController(Controller):
 
     @get("/ready", summary="Redis runs the script, RabbitMQ has a channel, MySQL answers")
     async def ready(self, resources: NamedDependency[Resources]) -> Response[Readiness]:
-        """200 when Redis has the reserve script and this process holds a shard, RabbitMQ has a
+        """200 when Redis has every Lua script and this process holds a shard, RabbitMQ has a
         channel and MySQL answers; 503 (same body) otherwise."""
         redis_ok = rabbit_ok = mysql_ok = False
         try:
