@@ -12,13 +12,12 @@ import contextlib
 import aio_pika
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters.broker import OrderMessage, declare_topology
-from service.adapters.redis.keys import ProductKeys
-from service.adapters.redis.scripts import Scripts
+from service.adapters.redis.results import ClaimOutcome
+from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources
 from service.domain.order_writer import InvalidOrder, Outcome, apply_order, parse_order
 from service.runtime import stop_signal
@@ -31,14 +30,10 @@ RETRY_BACKOFF_SECONDS = 1.0  # unit of the requeue backoff
 class OrderConsumer:
     """Handles deliveries from the order queue; tracks the ones in hand for a clean shutdown."""
 
-    def __init__(
-        self, engine: AsyncEngine, redis: Redis, scripts: Scripts, key_prefix: str, replay_window_seconds: int = 86_400
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, store: StockStore, replay_window_seconds: int = 86_400) -> None:
         self._engine = engine
         self._replay_window = replay_window_seconds
-        self._redis = redis
-        self._scripts = scripts
-        self._prefix = key_prefix
+        self._store = store
         self._in_hand: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self.counts: dict[str, int] = {}
@@ -51,14 +46,13 @@ class OrderConsumer:
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
 
-    async def _claim(self, order: OrderMessage) -> str:
-        keys = ProductKeys(self._prefix, order.product_id)
+    async def _claim(self, order: OrderMessage) -> ClaimOutcome:
         try:
-            return await self._scripts.claim(keys=[keys.journal, keys.replay(order.request_id)], args=[order.request_id])
+            return await self._store.claim(order.product_id, order.request_id)
         except RedisError as exc:
             # Without Redis, MySQL's unique request id still decides: never drop an order for it.
             log.warning("claim_failed", request_id=order.request_id, error=repr(exc))
-            return "unknown"
+            return ClaimOutcome.UNKNOWN
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Process one delivery; ack after commit, dead-letter what can never be applied."""
@@ -82,7 +76,7 @@ class OrderConsumer:
             self._count("invalid")
             await message.reject(requeue=False)
             return
-        if await self._claim(order) == "released":
+        if await self._claim(order) is ClaimOutcome.RELEASED:
             # The API gave this reservation back (publish failed) and told the buyer 503.
             self._count("released")
             await message.ack()
@@ -123,9 +117,7 @@ async def run_consumer(resources: Resources, prefetch: int) -> None:
     """Consume until SIGTERM/SIGINT, then stop taking messages, finish those in hand, and return.
     ``prefetch``: deliveries in hand at most."""
     settings = resources.settings
-    consumer = OrderConsumer(
-        resources.engine, resources.redis, resources.scripts, settings.redis.key_prefix, settings.orders.replay_ttl_seconds
-    )
+    consumer = OrderConsumer(resources.engine, resources.store, settings.orders.replay_ttl_seconds)
     with stop_signal() as stop:
         connection = await aio_pika.connect_robust(settings.amqp.url)
         try:

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import make_engine
 from service.adapters.broker import Publisher
-from service.adapters.redis.scripts import Scripts
+from service.adapters.redis.stock_store import StockStore
 from service.domain.catalog import CatalogService
 from service.domain.order_no import OrderNumberMinter, ShardLease
 from service.domain.orders import OrderService
@@ -36,6 +36,12 @@ def make_redis(settings: Settings) -> Redis:
     return Redis.from_pool(pool)
 
 
+def make_store(settings: Settings) -> StockStore:
+    """A :class:`StockStore` on a new :func:`make_redis` client, with the run's key prefix and
+    replay TTL (scripts registered, not yet loaded: call ``load()`` where the hot path follows)."""
+    return StockStore(make_redis(settings), settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds)
+
+
 @dataclass
 class Resources:
     """Everything one process holds: connections and the use cases built on them.
@@ -46,8 +52,7 @@ class Resources:
 
     settings: Settings
     engine: AsyncEngine
-    redis: Redis
-    scripts: Scripts
+    store: StockStore
     publisher: Publisher | None
     lease: ShardLease | None
     purchases: PurchaseService | None
@@ -64,50 +69,47 @@ class Resources:
         Raises whatever the first unreachable store raises (nothing stays open then).
         """
         engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
-        redis = make_redis(settings)
-        prefix = settings.redis.key_prefix
+        store = make_store(settings)
         publisher = lease = purchases = None
         try:
-            scripts = Scripts.register(redis)
-            await scripts.load()
+            await store.load()
             if publish:
                 publisher = Publisher(settings.amqp)
                 await publisher.connect()
             if purchase and publisher is not None:
-                lease = ShardLease(redis, scripts, prefix, settings.orders.shard_lease_seconds)
+                lease = ShardLease(store, settings.orders.shard_lease_seconds)
                 await lease.start()
-                minter = OrderNumberMinter(redis, lease, prefix, settings.orders.order_no_prefix)
-                purchases = PurchaseService(redis, scripts, minter, publisher, settings, engine=engine)
+                minter = OrderNumberMinter(store, lease, settings.orders.order_no_prefix)
+                purchases = PurchaseService(store, minter, publisher, engine=engine)
         except BaseException:
-            await _close(engine, redis, publisher, lease)
+            await _close(engine, store, publisher, lease)
             raise
-        realigner = Realigner(engine, redis, scripts, prefix, settings.realign.grace_seconds, publisher)
+        realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
         payment = settings.payment
         return cls(
             settings=settings,
             engine=engine,
-            redis=redis,
-            scripts=scripts,
+            store=store,
             publisher=publisher,
             lease=lease,
             purchases=purchases,
             realigner=realigner,
-            orders=OrderService(engine, redis, scripts, prefix),
-            catalog=CatalogService(engine, redis, prefix, realigner),
-            payments=PaymentService(engine, redis, scripts, prefix, payment.channel_secrets, payment.currency),
+            orders=OrderService(engine, store),
+            catalog=CatalogService(engine, store, realigner),
+            payments=PaymentService(engine, store, payment.channel_secrets, payment.currency),
         )
 
     async def close(self) -> None:
         """Release the shard lease and close every connection."""
-        await _close(self.engine, self.redis, self.publisher, self.lease)
+        await _close(self.engine, self.store, self.publisher, self.lease)
 
 
-async def _close(engine: AsyncEngine, redis: Redis, publisher: Publisher | None, lease: ShardLease | None) -> None:
+async def _close(engine: AsyncEngine, store: StockStore, publisher: Publisher | None, lease: ShardLease | None) -> None:
     if lease is not None:
         await lease.stop()
     if publisher is not None:
         await publisher.close()
-    await redis.aclose()
+    await store.aclose()
     await engine.dispose()
 
 

@@ -22,8 +22,7 @@ from consumers.order_consumer import OrderConsumer
 from db.engine import make_engine
 from db.migrate import upgrade
 from service.adapters.broker import declare_topology
-from service.adapters.redis.keys import ProductKeys
-from service.adapters.redis.scripts import Scripts
+from service.adapters.redis.stock_store import StockStore
 from service.api.app import create_app
 from service.api.auth import issue_token
 from service.bootstrap import make_redis
@@ -70,8 +69,8 @@ async def redis(settings: Settings) -> AsyncIterator[Redis]:
 
 
 @pytest.fixture(scope="session")
-def scripts(redis: Redis) -> Scripts:
-    return Scripts.register(redis)
+def store(redis: Redis, settings: Settings) -> StockStore:
+    return StockStore(redis, settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds)
 
 
 @pytest.fixture
@@ -128,13 +127,13 @@ async def amqp_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.Abstrac
 
 
 @pytest.fixture
-async def consumer(settings: Settings, engine: AsyncEngine, redis: Redis, scripts: Scripts) -> AsyncIterator[OrderConsumer]:
+async def consumer(settings: Settings, engine: AsyncEngine, store: StockStore) -> AsyncIterator[OrderConsumer]:
     """An in-process consumer on the run's queue, running for the duration of the test."""
     connection = await aio_pika.connect_robust(settings.amqp.url)
     channel = await connection.channel()
     await channel.set_qos(prefetch_count=32)
     _, queue = await declare_topology(channel, settings.amqp)
-    order_consumer = OrderConsumer(engine, redis, scripts, settings.redis.key_prefix)
+    order_consumer = OrderConsumer(engine, store)
     tag = await queue.consume(order_consumer.handle)
     try:
         yield order_consumer
@@ -174,7 +173,7 @@ async def inventory(engine: AsyncEngine, product_id: int) -> tuple[int, int]:
 
 async def redis_state(redis: Redis, settings: Settings, product_id: int) -> dict:
     """Everything Redis holds for a product (for "left no trace" assertions)."""
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    keys = StockStore(redis, settings.redis.key_prefix).product_keys(product_id)
     found = sorted([key async for key in redis.scan_iter(match=f"{keys.tag}:*", count=1000)])
     return {
         "keys": found,

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from db.engine import make_engine
 from service.adapters.broker import OrderMessage, encode_order, queue_depth
-from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.stock_store import StockStore
 from service.domain.order_no import compose_order_no
 from service.domain.order_writer import Outcome, apply_order
 from service.domain.request_id import mint_request_id
@@ -41,8 +41,8 @@ async def reserved_message(client, token, redis, settings, product_id, user) -> 
     response = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token(user))
     assert response.status_code == 202
     body = response.json()
-    entry = await redis.hget(ProductKeys(settings.redis.key_prefix, product_id).journal, body["request_id"])
-    reserved_at = int(entry.split("|")[3])
+    journal = await StockStore(redis, settings.redis.key_prefix).journal(product_id)
+    reserved_at = next(entry.reserved_at_ms for entry in journal if entry.request_id == body["request_id"])
     return OrderMessage(body["request_id"], body["order_no"], user, product_id, 1, reserved_at, 1500)
 
 
@@ -71,7 +71,7 @@ async def test_apply_order_is_idempotent_on_request_id(engine, put_product, prod
 
 
 async def test_no_mysql_stock_records_rejected_sold_out_and_realign_returns_quota(
-    client, token, put_product, product_id, redis, settings, engine, consumer, scripts
+    client, token, put_product, product_id, redis, settings, engine, consumer, store
 ):
     await put_product(product_id, stock=5, limit=1)
     async with engine.begin() as conn:  # MySQL has nothing left, Redis still thinks it has 5
@@ -93,7 +93,7 @@ async def test_no_mysql_stock_records_rejected_sold_out_and_realign_returns_quot
 
     report = (await client.post(f"/api/v1/admin/realign?product_id={product_id}", headers=token("a", admin=True))).json()[0]
     assert report["redis_stock_after"] == 0 and report["resolved_dropped"] == 1
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    keys = store.product_keys(product_id)
     assert await redis.hgetall(keys.quota) == {}
     assert await redis.hgetall(keys.journal) == {}
 

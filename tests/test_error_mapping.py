@@ -10,10 +10,10 @@ import service.domain.realign as realign_module
 async def test_a_key_error_inside_a_realignment_pass_is_a_500_not_a_404(client, admin, put_product, product_id, monkeypatch):
     await put_product(product_id, stock=5)
 
-    def broken(raw: dict[str, str]) -> list:
+    def broken(*args: object) -> None:
         raise KeyError("a bug inside the pass")
 
-    monkeypatch.setattr(realign_module, "parse_journal", broken)
+    monkeypatch.setattr(realign_module, "sale_terms", broken)
     with structlog.testing.capture_logs() as logs:
         stock = await client.get(f"/api/v1/admin/products/{product_id}/stock", headers=admin)
         one_pass = await client.post(f"/api/v1/admin/realign?product_id={product_id}", headers=admin)

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from service.adapters.broker import OrderMessage, encode_order, queue_depth
-from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.stock_store import StockStore
 from service.domain.order_no import compose_order_no
 from service.domain.order_writer import apply_order
 from service.domain.realign import Realigner
@@ -50,23 +50,19 @@ async def _rows(engine, product_id, count):
     return len(await order_rows(engine, product_id)) >= count
 
 
-async def test_an_older_realignment_pass_never_overwrites_a_newer_one(engine, redis, scripts, settings, put_product, product_id):
+async def test_an_older_realignment_pass_never_overwrites_a_newer_one(engine, redis, store, settings, put_product, product_id):
     await put_product(product_id, stock=10, limit=1)
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000002", 95, product_id)
-    _, _, reserved_at, _ = await scripts.reserve(
-        keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
-        args=[request_id, "e", 1, order_no, 3600],
-    )
+    reserved_at = (await store.reserve(product_id, request_id, "e", 1, order_no)).reserved_at_ms
     prefix = settings.redis.key_prefix
 
     async def consumer_commits_then_another_pass_runs():
         await apply_order(engine, OrderMessage(request_id, order_no, "e", product_id, 1, reserved_at, 1500))
-        newer = await Realigner(engine, redis, scripts, prefix, 60).realign(product_id)
+        newer = await Realigner(engine, store, 60).realign(product_id)
         assert (newer.redis_stock_after, newer.resolved_dropped) == (9, 1)
 
-    older = Realigner(engine, RunsAfterJournalRead(redis, consumer_commits_then_another_pass_runs), scripts, prefix, 60)
+    older = Realigner(engine, StockStore(RunsAfterJournalRead(redis, consumer_commits_then_another_pass_runs), prefix), 60)
     report = await older.realign(product_id)
     assert report.skipped_stale
     state = await redis_state(redis, settings, product_id)
@@ -74,15 +70,15 @@ async def test_an_older_realignment_pass_never_overwrites_a_newer_one(engine, re
     assert await inventory(engine, product_id) == (9, 1)
 
 
-async def test_redis_data_loss_is_repaired_by_one_realignment(client, token, put_product, product_id, engine, redis, scripts, settings, consumer):
+async def test_redis_data_loss_is_repaired_by_one_realignment(client, token, put_product, product_id, engine, redis, store, consumer):
     await put_product(product_id, stock=5, limit=1)
     assert (await buy(client, token("before-loss"), product_id)).status_code == 202
     await eventually(lambda: _rows(engine, product_id, 1))
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    keys = store.product_keys(product_id)
     await redis.delete(keys.stock, keys.sale, keys.quota, keys.journal, keys.versions)
     assert (await buy(client, token("during-loss"), product_id)).status_code == 503
 
-    await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    await Realigner(engine, store, 60).realign(product_id)
     again = await buy(client, token("before-loss"), product_id, key="after")
     assert again.status_code == 409 and again.json()["code"] == "limit_exceeded"  # quota rebuilt from MySQL
     assert (await buy(client, token("after-loss"), product_id)).status_code == 202
@@ -111,12 +107,12 @@ async def _depth_above(channel, queue, before):
     return await queue_depth(channel, queue) > before
 
 
-async def _retry_after_the_replay_record_is_gone(client, headers, product_id, engine, redis, settings, age_days: int):
+async def _retry_after_the_replay_record_is_gone(client, headers, product_id, engine, redis, store, age_days: int):
     """Buy with a key, wait for the row, drop the replay record (and age the order by
     ``age_days``), retry with the same key; returns (first 202 body, retry 202 body, rows by order_no)."""
     first = (await buy(client, headers, product_id, key="k")).json()
     await eventually(lambda: _rows(engine, product_id, 1))
-    await redis.delete(ProductKeys(settings.redis.key_prefix, product_id).replay(first["request_id"]))
+    await redis.delete(store.product_keys(product_id).replay(first["request_id"]))
     async with engine.begin() as conn:
         await conn.execute(
             text("UPDATE orders SET created_at = NOW() - INTERVAL :d DAY WHERE order_no = :o"),
@@ -129,30 +125,30 @@ async def _retry_after_the_replay_record_is_gone(client, headers, product_id, en
 
 
 async def test_key_reused_after_its_replay_record_expired_is_a_new_order_with_a_row(
-    client, token, put_product, product_id, engine, redis, scripts, settings, consumer
+    client, token, put_product, product_id, engine, redis, store, consumer
 ):
     await put_product(product_id, stock=5, limit=2)
     # Two days old: past the 24 h replay window, so the reused key is a new purchase.
     first, second, rows = await _retry_after_the_replay_record_is_gone(
-        client, token("forgetful"), product_id, engine, redis, settings, age_days=2
+        client, token("forgetful"), product_id, engine, redis, store, age_days=2
     )
     assert (rows[first["order_no"]].status, rows[second["order_no"]].status) == (0, 0)
-    report = await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    report = await Realigner(engine, store, 60).realign(product_id)
     assert (report.mysql_stock, report.redis_stock_after, report.in_flight) == (3, 3, 0)
-    assert await redis.hget(ProductKeys(settings.redis.key_prefix, product_id).quota, "forgetful") == "2"
+    assert await redis.hget(store.product_keys(product_id).quota, "forgetful") == "2"
 
 
 async def test_a_lost_mark_queued_step_becomes_a_replay_once_realigned(
-    client, token, put_product, product_id, engine, redis, scripts, settings, consumer
+    client, token, put_product, product_id, engine, redis, store, consumer
 ):
     await put_product(product_id, stock=5, limit=1)
     headers = token("unmarked")
     accepted = (await buy(client, headers, product_id, key="k")).json()
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    keys = store.product_keys(product_id)
     await redis.hset(keys.replay(accepted["request_id"]), "state", "pending")  # as if the step was lost
     assert (await buy(client, headers, product_id, key="k")).status_code == 409
     await eventually(lambda: _rows(engine, product_id, 1))
-    await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    await Realigner(engine, store, 60).realign(product_id)
     replay = await buy(client, headers, product_id, key="k")
     assert replay.status_code == 202 and replay.json()["order_no"] == accepted["order_no"]
 
@@ -224,23 +220,23 @@ async def test_quantity_of_the_wrong_type_is_refused(client, token, put_product,
 
 
 async def test_a_retry_after_redis_lost_its_replay_record_is_not_a_second_purchase(
-    client, token, put_product, product_id, engine, redis, scripts, settings, consumer
+    client, token, put_product, product_id, engine, redis, store, settings, consumer
 ):
     await put_product(product_id, stock=5, limit=2)
     # Fresh order: the record should still exist, so Redis lost it and this is the same request.
     first, retry, rows = await _retry_after_the_replay_record_is_gone(
-        client, token("lost-record"), product_id, engine, redis, settings, age_days=0
+        client, token("lost-record"), product_id, engine, redis, store, age_days=0
     )
     assert (rows[first["order_no"]].status, rows[retry["order_no"]].status) == (0, 7)
     assert rows[retry["order_no"]].reason == "duplicate_request"
     assert await inventory(engine, product_id) == (4, 1)
-    await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    await Realigner(engine, store, 60).realign(product_id)
     assert (await redis_state(redis, settings, product_id))["stock"] == "4"
-    assert await redis.hget(ProductKeys(settings.redis.key_prefix, product_id).quota, "lost-record") == "1"
+    assert await redis.hget(store.product_keys(product_id).quota, "lost-record") == "1"
 
 
 async def test_an_older_realignment_pass_never_writes_back_old_sale_terms(
-    client, admin, engine, redis, scripts, settings, put_product, product_id
+    client, admin, engine, redis, store, settings, put_product, product_id
 ):
     await put_product(product_id, stock=5, limit=1)
 
@@ -248,9 +244,9 @@ async def test_an_older_realignment_pass_never_writes_back_old_sale_terms(
         body = {"stock": 5, "per_user_limit": 3, "sale_ends_at": "2020-01-02T00:00:00Z", "sale_starts_at": "2020-01-01T00:00:00Z"}
         assert (await client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
 
-    older = Realigner(engine, RunsAfterJournalRead(redis, operator_closes_the_sale), scripts, settings.redis.key_prefix, 60)
+    older = Realigner(engine, StockStore(RunsAfterJournalRead(redis, operator_closes_the_sale), settings.redis.key_prefix), 60)
     assert (await older.realign(product_id)).skipped_stale
-    terms = await redis.hgetall(ProductKeys(settings.redis.key_prefix, product_id).sale)
+    terms = await redis.hgetall(store.product_keys(product_id).sale)
     assert (terms["limit"], terms["ends_ms"]) == ("3", "1577923200000")
 
 

@@ -11,7 +11,6 @@ import pytest
 from sqlalchemy import text
 
 from db.models import OrderStatus as S
-from service.adapters.redis.keys import ProductKeys
 from service.domain.lifecycle import IllegalTransition, expire_unpaid, transition
 from service.domain.payments import sign
 from service.domain.realign import Realigner
@@ -124,7 +123,7 @@ async def test_amount_or_currency_mismatch_is_recorded_flagged_and_not_paid(
 
 
 async def test_cancel_returns_the_unit_exactly_once_and_it_sells_again(
-    client, token, put_product, product_id, engine, redis, settings, consumer
+    client, token, put_product, product_id, engine, redis, store, settings, consumer
 ):
     await put_product(product_id, stock=1, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["canceller"])
@@ -142,20 +141,14 @@ async def test_cancel_returns_the_unit_exactly_once_and_it_sells_again(
     # The unit is on sale again, and the same buyer's quota is free again.
     resold = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token("canceller"))
     assert resold.status_code == 202
-    report = await Realigner(engine, redis, _scripts(redis), settings.redis.key_prefix, 60).realign(product_id)
+    report = await Realigner(engine, store, 60).realign(product_id)
     mysql_stock, sold = await inventory(engine, product_id)
     assert mysql_stock + sold == 1
     assert report.redis_stock_after == report.mysql_stock - report.in_flight_units
 
 
-def _scripts(redis):
-    from service.adapters.redis.scripts import Scripts
-
-    return Scripts.register(redis)
-
-
 async def test_payment_timeout_sweep_cancels_unpaid_orders_once(
-    client, token, put_product, product_id, engine, redis, scripts, settings, consumer
+    client, token, put_product, product_id, engine, redis, store, settings, consumer
 ):
     await put_product(product_id, stock=5, limit=1)
     order_nos = await buy_and_settle(client, token, engine, product_id, [f"slow{i}" for i in range(4)])
@@ -163,10 +156,9 @@ async def test_payment_timeout_sweep_cancels_unpaid_orders_once(
     assert (await notify(client, settings, paid, txn="sweep-paid")).json()["result"] == "paid"
     await asyncio.sleep(2.1)  # the window below is 1 s; created_at has one-second precision
 
-    prefix = settings.redis.key_prefix
     # The sweep is global: earlier tests' unpaid orders in this run's database go too.
-    assert await expire_unpaid(engine, redis, scripts, prefix, window_seconds=1) >= 3
-    assert await expire_unpaid(engine, redis, scripts, prefix, window_seconds=1) == 0
+    assert await expire_unpaid(engine, store, window_seconds=1) >= 3
+    assert await expire_unpaid(engine, store, window_seconds=1) == 0
     statuses = {o: await status_of(engine, o) for o in order_nos}
     assert statuses[paid] is S.PAID
     assert [s for o, s in statuses.items() if o != paid] == [S.CANCELLED] * 3
@@ -177,7 +169,7 @@ async def test_payment_timeout_sweep_cancels_unpaid_orders_once(
     assert {rows[o] for o in order_nos[1:]} == {"payment_timeout"}
 
 
-async def test_cancel_racing_pay_a_hundred_times(client, token, put_product, product_id, engine, redis, scripts, settings, consumer):
+async def test_cancel_racing_pay_a_hundred_times(client, token, put_product, product_id, engine, redis, store, settings, consumer):
     await put_product(product_id, stock=100, limit=1)
     users = [f"racer{i}" for i in range(100)]
     order_nos = await buy_and_settle(client, token, engine, product_id, users)
@@ -209,9 +201,9 @@ async def test_cancel_racing_pay_a_hundred_times(client, token, put_product, pro
     assert paid and cancelled  # the jitter lets each side win some of the races
     mysql_stock, sold = await inventory(engine, product_id)
     assert (mysql_stock, sold) == (cancelled, paid)
-    report = await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    report = await Realigner(engine, store, 60).realign(product_id)
     assert report.redis_stock_after == mysql_stock and report.drift == 0
-    assert len(await redis.hgetall(ProductKeys(settings.redis.key_prefix, product_id).quota)) == paid
+    assert len(await redis.hgetall(store.product_keys(product_id).quota)) == paid
 
 
 async def test_refunds_admin_then_channel_idempotent_and_restock_only_on_request(
@@ -281,7 +273,7 @@ async def test_order_list_is_the_callers_newest_first_in_keyset_pages(client, to
 
 
 async def test_when_the_redis_step_of_a_cancel_is_lost_realignment_restores_stock_and_quota(
-    client, token, put_product, product_id, engine, redis, scripts, settings, consumer
+    client, token, put_product, product_id, engine, redis, store, settings, consumer
 ):
     from service.domain.lifecycle import cancel_order, give_back_to_redis
 
@@ -291,11 +283,11 @@ async def test_when_the_redis_step_of_a_cancel_is_lost_realignment_restores_stoc
     before = await redis_state(redis, settings, product_id)
     assert (before["stock"], before["quota"]) == ("1", {"lost-step": "1"})
 
-    report = await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    report = await Realigner(engine, store, 60).realign(product_id)
     after = await redis_state(redis, settings, product_id)
     assert (report.redis_stock_after, after["stock"], after["quota"]) == (2, "2", {})
     # The late Redis step, should it still come, finds the return already counted.
-    assert await give_back_to_redis(redis, scripts, settings.redis.key_prefix, returned) == "realigned"
+    assert await give_back_to_redis(store, returned) == "realigned"
     assert (await redis_state(redis, settings, product_id))["stock"] == "2"
 
 
@@ -329,7 +321,7 @@ async def test_a_refund_that_does_not_match_the_order_is_flagged_and_changes_not
 
 
 async def test_a_refund_with_restock_keeps_the_buyers_quota(
-    client, token, admin, put_product, product_id, engine, redis, scripts, settings, consumer
+    client, token, admin, put_product, product_id, engine, redis, store, settings, consumer
 ):
     await put_product(product_id, stock=3, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["bob"])
@@ -339,7 +331,7 @@ async def test_a_refund_with_restock_keeps_the_buyers_quota(
     assert (await redis_state(redis, settings, product_id))["quota"] == {"bob": "1"}
     again = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token("bob"))
     assert again.status_code == 409 and again.json()["code"] == "limit_exceeded"
-    await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    await Realigner(engine, store, 60).realign(product_id)
     assert (await redis_state(redis, settings, product_id))["quota"] == {"bob": "1"}
 
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.adapters.redis.keys import sequence_key
+from service.adapters.redis.stock_store import StockStore
 from service.domain.order_no import (
     SEQUENCE_MAX,
     SHARDS,
@@ -58,14 +58,14 @@ def test_parts_out_of_range_are_refused():
         compose_order_no("FS", "20261130120000", 1, SEQUENCE_MAX + 1)
 
 
-async def test_a_used_up_second_waits_for_the_next_instead_of_wrapping(redis, scripts, settings):
-    prefix = f"{settings.redis.key_prefix}-wrap"
-    lease = ShardLease(redis, scripts, prefix, 30)
+async def test_a_used_up_second_waits_for_the_next_instead_of_wrapping(redis, settings):
+    store = StockStore(redis, f"{settings.redis.key_prefix}-wrap")
+    lease = ShardLease(store, 30)
     shard = await lease.acquire()
     try:
         second = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
-        await redis.set(sequence_key(prefix, shard, second), SEQUENCE_MAX, ex=30)
-        order_no = await OrderNumberMinter(redis, lease, prefix, "FS").mint()
+        await redis.set(store.sequence_key(shard, second), SEQUENCE_MAX, ex=30)
+        order_no = await OrderNumberMinter(store, lease, "FS").mint()
         assert is_valid_order_no(order_no)
         assert order_no[2:16] > second
         assert int(order_no[18:24]) <= SEQUENCE_MAX
@@ -73,15 +73,15 @@ async def test_a_used_up_second_waits_for_the_next_instead_of_wrapping(redis, sc
         await lease.stop()
 
 
-async def test_shards_are_exclusive(redis, scripts, settings):
-    prefix = f"{settings.redis.key_prefix}-lease"
-    leases = [ShardLease(redis, scripts, prefix, 30) for _ in range(SHARDS)]
+async def test_shards_are_exclusive(redis, settings):
+    store = StockStore(redis, f"{settings.redis.key_prefix}-lease")
+    leases = [ShardLease(store, 30) for _ in range(SHARDS)]
     shards = [await lease.acquire() for lease in leases]
     assert sorted(shards) == list(range(SHARDS))
     with pytest.raises(ShardLost):
-        await ShardLease(redis, scripts, prefix, 30).acquire()
+        await ShardLease(store, 30).acquire()
     await leases[0].stop()
-    late = ShardLease(redis, scripts, prefix, 30)
+    late = ShardLease(store, 30)
     assert await late.acquire() == shards[0]
     for lease in [*leases[1:], late]:
         await lease.stop()
@@ -90,20 +90,17 @@ async def test_shards_are_exclusive(redis, scripts, settings):
 _MINT_IN_A_PROCESS = """
 import asyncio, json, sys
 from service.domain.order_no import OrderNumberMinter, ShardLease
-from service.bootstrap import make_redis
-from service.adapters.redis.scripts import Scripts
+from service.bootstrap import make_store
 from service.settings import Settings
 
 async def main(count):
-    settings = Settings()
-    redis = make_redis(settings)
-    scripts = Scripts.register(redis)
-    lease = ShardLease(redis, scripts, settings.redis.key_prefix, 30)
+    store = make_store(Settings())
+    lease = ShardLease(store, 30)
     await lease.start()
-    minter = OrderNumberMinter(redis, lease, settings.redis.key_prefix, "FS")
+    minter = OrderNumberMinter(store, lease, "FS")
     numbers = await asyncio.gather(*(minter.mint() for _ in range(count)))
     await lease.stop()
-    await redis.aclose()
+    await store.aclose()
     print(json.dumps(numbers))
 
 asyncio.run(main(int(sys.argv[1])))

@@ -8,7 +8,6 @@ from litestar.testing import AsyncTestClient
 
 from consumers.order_consumer import OrderConsumer
 from service.adapters.broker import OrderMessage, encode_order
-from service.adapters.redis.keys import ProductKeys
 from service.api.app import create_app
 from service.bootstrap import Resources
 from service.domain.order_no import compose_order_no
@@ -65,39 +64,31 @@ async def test_broker_connection_down_gives_unavailable_and_returns_the_stock(se
     assert (state["stock"], state["journal"], state["quota"]) == ("3", {}, {})
 
 
-async def _reserve(scripts, keys: ProductKeys, request_id: str, user: str, order_no: str):
-    return await scripts.reserve(
-        keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
-        args=[request_id, user, 1, order_no, 3600],
-    )
-
-
-async def test_release_after_a_consumer_claimed_keeps_the_order(scripts, put_product, product_id, settings, redis):
+async def test_release_after_a_consumer_claimed_keeps_the_order(store, put_product, product_id, redis):
     await put_product(product_id, stock=3, limit=1)
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    keys = store.product_keys(product_id)
     request_id = "0" * 31 + "1"
-    outcome = await _reserve(scripts, keys, request_id, "u", compose_order_no("FS", "20261130000000", 98, 1))
-    assert outcome[0] == "reserved"
-    assert await scripts.claim(keys=[keys.journal, keys.replay(request_id)], args=[request_id]) == "held"
-    release = await scripts.release(keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)], args=[request_id])
+    outcome = await store.reserve(product_id, request_id, "u", 1, compose_order_no("FS", "20261130000000", 98, 1))
+    assert outcome.outcome == "reserved"
+    assert await store.claim(product_id, request_id) == "held"
+    release = await store.release(product_id, request_id)
     assert release == "claimed"
     assert await redis.get(keys.stock) == "2"
     assert request_id in await redis.hgetall(keys.journal)
 
 
 async def test_late_copy_of_a_released_message_is_dropped(
-    scripts, put_product, product_id, settings, redis, engine
+    store, put_product, product_id, redis, engine
 ):
     await put_product(product_id, stock=3, limit=1)
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    keys = store.product_keys(product_id)
     request_id = "0" * 31 + "2"
     order_no = compose_order_no("FS", "20261130000000", 98, 2)
-    _, _, reserved_at, _ = await _reserve(scripts, keys, request_id, "u", order_no)
-    release_keys = [keys.stock, keys.journal, keys.quota, keys.replay(request_id)]
-    assert await scripts.release(keys=release_keys, args=[request_id]) == "released"
-    assert await scripts.release(keys=release_keys, args=[request_id]) == "absent"  # idempotent
+    reserved_at = (await store.reserve(product_id, request_id, "u", 1, order_no)).reserved_at_ms
+    assert await store.release(product_id, request_id) == "released"
+    assert await store.release(product_id, request_id) == "absent"  # idempotent
 
-    consumer = OrderConsumer(engine, redis, scripts, settings.redis.key_prefix)
+    consumer = OrderConsumer(engine, store)
     late = _FakeDelivery(encode_order(OrderMessage(request_id, order_no, "u", product_id, 1, reserved_at, 1500)))
     await consumer.handle(late)
     assert late.settled == "ack"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from service.adapters.redis.keys import ProductKeys
 from service.domain.order_no import is_valid_order_no
 from tests.conftest import (
     eventually,
@@ -23,11 +22,11 @@ async def buy(client, headers, product_id, quantity=1, key=None):
 
 
 async def test_200_concurrent_buyers_for_stock_10_get_exactly_10_orders(
-    client, token, put_product, product_id, redis, settings, engine, consumer
+    client, token, put_product, product_id, redis, store, engine, consumer
 ):
     await put_product(product_id, stock=10, limit=1)
     headers = [token(f"buyer{i}") for i in range(200)]
-    stock_key = ProductKeys(settings.redis.key_prefix, product_id).stock
+    stock_key = store.product_keys(product_id).stock
 
     async with sampling_min_stock(redis, stock_key) as minimum:
         responses = await asyncio.gather(*(buy(client, h, product_id) for h in headers))
@@ -124,9 +123,9 @@ async def test_sale_ended_is_not_active(client, token, put_product, product_id):
     assert response.status_code == 409 and response.json()["code"] == "sale_not_active"
 
 
-async def test_stock_not_loaded_is_not_sold_out_and_writes_nothing(client, token, put_product, product_id, redis, settings):
+async def test_stock_not_loaded_is_not_sold_out_and_writes_nothing(client, token, put_product, product_id, redis, store):
     await put_product(product_id, stock=5, limit=1)
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    keys = store.product_keys(product_id)
     await redis.delete(keys.stock)
     response = await buy(client, token("someone"), product_id)
     assert response.status_code == 503 and response.json()["code"] == "unavailable"

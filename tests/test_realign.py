@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from service.adapters.broker import Publisher
-from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.stock_store import StockStore
 from service.domain.order_no import compose_order_no
 from service.domain.realign import Realigner
 from service.domain.request_id import mint_request_id
@@ -23,13 +23,13 @@ from tests.conftest import (
 
 
 @pytest.fixture
-def realigner(engine, redis, scripts, settings):
-    return Realigner(engine, redis, scripts, settings.redis.key_prefix, grace_seconds=60)
+def realigner(engine, store):
+    return Realigner(engine, store, grace_seconds=60)
 
 
-async def test_drift_is_repaired_and_reported(realigner, put_product, product_id, redis, settings):
+async def test_drift_is_repaired_and_reported(realigner, put_product, product_id, redis, store):
     await put_product(product_id, stock=7, limit=1)
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    keys = store.product_keys(product_id)
     await redis.set(keys.stock, 3)
     dry = await realigner.realign(product_id, dry_run=True)
     assert (dry.redis_stock_before, dry.redis_stock_after, dry.drift) == (3, 7, -4)
@@ -39,36 +39,33 @@ async def test_drift_is_repaired_and_reported(realigner, put_product, product_id
     assert await redis.get(keys.stock) == "7"
 
 
-async def test_reloading_a_live_product_keeps_reservations_in_flight(client, token, put_product, product_id, redis, settings):
+async def test_reloading_a_live_product_keeps_reservations_in_flight(client, token, put_product, product_id, redis, store):
     await put_product(product_id, stock=10, limit=1)
     for i in range(4):  # no consumer: four reservations stay in flight
         response = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token(f"f{i}"))
         assert response.status_code == 202
     report = await put_product(product_id, stock=10, limit=1)
     assert report["in_flight_units"] == 4
-    assert await redis.get(ProductKeys(settings.redis.key_prefix, product_id).stock) == "6"
+    assert await redis.get(store.product_keys(product_id).stock) == "6"
 
 
 async def test_stale_reservation_without_order_is_republished(
-    engine, redis, scripts, settings, put_product, product_id, consumer
+    engine, redis, store, settings, put_product, product_id, consumer
 ):
     """The API died between reserve and publish: realignment publishes it after the grace period."""
     await put_product(product_id, stock=5, limit=1)
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    keys = store.product_keys(product_id)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000000", 97, product_id)
-    outcome = await scripts.reserve(
-        keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
-        args=[request_id, "crashed", 1, order_no, 3600],
-    )
-    assert outcome[0] == "reserved"
+    outcome = await store.reserve(product_id, request_id, "crashed", 1, order_no)
+    assert outcome.outcome == "reserved"
 
     publisher = Publisher(settings.amqp)
     await publisher.connect()
     try:
-        patient = Realigner(engine, redis, scripts, settings.redis.key_prefix, grace_seconds=60, publisher=publisher)
+        patient = Realigner(engine, store, grace_seconds=60, publisher=publisher)
         assert (await patient.realign(product_id)).republished == 0  # still inside the grace period
-        eager = Realigner(engine, redis, scripts, settings.redis.key_prefix, grace_seconds=0, publisher=publisher)
+        eager = Realigner(engine, store, grace_seconds=0, publisher=publisher)
         await asyncio.sleep(0.01)
         assert (await eager.realign(product_id)).republished == 1
     finally:
@@ -77,7 +74,7 @@ async def test_stale_reservation_without_order_is_republished(
     rows = await eventually(lambda: order_rows(engine, product_id))
     assert [(row.order_no, row.request_id, row.status) for row in rows] == [(order_no, request_id, 0)]
     assert await redis.hget(keys.replay(request_id), "state") == "queued"
-    final = await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    final = await Realigner(engine, store, 60).realign(product_id)
     assert (final.mysql_stock, final.redis_stock_after, final.in_flight) == (4, 4, 0)
 
 
@@ -126,23 +123,20 @@ async def test_realignment_during_live_purchases_and_consumers_ends_exact(
 
 
 async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
-    engine, redis, scripts, settings, put_product, product_id
+    engine, redis, store, settings, put_product, product_id
 ):
     from service.adapters.broker import OrderMessage
     from service.domain.order_writer import apply_order
 
     await put_product(product_id, stock=10, limit=1)
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    keys = store.product_keys(product_id)
 
     async def reserve(user: str, sequence: int) -> OrderMessage:
         request_id = mint_request_id()
         order_no = compose_order_no("FS", "20261130000001", 96, product_id * 10 + sequence)
-        outcome, _, reserved_at, _ = await scripts.reserve(
-            keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
-            args=[request_id, user, 1, order_no, 3600],
-        )
-        assert outcome == "reserved"
-        return OrderMessage(request_id, order_no, user, product_id, 1, reserved_at, 1500)
+        reservation = await store.reserve(product_id, request_id, user, 1, order_no)
+        assert reservation.outcome == "reserved"
+        return OrderMessage(request_id, order_no, user, product_id, 1, reservation.reserved_at_ms, 1500)
 
     a, b = await reserve("a", 1), await reserve("b", 2)
 
@@ -150,12 +144,12 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
         await apply_order(engine, a)  # an entry the job already read commits
         await apply_order(engine, await reserve("c", 3))  # a new reservation appears and commits
 
-    racing = Realigner(engine, RunsAfterJournalRead(redis, consumers_commit), scripts, settings.redis.key_prefix, 60)
+    racing = Realigner(engine, StockStore(RunsAfterJournalRead(redis, consumers_commit), settings.redis.key_prefix), 60)
     report = await racing.realign(product_id)
     # Truth afterwards: MySQL 10 - 2 (a, c) = 8, in flight: b  ->  Redis must be 7.
     assert await inventory(engine, product_id) == (8, 2)
     assert report.redis_stock_after == 7 and await redis.get(keys.stock) == "7"
 
-    settled = await Realigner(engine, redis, scripts, settings.redis.key_prefix, 60).realign(product_id)
+    settled = await Realigner(engine, store, 60).realign(product_id)
     assert (settled.redis_stock_after, settled.in_flight, settled.resolved_dropped) == (7, 1, 2)
     assert list(await redis.hgetall(keys.journal)) == [b.request_id]

@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from service.adapters.redis.keys import ProductKeys
 from service.bootstrap import Resources
 from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
@@ -75,7 +74,7 @@ async def proxy(settings):
     await proxy.stop()
 
 
-async def test_lost_reserve_reply_is_503_and_leaves_nothing_reserved(settings, put_product, product_id, redis, proxy):
+async def test_lost_reserve_reply_is_503_and_leaves_nothing_reserved(settings, put_product, product_id, redis, store, proxy):
     await put_product(product_id, stock=3, limit=1)
     watcher, port = proxy
     through_proxy = settings.model_copy(
@@ -92,5 +91,5 @@ async def test_lost_reserve_reply_is_503_and_leaves_nothing_reserved(settings, p
     assert watcher.swallowed == 1
     state = await redis_state(redis, settings, product_id)
     assert (state["stock"], state["journal"], state["quota"]) == ("3", {}, {})
-    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    keys = store.product_keys(product_id)
     assert await redis.hget(keys.replay(request_id), "state") == "released"

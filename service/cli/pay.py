@@ -71,7 +71,7 @@ async def run_sweep(settings: Settings, product_id: int | None, every: float | N
 
         async def one_pass() -> None:
             cancelled = await expire_unpaid(
-                resources.engine, resources.redis, resources.scripts, settings.redis.key_prefix, window, product_id=product_id
+                resources.engine, resources.store, window, product_id=product_id
             )
             print(f"cancelled {cancelled} unpaid order(s) past {window}s", flush=True)
 

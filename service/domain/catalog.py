@@ -7,12 +7,11 @@ from typing import Annotated
 
 import msgspec
 from msgspec import Meta
-from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import MAX_AMOUNT
-from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import InvalidInput, ProductNotFound
 from service.domain.realign import Realigner, RealignReport
 
@@ -116,7 +115,7 @@ async def set_product(engine: AsyncEngine, realigner: Realigner, product_id: int
     return await realigner.realign(product_id)
 
 
-async def get_product(engine: AsyncEngine, redis: Redis, key_prefix: str, product_id: int) -> ProductView | None:
+async def get_product(engine: AsyncEngine, store: StockStore, product_id: int) -> ProductView | None:
     """Sale info and remaining stock, or None for an unknown product."""
     async with engine.connect() as conn:
         row = (
@@ -130,7 +129,7 @@ async def get_product(engine: AsyncEngine, redis: Redis, key_prefix: str, produc
         ).first()
     if row is None:
         return None
-    redis_stock = await redis.get(ProductKeys(key_prefix, product_id).stock)
+    redis_stock = await store.stock(product_id)
     now = datetime.now(UTC).replace(tzinfo=None)
     return ProductView(
         id=row.id,
@@ -140,7 +139,7 @@ async def get_product(engine: AsyncEngine, redis: Redis, key_prefix: str, produc
         sale_starts_at=row.sale_starts_at.replace(tzinfo=UTC),
         sale_ends_at=row.sale_ends_at.replace(tzinfo=UTC) if row.sale_ends_at else None,
         sale_active=row.sale_starts_at <= now and (row.sale_ends_at is None or now < row.sale_ends_at),
-        remaining=int(redis_stock) if redis_stock is not None else row.stock,
+        remaining=redis_stock if redis_stock is not None else row.stock,
     )
 
 
@@ -153,15 +152,14 @@ async def product_exists(engine: AsyncEngine, product_id: int) -> bool:
 class CatalogService:
     """Product use cases: read the sale info (anyone), create or update a product (admin)."""
 
-    def __init__(self, engine: AsyncEngine, redis: Redis, key_prefix: str, realigner: Realigner) -> None:
+    def __init__(self, engine: AsyncEngine, store: StockStore, realigner: Realigner) -> None:
         self._engine = engine
-        self._redis = redis
-        self._prefix = key_prefix
+        self._store = store
         self._realigner = realigner
 
     async def get(self, product_id: int) -> ProductView:
         """Sale info and remaining stock. Raises :class:`ProductNotFound`."""
-        view = await get_product(self._engine, self._redis, self._prefix, product_id)
+        view = await get_product(self._engine, self._store, product_id)
         if view is None:
             raise ProductNotFound(product_id)
         return view

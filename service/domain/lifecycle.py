@@ -12,14 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import structlog
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import OrderStatus as S
-from service.adapters.redis.keys import ProductKeys
-from service.adapters.redis.scripts import Scripts
+from service.adapters.redis.results import RestockOutcome
+from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import OrderNotFound
 
 log = structlog.get_logger(__name__)
@@ -32,8 +31,6 @@ ALLOWED: dict[S, frozenset[S]] = {
 }
 """The whitelist: from-status -> allowed to-statuses. Cancelled, completed, refunded and
 rejected are final."""
-
-RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
 
 
 class IllegalTransition(ValueError):
@@ -152,34 +149,30 @@ async def cancel_order(engine: AsyncEngine, order_no: str, reason: str, *, owner
     return returned
 
 
-async def give_back_to_redis(redis: Redis, scripts: Scripts, key_prefix: str, returned: ReturnedUnits) -> str:
-    """Return the units and the buyer's quota to Redis, exactly once (``lua/restock.lua``).
+async def give_back_to_redis(store: StockStore, returned: ReturnedUnits) -> RestockOutcome | None:
+    """Return the units (and, for a cancel, the buyer's quota) to Redis, exactly once
+    (:meth:`StockStore.restock`).
 
-    Returns ``returned``, ``done`` (already given back), ``realigned`` (a realignment counted
-    them already) or ``failed`` (Redis error: the next realignment restores them from MySQL).
+    Returns ``RETURNED``, ``DONE`` (already given back), ``REALIGNED`` (a realignment counted
+    them already) or None (Redis error, logged: the next realignment restores them from MySQL).
     """
-    keys = ProductKeys(key_prefix, returned.product_id)
     try:
-        return await scripts.restock(
-            keys=[keys.stock, keys.quota, keys.versions, keys.returned(returned.order_no)],
-            args=[
-                returned.user_id,
-                returned.quantity,
-                returned.inventory_version,
-                RETURNED_MARKER_TTL_SECONDS,
-                "1" if returned.release_quota else "0",
-            ],
+        return await store.restock(
+            returned.product_id,
+            returned.order_no,
+            returned.user_id,
+            returned.quantity,
+            returned.inventory_version,
+            release_quota=returned.release_quota,
         )
     except RedisError as exc:
         log.warning("restock_failed", order_no=returned.order_no, error=repr(exc))
-        return "failed"
+        return None
 
 
 async def expire_unpaid(
     engine: AsyncEngine,
-    redis: Redis,
-    scripts: Scripts,
-    key_prefix: str,
+    store: StockStore,
     window_seconds: int,
     *,
     product_id: int | None = None,
@@ -207,7 +200,7 @@ async def expire_unpaid(
                 returned = await cancel_order(engine, order_no, "payment_timeout")
             except TransitionLost:
                 continue
-            await give_back_to_redis(redis, scripts, key_prefix, returned)
+            await give_back_to_redis(store, returned)
             cancelled += 1
         if len(due) < batch:
             return cancelled

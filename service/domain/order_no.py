@@ -23,10 +23,8 @@ from collections import deque
 from datetime import UTC, datetime
 
 import structlog
-from redis.asyncio import Redis
 
-from service.adapters.redis.keys import sequence_key, shard_lease_key
-from service.adapters.redis.scripts import Scripts
+from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import InvalidInput
 
 log = structlog.get_logger(__name__)
@@ -35,7 +33,6 @@ ORDER_NO_LENGTH = 26
 SEQUENCE_MAX = 999_999
 SHARDS = 100
 _ORDER_NO = re.compile(r"[A-Z]{2}[0-9]{24}")
-_SEQUENCE_KEY_TTL_SECONDS = 120
 _SPARE_MAX_AGE_SECONDS = 5.0
 
 
@@ -79,10 +76,8 @@ class ShardLease:
     renew in time stops minting (:class:`ShardLost`) until it holds a shard again.
     """
 
-    def __init__(self, redis: Redis, scripts: Scripts, key_prefix: str, lease_seconds: int) -> None:
-        self._redis = redis
-        self._scripts = scripts
-        self._prefix = key_prefix
+    def __init__(self, store: StockStore, lease_seconds: int) -> None:
+        self._store = store
         self._lease_ms = lease_seconds * 1000
         self._token = secrets.token_hex(16)
         self._renewer: asyncio.Task[None] | None = None
@@ -103,7 +98,7 @@ class ShardLease:
         for offset in range(SHARDS):
             shard = (start + offset) % SHARDS
             began = time.monotonic()
-            if await self._redis.set(shard_lease_key(self._prefix, shard), self._token, nx=True, px=self._lease_ms):
+            if await self._store.acquire_lease(shard, self._token, self._lease_ms):
                 self.shard = shard
                 self._valid_until = began + self._lease_ms / 1000 * 0.9
                 return shard
@@ -121,8 +116,7 @@ class ShardLease:
             try:
                 began = time.monotonic()
                 assert self.shard is not None
-                key = shard_lease_key(self._prefix, self.shard)
-                if await self._scripts.lease_renew(keys=[key], args=[self._token, self._lease_ms]):
+                if await self._store.renew_lease(self.shard, self._token, self._lease_ms):
                     self._valid_until = began + self._lease_ms / 1000 * 0.9
                 else:
                     log.warning("shard_lease_lost", shard=self.shard)
@@ -139,9 +133,7 @@ class ShardLease:
                 await self._renewer
         if self.shard is not None:
             with contextlib.suppress(Exception):
-                await self._scripts.lease_release(
-                    keys=[shard_lease_key(self._prefix, self.shard)], args=[self._token]
-                )
+                await self._store.release_lease(self.shard, self._token)
             self.shard = None
 
 
@@ -154,10 +146,9 @@ class OrderNumberMinter:
     stays close to the purchase time.
     """
 
-    def __init__(self, redis: Redis, lease: ShardLease, key_prefix: str, order_no_prefix: str) -> None:
-        self._redis = redis
+    def __init__(self, store: StockStore, lease: ShardLease, order_no_prefix: str) -> None:
+        self._store = store
         self._lease = lease
-        self._prefix = key_prefix
         self._order_prefix = order_no_prefix
         self._spares: deque[tuple[float, str]] = deque()
 
@@ -175,11 +166,7 @@ class OrderNumberMinter:
             assert shard is not None
             now = datetime.now(UTC)
             second = now.strftime("%Y%m%d%H%M%S")
-            key = sequence_key(self._prefix, shard, second)
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.incr(key)
-                pipe.expire(key, _SEQUENCE_KEY_TTL_SECONDS)
-                sequence, _ = await pipe.execute()
+            sequence = await self._store.next_sequence(shard, second)
             if sequence <= SEQUENCE_MAX:
                 return compose_order_no(self._order_prefix, second, shard, sequence)
             # This second is used up: never wrap, wait for the next one.

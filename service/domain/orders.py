@@ -7,13 +7,11 @@ import binascii
 from datetime import UTC, datetime
 
 import msgspec
-from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
-from service.adapters.redis.keys import order_key
-from service.adapters.redis.scripts import Scripts
+from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound
 from service.domain.lifecycle import TransitionLost, cancel_order, give_back_to_redis
 from service.domain.order_no import require_valid_order_no
@@ -78,7 +76,7 @@ def _view(row) -> OrderView:  # type: ignore[no-untyped-def]
     )
 
 
-async def find_order(engine: AsyncEngine, redis: Redis, key_prefix: str, user_id: str, order_no: str) -> OrderView | None:
+async def find_order(engine: AsyncEngine, store: StockStore, user_id: str, order_no: str) -> OrderView | None:
     """The caller's order ``order_no`` with its status history, or None when unknown or someone else's."""
     async with engine.connect() as conn:
         row = (await conn.execute(text(f"SELECT {_COLUMNS} FROM orders WHERE order_no = :o"), {"o": order_no})).first()
@@ -103,13 +101,12 @@ async def find_order(engine: AsyncEngine, redis: Redis, key_prefix: str, user_id
                 for entry in log
             ]
             return view
-    queued = await redis.get(order_key(key_prefix, order_no))
-    if queued is None:
+    queued = await store.queued_order(order_no)
+    if queued is None or queued.user_id != user_id:
         return None
-    owner, product_id, request_id, quantity = queued.split("|")
-    if owner != user_id:
-        return None
-    return OrderView(order_no=order_no, request_id=request_id, status="queued", product_id=int(product_id), quantity=int(quantity))
+    return OrderView(
+        order_no=order_no, request_id=queued.request_id, status="queued", product_id=queued.product_id, quantity=queued.quantity
+    )
 
 
 def _encode_cursor(created_at: datetime, order_id: int) -> str:
@@ -154,11 +151,9 @@ async def list_orders(engine: AsyncEngine, user_id: str, limit: int, cursor: str
 class OrderService:
     """The buyer's use cases on their orders: read one, list, cancel. One instance per process."""
 
-    def __init__(self, engine: AsyncEngine, redis: Redis, scripts: Scripts, key_prefix: str) -> None:
+    def __init__(self, engine: AsyncEngine, store: StockStore) -> None:
         self._engine = engine
-        self._redis = redis
-        self._scripts = scripts
-        self._prefix = key_prefix
+        self._store = store
 
     async def get(self, user_id: str, order_no: str) -> OrderView:
         """``user_id``'s order ``order_no`` with its status history.
@@ -168,7 +163,7 @@ class OrderService:
             OrderNotFound: unknown, or someone else's.
         """
         require_valid_order_no(order_no)
-        view = await find_order(self._engine, self._redis, self._prefix, user_id, order_no)
+        view = await find_order(self._engine, self._store, user_id, order_no)
         if view is None:
             raise OrderNotFound(order_no)
         return view
@@ -190,12 +185,12 @@ class OrderService:
         try:
             returned = await cancel_order(self._engine, order_no, "buyer_cancelled", owner=user_id)
         except OrderNotFound:
-            if await find_order(self._engine, self._redis, self._prefix, user_id, order_no) is not None:
+            if await find_order(self._engine, self._store, user_id, order_no) is not None:
                 raise Conflict(
                     "The order is still queued; retry in a moment.", code="order_not_cancellable", retry_after=1
                 ) from None
             raise
         except TransitionLost as lost:
             raise Conflict(f"The order is {lost.current.label}.", code="order_not_cancellable") from None
-        await give_back_to_redis(self._redis, self._scripts, self._prefix, returned)
+        await give_back_to_redis(self._store, returned)
         return await self.get(user_id, order_no)

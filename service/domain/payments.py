@@ -24,14 +24,13 @@ from typing import Annotated, Literal
 import msgspec
 import structlog
 from msgspec import Meta
-from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import as_duplicate_key
 from db.models import OrderStatus as S
-from service.adapters.redis.scripts import Scripts
+from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import Conflict, DomainError, InvalidInput, OrderNotFound
 from service.domain.lifecycle import (
     ReturnedUnits,
@@ -250,13 +249,9 @@ class PaymentService:
     ``secrets``: channel -> HMAC-SHA256 secret; ``currency``: the shop's ISO 4217 code.
     """
 
-    def __init__(
-        self, engine: AsyncEngine, redis: Redis, scripts: Scripts, key_prefix: str, secrets: dict[str, str], currency: str
-    ) -> None:
+    def __init__(self, engine: AsyncEngine, store: StockStore, secrets: dict[str, str], currency: str) -> None:
         self._engine = engine
-        self._redis = redis
-        self._scripts = scripts
-        self._prefix = key_prefix
+        self._store = store
         self._secrets = secrets
         self._currency = currency
 
@@ -293,4 +288,4 @@ class PaymentService:
         except TransitionLost as lost:
             raise Conflict(f"The order is {lost.current.label}.", code="order_not_refundable") from None
         if returned is not None:
-            await give_back_to_redis(self._redis, self._scripts, self._prefix, returned)
+            await give_back_to_redis(self._store, returned)

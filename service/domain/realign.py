@@ -26,19 +26,17 @@ consumer's ``UNIQUE(request_id)`` makes that safe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import msgspec
 import structlog
-from redis.asyncio import Redis
 from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
-from service.adapters.redis.keys import ProductKeys
-from service.adapters.redis.scripts import Scripts
+from service.adapters.redis.results import JournalEntry, SaleTerms
+from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import ProductNotFound
 
 log = structlog.get_logger(__name__)
@@ -81,35 +79,15 @@ class RealignReport(msgspec.Struct, frozen=True):
     skipped_stale: bool = False
 
 
-def sale_terms(per_user_limit: int, price: int, starts_at: datetime, ends_at: datetime | None) -> tuple[int, int, int, int]:
-    """The product's ``sale`` hash in Redis as ``(starts_ms, ends_ms, limit, price)``: window in
-    Unix milliseconds (``ends_ms`` 0 = no end; MySQL times are naive UTC), per-user limit in
-    units, unit price in minor currency units."""
+def sale_terms(per_user_limit: int, price: int, starts_at: datetime, ends_at: datetime | None) -> SaleTerms:
+    """The product's sale terms in Redis from its MySQL row: window in Unix milliseconds
+    (``ends_ms`` 0 = no end; MySQL times are naive UTC), per-user limit in units, unit price in
+    minor currency units."""
 
     def epoch_ms(value: datetime | None) -> int:
         return 0 if value is None else int(value.replace(tzinfo=UTC).timestamp() * 1000)
 
-    return epoch_ms(starts_at), epoch_ms(ends_at), per_user_limit, price
-
-
-@dataclass(frozen=True, slots=True)
-class JournalEntry:
-    """One reservation in a product's journal (``reserved_at_ms`` in Unix milliseconds)."""
-
-    request_id: str
-    user_id: str
-    quantity: int
-    order_no: str
-    reserved_at_ms: int
-
-
-def parse_journal(raw: dict[str, str]) -> list[JournalEntry]:
-    """Journal hash (request id -> ``user|quantity|order_no|reserved_at_ms|claimed``) to entries."""
-    entries = []
-    for request_id, value in raw.items():
-        user_id, quantity, order_no, reserved_at_ms, _claimed = value.rsplit("|", 4)
-        entries.append(JournalEntry(request_id, user_id, int(quantity), order_no, int(reserved_at_ms)))
-    return entries
+    return SaleTerms(epoch_ms(starts_at), epoch_ms(ends_at), per_user_limit, price)
 
 
 class Realigner:
@@ -118,16 +96,12 @@ class Realigner:
     def __init__(
         self,
         engine: AsyncEngine,
-        redis: Redis,
-        scripts: Scripts,
-        key_prefix: str,
+        store: StockStore,
         grace_seconds: float,
         publisher: Publisher | None = None,
     ) -> None:
         self.engine = engine
-        self._redis = redis
-        self._scripts = scripts
-        self._prefix = key_prefix
+        self._store = store
         self._grace_ms = int(grace_seconds * 1000)
         self._publisher = publisher
 
@@ -153,7 +127,6 @@ class Realigner:
         Raises:
             ProductNotFound: the product has no inventory row in MySQL.
         """
-        keys = ProductKeys(self._prefix, product_id)
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="REPEATABLE READ")
             await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
@@ -162,7 +135,7 @@ class Realigner:
                 await conn.rollback()
                 raise ProductNotFound(product_id)
             mysql_stock, mysql_sold, version = row.stock, row.sold, row.version
-            journal = parse_journal(await self._redis.hgetall(keys.journal))
+            journal = await self._store.journal(product_id)
             by_order_no = {entry.order_no: entry.request_id for entry in journal}
             order_nos = list(by_order_no)
             resolved: set[str] = set()
@@ -170,41 +143,45 @@ class Realigner:
                 rows = await conn.execute(_ORDERS_BY_ORDER_NO, {"order_nos": order_nos[start : start + _CHUNK]})
                 resolved.update(by_order_no[order_no] for (order_no,) in rows)
             held = await conn.execute(_UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
-            quota_pairs = [str(value) for pair in held for value in pair]
+            units_held = [(user_id, int(units)) for user_id, units in held]
             await conn.rollback()
 
         terms = sale_terms(row.per_user_limit, row.price, row.sale_starts_at, row.sale_ends_at)
-        before, after, in_flight, units, dropped, stale = await self._scripts.realign(
-            keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale],
-            args=[mysql_stock, "0" if dry_run else "1", version, *terms, len(resolved), *resolved, *quota_pairs],
+        result = await self._store.realign(
+            product_id,
+            mysql_stock=mysql_stock,
+            inventory_version=version,
+            terms=terms,
+            resolved=resolved,
+            units_held=units_held,
+            dry_run=dry_run,
         )
-        redis_before = int(before) if before != "" else None
+        redis_before = result.stock_before
 
         republished = 0
         if not dry_run and self._publisher is not None:
-            seconds, micros = await self._redis.time()
-            cutoff = seconds * 1000 + micros // 1000 - self._grace_ms
+            cutoff = await self._store.server_time_ms() - self._grace_ms
             overdue = [e for e in journal if e.request_id not in resolved and e.reserved_at_ms < cutoff]
-            republished = await self._republish(keys, product_id, row.price, overdue)
+            republished = await self._republish(product_id, row.price, overdue)
 
         report = RealignReport(
             product_id=product_id,
             mysql_stock=mysql_stock,
             mysql_sold=mysql_sold,
             redis_stock_before=redis_before,
-            redis_stock_after=int(after),
-            in_flight=int(in_flight),
-            in_flight_units=int(units),
-            drift=None if redis_before is None else redis_before - int(after),
-            resolved_dropped=int(dropped),
+            redis_stock_after=result.stock_after,
+            in_flight=result.in_flight,
+            in_flight_units=result.in_flight_units,
+            drift=None if redis_before is None else redis_before - result.stock_after,
+            resolved_dropped=result.resolved_dropped,
             republished=republished,
             dry_run=dry_run,
-            skipped_stale=bool(stale),
+            skipped_stale=result.stale,
         )
         log.info("realigned", **msgspec.structs.asdict(report))
         return report
 
-    async def _republish(self, keys: ProductKeys, product_id: int, price: int, stale: list[JournalEntry]) -> int:
+    async def _republish(self, product_id: int, price: int, stale: list[JournalEntry]) -> int:
         """Publish overdue reservations again, priced at the current ``price`` (minor units)."""
         assert self._publisher is not None
         count = 0
@@ -224,9 +201,7 @@ class Realigner:
                 log.warning("republish_failed", request_id=entry.request_id)
                 continue
             count += 1
-            replay = keys.replay(entry.request_id)
-            if await self._redis.hget(replay, "state") == "pending":
-                await self._redis.hset(replay, "state", "queued")
+            await self._store.mark_queued_if_pending(product_id, entry.request_id)
         if count:
             log.warning("republished_stale_reservations", product_id=product_id, count=count)
         return count

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from db.migrate import upgrade
 from db.models import OrderStatus
 from service.adapters.broker import queue_depth
-from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources, opened
 from service.domain.lifecycle import expire_unpaid
 from service.domain.realign import RealignReport
@@ -61,8 +61,8 @@ class Stores:
         return self.resources.engine
 
     @property
-    def redis(self) -> Redis:
-        return self.resources.redis
+    def store(self) -> StockStore:
+        return self.resources.store
 
     @classmethod
     async def open(cls, stack: AsyncExitStack, settings: Settings) -> Stores:
@@ -121,9 +121,8 @@ class Stores:
         """One payment-timeout sweep of the product in this process:
         :func:`service.domain.lifecycle.expire_unpaid` (what ``flashsale sweep`` runs) with the
         run's key prefix and payment window; returns orders cancelled."""
-        prefix, window = self.settings.redis.key_prefix, self.settings.payment.window_seconds
-        resources = self.resources
-        return await expire_unpaid(resources.engine, resources.redis, resources.scripts, prefix, window, product_id=product_id)
+        window = self.settings.payment.window_seconds
+        return await expire_unpaid(self.engine, self.store, window, product_id=product_id)
 
     async def realign(self, product_id: int) -> RealignReport:
         """One realignment pass over the product (what ``flashsale realign --product`` runs), on
@@ -150,17 +149,15 @@ class Stores:
                 {"p": product_id},
             )
             payments = [PaymentRow(*row) for row in rows]
-        keys = ProductKeys(self.settings.redis.key_prefix, product_id)
-        redis_stock = await self.redis.get(keys.stock)
         amqp = self.settings.amqp
         return StoreFacts(
             mysql_stock=stock,
             mysql_sold=sold,
             orders=orders,
             payments=payments,
-            redis_stock=None if redis_stock is None else int(redis_stock),
-            journal_ids=await self.redis.hkeys(keys.journal),
-            quota={user: int(units) for user, units in (await self.redis.hgetall(keys.quota)).items()},
+            redis_stock=await self.store.stock(product_id),
+            journal_ids=[entry.request_id for entry in await self.store.journal(product_id)],
+            quota=await self.store.quota(product_id),
             dead_letters=await self.queue_depth(amqp.dead_letter_queue) - dead_letters_before,
             queue_messages=await self.queue_depth(amqp.queue),
         )

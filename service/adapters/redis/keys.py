@@ -1,16 +1,18 @@
-"""Redis key names. Keys of one product share the hash tag ``{p:ID}`` (one Redis Cluster slot)."""
+"""Redis key names, used only inside this package (callers go through :class:`StockStore`).
+
+Keys of one product share the hash tag ``{p:ID}`` (one Redis Cluster slot), so every script call
+on a product passes all its keys in KEYS and runs on Redis Cluster.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True, slots=True)
 class ProductKeys:
     """The Redis keys of one product under a key prefix (the prefix isolates deployments and test runs).
 
     - ``stock``: string, integer units still sellable in Redis.
-    - ``sale``: hash ``starts_ms``, ``ends_ms`` (0 = no end), ``limit`` (per-user limit, units).
+    - ``sale``: hash ``starts_ms``, ``ends_ms`` (0 = no end), ``limit`` (per-user limit, units),
+      ``price`` (minor currency units).
     - ``journal``: hash request id -> ``user|quantity|order_no|reserved_at_ms|claimed``.
     - ``quota``: hash user id -> units the user holds.
     - ``replay(request_id)``: hash ``quantity``, ``order_no``, ``state`` for replays.
@@ -19,12 +21,11 @@ class ProductKeys:
     - ``returned(order_no)``: marker that the order's units were given back to Redis.
     """
 
-    prefix: str
-    product_id: int
+    __slots__ = ("tag",)
 
-    @property
-    def tag(self) -> str:
-        return f"{self.prefix}:{{p:{self.product_id}}}"
+    def __init__(self, prefix: str, product_id: int) -> None:
+        self.tag = f"{prefix}:{{p:{product_id}}}"
+        """``prefix:{p:ID}``: the start of every key of the product."""
 
     @property
     def stock(self) -> str:
@@ -66,8 +67,3 @@ def sequence_key(prefix: str, shard: int, second: str) -> str:
 def shard_lease_key(prefix: str, shard: int) -> str:
     """The lease that gives one process exclusive use of an order-number shard (00-99)."""
     return f"{prefix}:shard:{shard:02d}"
-
-
-def product_prefix_pattern(prefix: str) -> str:
-    """SCAN pattern matching every product's stock key (used to list loaded products)."""
-    return f"{prefix}:{{p:*}}:stock"

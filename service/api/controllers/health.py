@@ -28,11 +28,11 @@ class HealthController(Controller):
 
     @get("/ready", summary="Redis runs the script, RabbitMQ has a channel, MySQL answers")
     async def ready(self, resources: NamedDependency[Resources]) -> Response[Readiness]:
-        """200 when Redis has the reserve script and this process holds a shard, RabbitMQ has a
+        """200 when Redis has every Lua script and this process holds a shard, RabbitMQ has a
         channel and MySQL answers; 503 (same body) otherwise."""
         redis_ok = rabbit_ok = mysql_ok = False
         try:
-            redis_ok = all(await resources.redis.script_exists(resources.scripts.reserve.sha)) and resources.lease.held
+            redis_ok = await resources.store.ready() and resources.lease.held
         except Exception:
             pass
         rabbit_ok = resources.publisher.ready

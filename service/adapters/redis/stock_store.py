@@ -1,0 +1,271 @@
+"""The stock store: the one gateway to Redis. It owns every key name and every Lua script.
+
+One method per script or Redis operation, each with a typed answer (:mod:`.results`). Callers
+name products, request ids, order numbers and shards; they never build KEYS/ARGV nor know a key.
+Every key of one call on a product shares the product's hash tag ``{p:ID}`` and is passed in
+KEYS, so the scripts run on Redis Cluster.
+
+Errors: every method lets ``redis.exceptions.RedisError`` (and ``OSError`` from the socket)
+through; callers decide what a Redis failure means for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from importlib.resources import files
+from typing import cast
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from service.adapters.redis.keys import (
+    ProductKeys,
+    order_key,
+    sequence_key,
+    shard_lease_key,
+)
+from service.adapters.redis.results import (
+    ClaimOutcome,
+    JournalEntry,
+    QueuedOrder,
+    RealignResult,
+    ReleaseOutcome,
+    Reservation,
+    RestockOutcome,
+    SaleTerms,
+    format_queued_order,
+    parse_journal_entry,
+    parse_queued_order,
+    parse_realign_reply,
+    parse_reservation,
+)
+
+SEQUENCE_KEY_TTL_SECONDS = 120
+"""Lifetime of an order-number sequence counter (one shard, one second)."""
+RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
+"""Lifetime of the marker that an order's returned units reached Redis (restock runs once)."""
+
+
+def _script(redis: Redis, name: str) -> AsyncScript:
+    """``lua/<name>.lua`` registered on ``redis`` (EVALSHA, falling back to EVAL once if the
+    server lost the script)."""
+    return redis.register_script(files("lua").joinpath(f"{name}.lua").read_text(encoding="utf-8"))
+
+
+class StockStore:
+    """Stock, reservations, per-user quotas, replay records, order views, order-number sequences
+    and shard leases in Redis, for one key prefix.
+
+    ``redis`` must decode responses (``decode_responses=True``). ``replay_ttl_seconds`` is how
+    long a replay record and a queued order's view live. Construct one store per client at
+    start-up (it registers the scripts on the client), then call :meth:`load` once.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        key_prefix: str,
+        *,
+        replay_ttl_seconds: int = 86_400,
+        returned_marker_ttl_seconds: int = RETURNED_MARKER_TTL_SECONDS,
+    ) -> None:
+        self._redis = redis
+        self._prefix = key_prefix
+        self._replay_ttl = replay_ttl_seconds
+        self._returned_ttl = returned_marker_ttl_seconds
+        self._reserve = _script(redis, "reserve")
+        self._release = _script(redis, "release")
+        self._claim = _script(redis, "claim")
+        self._realign = _script(redis, "realign")
+        self._restock = _script(redis, "restock")
+        self._lease_renew = _script(redis, "lease_renew")
+        self._lease_release = _script(redis, "lease_release")
+        self._scripts = (
+            self._reserve, self._release, self._claim, self._realign, self._restock, self._lease_renew, self._lease_release
+        )
+
+    # -- set-up and health ---------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """SCRIPT LOAD every script, so the first EVALSHA of the hot path does not miss."""
+        for script in self._scripts:
+            await script.registered_client.script_load(script.script)
+
+    async def ready(self) -> bool:
+        """True when the server holds every script (one SCRIPT EXISTS round trip)."""
+        return all(await self._redis.script_exists(*(script.sha for script in self._scripts)))
+
+    async def ping(self) -> bool:
+        """True when Redis answers PING."""
+        return bool(await self._redis.ping())
+
+    async def aclose(self) -> None:
+        """Close the client the store was given (and its connection pool)."""
+        await self._redis.aclose()
+
+    # -- key names (for tests that inspect Redis state) --------------------------------------
+
+    def product_keys(self, product_id: int) -> ProductKeys:
+        """The key names of one product (stock, sale, journal, quota, versions, replay, returned)."""
+        return ProductKeys(self._prefix, product_id)
+
+    def sequence_key(self, shard: int, second: str) -> str:
+        """The order-number sequence counter of ``shard`` in UTC ``second`` (``yyyyMMddHHmmss``)."""
+        return sequence_key(self._prefix, shard, second)
+
+    # -- the purchase path ---------------------------------------------------------------------
+
+    async def reserve(self, product_id: int, request_id: str, user_id: str, quantity: int, order_no: str) -> Reservation:
+        """``lua/reserve.lua``, one round trip: replay check for ``request_id``, sale loaded and
+        open, per-user limit and quota, numeric stock check, then decrement ``quantity`` units,
+        add the journal entry and the replay record (state ``pending``). ``order_no`` is the
+        candidate order number for a new reservation. Only ``RESERVED`` writes anything."""
+        keys = ProductKeys(self._prefix, product_id)
+        reply = await self._reserve(
+            keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
+            args=[request_id, user_id, quantity, order_no, self._replay_ttl],
+        )
+        return parse_reservation(reply)
+
+    async def release(self, product_id: int, request_id: str) -> ReleaseOutcome:
+        """``lua/release.lua``, idempotent: give a reservation whose publish failed back (stock,
+        per-user quota, journal entry) and leave a ``released`` tombstone on its replay record,
+        unless a consumer already claimed it."""
+        keys = ProductKeys(self._prefix, product_id)
+        reply = await self._release(
+            keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)], args=[request_id]
+        )
+        return ReleaseOutcome(reply)
+
+    async def mark_queued(self, product_id: int, request_id: str, order_no: str, user_id: str, quantity: int) -> None:
+        """One pipeline round trip once the broker confirmed: the replay record's state becomes
+        ``queued`` and the order's view (read while only Redis knows the order) is written; both
+        live ``replay_ttl_seconds``."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hset(ProductKeys(self._prefix, product_id).replay(request_id), "state", "queued")
+            pipe.set(
+                order_key(self._prefix, order_no),
+                format_queued_order(user_id, product_id, request_id, quantity),
+                ex=self._replay_ttl,
+            )
+            await pipe.execute()
+
+    async def next_sequence(self, shard: int, second: str) -> int:
+        """One pipeline round trip: INCR the sequence counter of ``shard`` in UTC ``second``
+        (``yyyyMMddHHmmss``) and (re)set its expiry; returns the new value (1 for the first)."""
+        key = sequence_key(self._prefix, shard, second)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, SEQUENCE_KEY_TTL_SECONDS)
+            sequence, _ = await pipe.execute()
+        return int(sequence)
+
+    # -- order-number shard leases -------------------------------------------------------------
+
+    async def acquire_lease(self, shard: int, holder: str, lease_ms: int) -> bool:
+        """SET NX PX: True when ``holder`` (a token unique to the process) now holds ``shard``
+        for ``lease_ms`` milliseconds, False when someone else holds it."""
+        return bool(await self._redis.set(shard_lease_key(self._prefix, shard), holder, nx=True, px=lease_ms))
+
+    async def renew_lease(self, shard: int, holder: str, lease_ms: int) -> bool:
+        """``lua/lease_renew.lua``: extend ``holder``'s lease on ``shard`` to ``lease_ms``
+        milliseconds from now; False when the lease expired or belongs to someone else."""
+        return bool(await self._lease_renew(keys=[shard_lease_key(self._prefix, shard)], args=[holder, lease_ms]))
+
+    async def release_lease(self, shard: int, holder: str) -> bool:
+        """``lua/lease_release.lua``: drop ``holder``'s lease on ``shard``; False when not held."""
+        return bool(await self._lease_release(keys=[shard_lease_key(self._prefix, shard)], args=[holder]))
+
+    # -- consumers and the order lifecycle -----------------------------------------------------
+
+    async def claim(self, product_id: int, request_id: str) -> ClaimOutcome:
+        """``lua/claim.lua``: mark the reservation of ``request_id`` as taken by a consumer, so a
+        late release does not give it back."""
+        keys = ProductKeys(self._prefix, product_id)
+        return ClaimOutcome(await self._claim(keys=[keys.journal, keys.replay(request_id)], args=[request_id]))
+
+    async def restock(
+        self,
+        product_id: int,
+        order_no: str,
+        user_id: str,
+        quantity: int,
+        inventory_version: int,
+        *,
+        release_quota: bool,
+    ) -> RestockOutcome:
+        """``lua/restock.lua``, exactly once per order: give ``quantity`` units returned in MySQL
+        (by the commit that made the inventory row ``inventory_version``) back to Redis stock, and
+        with ``release_quota`` the buyer's per-user quota too (a cancel; not a refund)."""
+        keys = ProductKeys(self._prefix, product_id)
+        reply = await self._restock(
+            keys=[keys.stock, keys.quota, keys.versions, keys.returned(order_no)],
+            args=[user_id, quantity, inventory_version, self._returned_ttl, "1" if release_quota else "0"],
+        )
+        return RestockOutcome(reply)
+
+    # -- realignment and reads -----------------------------------------------------------------
+
+    async def journal(self, product_id: int) -> list[JournalEntry]:
+        """Every reservation in the product's journal (one HGETALL), in no particular order.
+
+        Raises:
+            ValueError: an entry that is not ``user|quantity|order_no|reserved_at_ms|claimed``.
+        """
+        raw = cast(dict[str, str], await self._redis.hgetall(ProductKeys(self._prefix, product_id).journal))
+        return [parse_journal_entry(request_id, value) for request_id, value in raw.items()]
+
+    async def realign(
+        self,
+        product_id: int,
+        *,
+        mysql_stock: int,
+        inventory_version: int,
+        terms: SaleTerms,
+        resolved: Collection[str],
+        units_held: Iterable[tuple[str, int]],
+        dry_run: bool,
+    ) -> RealignResult:
+        """``lua/realign.lua``, atomically against the journal as it is now: stock =
+        ``mysql_stock`` - units of journal entries whose request id is not in ``resolved``;
+        per-user quota = ``units_held`` (user id, units held in MySQL) + units still in the
+        journal; sale terms = ``terms``; resolved entries dropped. Writes nothing when
+        ``dry_run`` or when Redis already reflects an inventory version newer than
+        ``inventory_version`` (``stale``)."""
+        keys = ProductKeys(self._prefix, product_id)
+        quota = [str(value) for pair in units_held for value in pair]
+        reply = await self._realign(
+            keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale],
+            args=[mysql_stock, "0" if dry_run else "1", inventory_version, *terms, len(resolved), *resolved, *quota],
+        )
+        return parse_realign_reply(reply)
+
+    async def mark_queued_if_pending(self, product_id: int, request_id: str) -> bool:
+        """After a re-publish: a replay record still ``pending`` becomes ``queued`` (two round
+        trips, not atomic: only realignment calls it). True when it changed the state."""
+        replay = ProductKeys(self._prefix, product_id).replay(request_id)
+        if await self._redis.hget(replay, "state") != "pending":
+            return False
+        await self._redis.hset(replay, "state", "queued")
+        return True
+
+    async def server_time_ms(self) -> int:
+        """Redis server time in Unix milliseconds (the clock of ``reserved_at_ms``)."""
+        seconds, micros = await self._redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def stock(self, product_id: int) -> int | None:
+        """Units Redis can still sell, or None when the product is not loaded."""
+        value = await self._redis.get(ProductKeys(self._prefix, product_id).stock)
+        return None if value is None else int(value)
+
+    async def quota(self, product_id: int) -> dict[str, int]:
+        """Units each user holds against the per-user limit (users holding none are absent)."""
+        raw = cast(dict[str, str], await self._redis.hgetall(ProductKeys(self._prefix, product_id).quota))
+        return {user_id: int(units) for user_id, units in raw.items()}
+
+    async def queued_order(self, order_no: str) -> QueuedOrder | None:
+        """The view of an order only Redis knows yet, or None (unknown, written to MySQL long
+        ago, or past ``replay_ttl_seconds``)."""
+        value = cast(str | None, await self._redis.get(order_key(self._prefix, order_no)))
+        return None if value is None else parse_queued_order(order_no, value)

@@ -1,0 +1,84 @@
+"""The stock store's pure parts: Redis replies and stored values to typed results (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.results import (
+    JournalEntry,
+    QueuedOrder,
+    RealignResult,
+    Reservation,
+    ReserveOutcome,
+    SaleTerms,
+    format_queued_order,
+    parse_journal_entry,
+    parse_queued_order,
+    parse_realign_reply,
+    parse_reservation,
+)
+from service.domain.realign import sale_terms
+
+
+def test_a_reserved_reply_carries_time_and_integer_price():
+    reply = ["reserved", "FS2026113000000098000001xx", 1764460800123, "1500"]
+    assert parse_reservation(reply) == Reservation(ReserveOutcome.RESERVED, reply[1], 1764460800123, 1500)
+
+
+def test_a_price_beyond_double_precision_stays_exact():
+    # reserve.lua returns the price as the string Redis holds: Lua numbers are doubles.
+    assert parse_reservation(["reserved", "x", 1, str(2**62 + 1)]).unit_price == 2**62 + 1
+
+
+@pytest.mark.parametrize("outcome", [o for o in ReserveOutcome if o is not ReserveOutcome.RESERVED])
+def test_two_element_replies_have_no_time_or_price(outcome):
+    reservation = parse_reservation([outcome.value, ""])
+    assert (reservation.outcome, reservation.order_no, reservation.reserved_at_ms, reservation.unit_price) == (
+        outcome, "", 0, 0
+    )
+    assert reservation.outcome == outcome.value  # a StrEnum compares equal to the script's word
+
+
+def test_an_unknown_outcome_is_refused():
+    with pytest.raises(ValueError):
+        parse_reservation(["maybe", ""])
+
+
+def test_journal_entries_parse_with_the_claimed_flag():
+    assert parse_journal_entry("r1", "alice|2|FS123|1764460800123|0") == JournalEntry("r1", "alice", 2, "FS123", 1764460800123)
+    assert parse_journal_entry("r2", "bob|1|FS124|5|1").claimed
+
+
+def test_a_user_id_containing_the_separator_keeps_it():
+    assert parse_journal_entry("r", "a|b|3|FS1|7|0").user_id == "a|b"
+
+
+@pytest.mark.parametrize("value", ["alice|2|FS123|1764460800123", "alice|two|FS123|1|0", "alice|2|FS123|1|x"])
+def test_malformed_journal_entries_are_refused(value):
+    with pytest.raises(ValueError):
+        parse_journal_entry("r", value)
+
+
+def test_realign_replies_parse_not_loaded_and_stale():
+    assert parse_realign_reply(["", 7, 1, 2, 3, 0]) == RealignResult(None, 7, 1, 2, 3, False)
+    assert parse_realign_reply(["5", 4, 0, 0, 0, 1]) == RealignResult(5, 4, 0, 0, 0, True)
+
+
+def test_queued_order_view_round_trips():
+    value = format_queued_order("alice", 42, "req-1", 3)
+    assert value == "alice|42|req-1|3"
+    assert parse_queued_order("FS1", value) == QueuedOrder("FS1", "alice", 42, "req-1", 3)
+
+
+def test_every_key_of_a_product_shares_its_hash_tag():
+    keys = ProductKeys("fs", 42)
+    names = [keys.stock, keys.sale, keys.journal, keys.quota, keys.versions, keys.replay("r"), keys.returned("o")]
+    assert all(name.startswith("fs:{p:42}:") for name in names)
+    assert len(set(names)) == len(names)
+
+
+def test_sale_terms_are_unix_milliseconds_with_0_for_no_end():
+    from datetime import datetime
+
+    assert sale_terms(2, 1500, datetime(2026, 1, 1), None) == SaleTerms(1767225600000, 0, 2, 1500)
