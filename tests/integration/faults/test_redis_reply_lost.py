@@ -17,7 +17,7 @@ from service.adapters.redis.keys import ProductKeys
 from service.bootstrap import Resources
 from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
-from tests.conftest import redis_state
+from tests.support import redis_state
 
 
 class ReplySwallowingProxy:
