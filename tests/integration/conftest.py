@@ -43,6 +43,7 @@ def settings() -> Settings:
     )
 
 
+# autouse applies to tests/integration only (this conftest's package); tests/unit never reaches it.
 @pytest.fixture(scope="session", autouse=True)
 async def isolated_services(settings: Settings) -> AsyncIterator[None]:
     await upgrade(settings.db.url)

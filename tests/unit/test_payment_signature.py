@@ -31,6 +31,7 @@ def test_a_good_signature_verifies_in_either_case():
         ("mockpay", BODY, ""),
         ("mockpay", BODY, "é" * 64),
     ],
+    ids=["unknown-channel", "tampered-body", "missing", "empty", "non-ascii"],
 )
 def test_anything_else_is_refused(channel, body, signature):
     with pytest.raises(SignatureInvalid):
