@@ -13,7 +13,7 @@ from service.bootstrap import Resources
 from service.domain.order_no import compose_order_no
 from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
-from tests.conftest import inventory, order_rows, redis_state
+from tests.support import inventory, order_rows, redis_state
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from service.bootstrap import Resources
 from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
-from tests.conftest import redis_state
+from tests.support import redis_state
 
 
 class ReplySwallowingProxy:

@@ -6,13 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_compose_file_matches_the_compose_spec():
     check = Path(sys.executable).with_name("check-jsonschema")
     result = subprocess.run(
         [str(check), "--builtin-schema", "vendor.compose-spec", str(ROOT / "compose.yaml")],
+        check=False,
         capture_output=True,
         text=True,
     )

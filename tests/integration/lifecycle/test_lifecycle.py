@@ -8,13 +8,13 @@ import random
 from collections import Counter
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 
 from db.models import OrderStatus as S
 from service.domain.lifecycle import IllegalTransition, expire_unpaid, transition
 from service.domain.payments import sign
 from service.domain.realign import Realigner
-from tests.conftest import eventually, inventory, order_rows, redis_state
+from tests.support import eventually, inventory, order_rows, redis_state
 
 
 async def buy_and_settle(client, token, engine, product_id: int, users: list[str], quantity: int = 1) -> list[str]:
@@ -27,7 +27,7 @@ async def buy_and_settle(client, token, engine, product_id: int, users: list[str
     async def all_written():
         return len(await order_rows(engine, product_id)) == len(users)
 
-    await eventually(all_written, timeout=30)
+    await eventually(all_written)
     return [r.json()["order_no"] for r in responses]
 
 
@@ -154,7 +154,8 @@ async def test_payment_timeout_sweep_cancels_unpaid_orders_once(
     order_nos = await buy_and_settle(client, token, engine, product_id, [f"slow{i}" for i in range(4)])
     paid = order_nos[0]
     assert (await notify(client, settings, paid, txn="sweep-paid")).json()["result"] == "paid"
-    await asyncio.sleep(2.1)  # the window below is 1 s; created_at has one-second precision
+    # The window below is 1 s; created_at has one-second precision: wait until MySQL's clock says so.
+    await eventually(lambda: _created_before(engine, order_nos, seconds_ago=1))
 
     # The sweep is global: earlier tests' unpaid orders in this run's database go too.
     assert await expire_unpaid(engine, store, window_seconds=1) >= 3
@@ -167,6 +168,16 @@ async def test_payment_timeout_sweep_cancels_unpaid_orders_once(
     assert state["stock"] == "4" and set(state["quota"]) == {"slow0"}
     rows = {row.order_no: row.reason for row in await order_rows(engine, product_id)}
     assert {rows[o] for o in order_nos[1:]} == {"payment_timeout"}
+
+
+async def _created_before(engine, order_nos: list[str], seconds_ago: int) -> bool:
+    async with engine.connect() as conn:
+        older = (await conn.execute(
+            text("SELECT COUNT(*) FROM orders WHERE order_no IN :o AND created_at < NOW() - INTERVAL :s SECOND")
+            .bindparams(bindparam("o", expanding=True)),
+            {"o": order_nos, "s": seconds_ago},
+        )).scalar()
+    return older == len(order_nos)
 
 
 async def test_cancel_racing_pay_a_hundred_times(client, token, put_product, product_id, engine, redis, store, settings, consumer):
@@ -339,7 +350,7 @@ async def test_a_refund_with_restock_keeps_the_buyers_quota(
 async def test_a_non_ascii_signature_is_401_not_500(client, token, put_product, product_id, engine, settings, consumer, signature):
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["ascii"])
-    body, headers = notification(settings, order_no)
+    body, _ = notification(settings, order_no)
     raw_headers = [(b"content-type", b"application/json"), (b"x-signature", signature.encode("utf-8", "surrogateescape"))]
     response = await client.post("/api/v1/payments/notify", content=body, headers=raw_headers)
     assert response.status_code == 401 and response.json()["code"] == "invalid_signature"

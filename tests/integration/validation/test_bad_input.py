@@ -8,8 +8,10 @@ import jwt
 import pytest
 from sqlalchemy import text
 
-from service.adapters.broker import queue_depth
-from tests.conftest import redis_state
+from service.adapters.broker import OrderMessage, encode_order, queue_depth
+from service.domain.order_no import compose_order_no
+from service.domain.request_id import mint_request_id
+from tests.support import eventually, publish_raw, redis_state, rows_at_least
 
 CASES = [
     # (name, body, extra headers, expected status, expected code)
@@ -125,3 +127,56 @@ async def test_bad_product_input(client, admin, new_product_id):
         assert response.status_code == 400, body
         assert response.json()["code"] == "invalid_request"
     assert (await client.get(f"/api/v1/products/{pid}")).status_code == 404
+
+
+# Regression tests from the adversarial review (formerly tests/test_hardening.py).
+
+
+async def test_values_with_a_trailing_newline_are_refused(client, token, settings, amqp_channel, put_product, product_id, engine, consumer):
+    """Guards: `$`-anchored checks let an order number, a JWT subject or a queued message carry a trailing newline."""
+    await put_product(product_id, stock=5, limit=1)
+    good = compose_order_no("FS", "20261130000003", 94, 1)
+    response = await client.get(f"/api/v1/orders/{good}%0A", headers=token("u"))
+    assert response.status_code == 400 and response.json()["code"] == "invalid_order_no"
+    now = int(time.time())
+    newline_sub = jwt.encode({"sub": "mallory\n", "exp": now + 60, "iat": now}, settings.auth.jwt_secret, algorithm="HS256")
+    assert (await client.get("/api/v1/orders", headers={"Authorization": f"Bearer {newline_sub}"})).status_code == 401
+
+    dead_before = await queue_depth(amqp_channel, settings.amqp.dead_letter_queue)
+    poison = OrderMessage(mint_request_id(), good + "\n", "zed", product_id, 1, 0, 1500)
+    await publish_raw(amqp_channel, settings, encode_order(poison))
+    after = OrderMessage(mint_request_id(), compose_order_no("FS", "20261130000003", 94, 2), "zed", product_id, 1, 0, 1500)
+    await publish_raw(amqp_channel, settings, encode_order(after))
+    await eventually(lambda: rows_at_least(engine, product_id, 1))
+    await eventually(lambda: _depth_above(amqp_channel, settings.amqp.dead_letter_queue, dead_before))
+
+
+async def _depth_above(channel, queue, before):
+    return await queue_depth(channel, queue) > before
+
+
+async def test_amounts_that_cannot_fit_bigint_and_ids_out_of_range_are_400(client, admin, new_product_id):
+    """Guards: prices and ids beyond BIGINT (or 0) reached MySQL and failed with a 500."""
+    pid = new_product_id()
+    body = {"stock": 5, "price": 2**62, "per_user_limit": 2}
+    response = await client.put(f"/api/v1/admin/products/{pid}", json=body, headers=admin)
+    assert response.status_code == 400
+    for bad in (2**63, 2**64, 0):
+        assert (await client.put(f"/api/v1/admin/products/{bad}", json={"stock": 1}, headers=admin)).status_code == 400
+        assert (await client.get(f"/api/v1/products/{bad}")).status_code in (400, 404)
+
+
+async def test_deeply_nested_json_is_400(client, token):
+    """Guards: a deeply nested JSON body crashed the decoder with a 500 instead of a 400."""
+    nested = b"[" * 100_000 + b"]" * 100_000
+    response = await client.post("/api/v1/orders", content=nested, headers={**token("u"), "content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize("value", ["1", 1.0, "1e0"])
+async def test_quantity_of_the_wrong_type_is_refused(client, token, put_product, product_id, value, redis, settings):
+    """Guards: a quantity given as a string or float was coerced and reserved stock."""
+    await put_product(product_id, stock=5, limit=2)
+    response = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": value}, headers=token("typed"))
+    assert response.status_code == 400 and response.json()["errors"][0]["field"] == "quantity"
+    assert (await redis_state(redis, settings, product_id))["journal"] == {}

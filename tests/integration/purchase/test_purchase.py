@@ -5,20 +5,19 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+from sqlalchemy import text
+
 from service.domain.order_no import is_valid_order_no
-from tests.conftest import (
+from service.domain.realign import Realigner
+from tests.support import (
+    buy,
     eventually,
     inventory,
     order_rows,
     redis_state,
+    rows_at_least,
     sampling_min_stock,
 )
-
-
-async def buy(client, headers, product_id, quantity=1, key=None):
-    if key is not None:
-        headers = {**headers, "Idempotency-Key": key}
-    return await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": quantity}, headers=headers)
 
 
 async def test_200_concurrent_buyers_for_stock_10_get_exactly_10_orders(
@@ -160,3 +159,71 @@ async def test_order_read_while_only_redis_knows_it_is_queued(client, token, put
     response = await client.get(f"/api/v1/orders/{accepted['order_no']}", headers=owner)
     assert response.status_code == 200
     assert response.json()["status"] == "queued" and response.json()["quantity"] == 1
+
+
+# Regression tests from the adversarial review (formerly tests/test_hardening.py).
+
+
+async def _retry_after_the_replay_record_is_gone(client, headers, product_id, engine, redis, store, age_days: int):
+    """Buy with a key, wait for the row, drop the replay record (and age the order by
+    ``age_days``), retry with the same key; returns (first 202 body, retry 202 body, rows by order_no)."""
+    first = (await buy(client, headers, product_id, key="k")).json()
+    await eventually(lambda: rows_at_least(engine, product_id, 1))
+    await redis.delete(store.product_keys(product_id).replay(first["request_id"]))
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE orders SET created_at = NOW() - INTERVAL :d DAY WHERE order_no = :o"),
+            {"d": age_days, "o": first["order_no"]},
+        )
+    retry = (await buy(client, headers, product_id, key="k")).json()
+    assert retry["order_no"] != first["order_no"]
+    await eventually(lambda: rows_at_least(engine, product_id, 2))
+    return first, retry, {row.order_no: row for row in await order_rows(engine, product_id)}
+
+
+async def test_key_reused_after_its_replay_record_expired_is_a_new_order_with_a_row(
+    client, token, put_product, product_id, engine, redis, store, consumer
+):
+    """Guards: a key reused after its replay window was treated as a duplicate and its order got no row."""
+    await put_product(product_id, stock=5, limit=2)
+    # Two days old: past the 24 h replay window, so the reused key is a new purchase.
+    first, second, rows = await _retry_after_the_replay_record_is_gone(
+        client, token("forgetful"), product_id, engine, redis, store, age_days=2
+    )
+    assert (rows[first["order_no"]].status, rows[second["order_no"]].status) == (0, 0)
+    report = await Realigner(engine, store, 60).realign(product_id)
+    assert (report.mysql_stock, report.redis_stock_after, report.in_flight) == (3, 3, 0)
+    assert await redis.hget(store.product_keys(product_id).quota, "forgetful") == "2"
+
+
+async def test_a_lost_mark_queued_step_becomes_a_replay_once_realigned(
+    client, token, put_product, product_id, engine, redis, store, consumer
+):
+    """Guards: a replay record stuck in "pending" (lost mark-queued step) answered 409 forever."""
+    await put_product(product_id, stock=5, limit=1)
+    headers = token("unmarked")
+    accepted = (await buy(client, headers, product_id, key="k")).json()
+    keys = store.product_keys(product_id)
+    await redis.hset(keys.replay(accepted["request_id"]), "state", "pending")  # as if the step was lost
+    assert (await buy(client, headers, product_id, key="k")).status_code == 409
+    await eventually(lambda: rows_at_least(engine, product_id, 1))
+    await Realigner(engine, store, 60).realign(product_id)
+    replay = await buy(client, headers, product_id, key="k")
+    assert replay.status_code == 202 and replay.json()["order_no"] == accepted["order_no"]
+
+
+async def test_a_retry_after_redis_lost_its_replay_record_is_not_a_second_purchase(
+    client, token, put_product, product_id, engine, redis, store, settings, consumer
+):
+    """Guards: a retry after Redis lost a fresh replay record was sold twice."""
+    await put_product(product_id, stock=5, limit=2)
+    # Fresh order: the record should still exist, so Redis lost it and this is the same request.
+    first, retry, rows = await _retry_after_the_replay_record_is_gone(
+        client, token("lost-record"), product_id, engine, redis, store, age_days=0
+    )
+    assert (rows[first["order_no"]].status, rows[retry["order_no"]].status) == (0, 7)
+    assert rows[retry["order_no"]].reason == "duplicate_request"
+    assert await inventory(engine, product_id) == (4, 1)
+    await Realigner(engine, store, 60).realign(product_id)
+    assert (await redis_state(redis, settings, product_id))["stock"] == "4"
+    assert await redis.hget(store.product_keys(product_id).quota, "lost-record") == "1"

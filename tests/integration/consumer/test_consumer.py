@@ -9,31 +9,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-import aio_pika
+import pytest
 from sqlalchemy import event, text
 from structlog.testing import capture_logs
 
 from db.engine import make_engine
 from service.adapters.broker import OrderMessage, encode_order, queue_depth
 from service.adapters.redis.stock_store import StockStore
-from service.domain.order_no import compose_order_no
 from service.domain.order_writer import Outcome, apply_order
-from service.domain.request_id import mint_request_id
 from service.sale.isolation import environment
-from tests.conftest import eventually, inventory, order_rows
-
-
-async def publish_raw(channel, settings, body: bytes, message_id: str = "x") -> None:
-    exchange = await channel.get_exchange(settings.amqp.exchange)
-    await exchange.publish(
-        aio_pika.Message(body, message_id=message_id, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-        routing_key=settings.amqp.queue,
-    )
-
-
-def message_for(product_id: int, user: str, sequence: int, quantity: int = 1) -> OrderMessage:
-    order_no = compose_order_no("FS", "20261130000000", 99, sequence)
-    return OrderMessage(mint_request_id(), order_no, user, product_id, quantity, 0, 1500 * quantity)
+from tests.support import (
+    PATIENCE,
+    eventually,
+    inventory,
+    message_for,
+    order_rows,
+    publish_raw,
+)
 
 
 async def reserved_message(client, token, redis, settings, product_id, user) -> OrderMessage:
@@ -150,7 +142,7 @@ async def test_lock_wait_timeout_retries_the_whole_transaction(settings, engine,
         await blocker_holding.wait()
         with capture_logs() as logs:
             apply = asyncio.create_task(apply_order(impatient, message_for(product_id, "waiter", 4)))
-            await asyncio.sleep(2.5)  # the first attempt has hit 1205 by now
+            await eventually(lambda: _logged(logs, "transaction_retry"))  # the first attempt has hit 1205
             release_blocker.set()
             await blocker
             assert await apply is Outcome.APPLIED
@@ -161,21 +153,26 @@ async def test_lock_wait_timeout_retries_the_whole_transaction(settings, engine,
     assert len(await order_rows(engine, product_id)) == 1
 
 
+async def _logged(logs, event: str) -> bool:
+    return any(entry["event"] == event for entry in logs)
+
+
+@pytest.mark.slow
 async def test_sigterm_finishes_messages_in_hand_and_exits_0(settings, put_product, product_id, amqp_channel, engine):
     await put_product(product_id, stock=500, limit=1)
     for i in range(200):
         await publish_raw(amqp_channel, settings, encode_order(message_for(product_id, f"sig{i}", 1000 + i)))
     flashsale = Path(sys.executable).with_name("flashsale")
-    process = subprocess.Popen(
+    process = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block; the test polls it
         [str(flashsale), "consume", "--prefetch", "50"],
         env={**os.environ, **environment(settings)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
     try:
-        await eventually(lambda: _some_rows(engine, product_id), timeout=30, interval=0.01)
+        await eventually(lambda: _some_rows(engine, product_id), interval=0.01)
         process.send_signal(signal.SIGTERM)
-        code = await asyncio.to_thread(process.wait, 30)
+        code = await asyncio.to_thread(process.wait, PATIENCE)
     finally:
         if process.poll() is None:
             process.kill()

@@ -1,13 +1,13 @@
-"""Integration fixtures on the real MariaDB, Redis and RabbitMQ.
+"""Integration fixtures on the real MariaDB, Redis and RabbitMQ (only for tests under ``tests/integration``).
 
-Each test session gets its own database, Redis key prefix and queue names (``t_<hex>``) and
-removes them at the end; each test uses its own product ids.
+The servers are the ones ``FLASHSALE_*`` settings name (``FLASHSALE_DB__URL``, ``FLASHSALE_REDIS__URL``,
+``FLASHSALE_AMQP__URL``, ...; defaults: localhost). Each test session gets its own database, Redis key
+prefix and queue names (``t_<hex>``) and removes them at the end; each test uses its own product ids.
+Unit tests (``tests/unit``) never load this file, so they run with every server unreachable.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 from collections.abc import AsyncIterator
 
@@ -15,7 +15,6 @@ import aio_pika
 import pytest
 from litestar.testing import AsyncTestClient
 from redis.asyncio import Redis
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers.order_consumer import OrderConsumer
@@ -45,6 +44,7 @@ def settings() -> Settings:
     )
 
 
+# autouse applies to tests/integration only (this conftest's package); tests/unit never reaches it.
 @pytest.fixture(scope="session", autouse=True)
 async def isolated_services(settings: Settings) -> AsyncIterator[None]:
     await upgrade(settings.db.url)
@@ -141,85 +141,3 @@ async def consumer(settings: Settings, engine: AsyncEngine, store: StockStore) -
         await queue.cancel(tag)
         await order_consumer.drain()
         await connection.close()
-
-
-async def eventually(check, timeout: float = 20.0, interval: float = 0.05):
-    """Poll the async ``check`` until it returns a truthy value; fail after ``timeout`` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last: {result!r})")
-        await asyncio.sleep(interval)
-
-
-async def order_rows(engine: AsyncEngine, product_id: int) -> list:
-    async with engine.connect() as conn:
-        return list(
-            await conn.execute(
-                text("SELECT order_no, request_id, user_id, quantity, status, reason FROM orders WHERE product_id = :p"),
-                {"p": product_id},
-            )
-        )
-
-
-async def inventory(engine: AsyncEngine, product_id: int) -> tuple[int, int]:
-    async with engine.connect() as conn:
-        row = (await conn.execute(text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id})).one()
-        return row.stock, row.sold
-
-
-async def redis_state(redis: Redis, settings: Settings, product_id: int) -> dict:
-    """Everything Redis holds for a product (for "left no trace" assertions)."""
-    keys = StockStore(redis, settings.redis.key_prefix).product_keys(product_id)
-    found = sorted([key async for key in redis.scan_iter(match=f"{keys.tag}:*", count=1000)])
-    return {
-        "keys": found,
-        "stock": await redis.get(keys.stock),
-        "journal": await redis.hgetall(keys.journal),
-        "quota": await redis.hgetall(keys.quota),
-    }
-
-
-@contextlib.asynccontextmanager
-async def sampling_min_stock(redis: Redis, key: str, interval: float = 0.001):
-    """Samples a stock key while the block runs; yields a list whose [0] becomes the minimum seen."""
-    seen: list[int] = []
-    stop = asyncio.Event()
-
-    async def sample() -> None:
-        while not stop.is_set():
-            value = await redis.get(key)
-            if value is not None:
-                seen.append(int(value))
-            await asyncio.sleep(interval)
-
-    task = asyncio.create_task(sample())
-    result: list[int] = []
-    try:
-        yield result
-    finally:
-        stop.set()
-        await task
-        result.append(min(seen) if seen else 0)
-
-
-class RunsAfterJournalRead:
-    """The real Redis client, except that right after the realigner reads a product's journal,
-    ``during_read`` runs (real consumers commit, another pass runs, an operator changes the
-    product): the races of realignment, made to happen at their worst moment. Everything goes to
-    the real Redis and MySQL."""
-
-    def __init__(self, redis: Redis, during_read) -> None:
-        self._redis = redis
-        self._during_read = during_read
-
-    def __getattr__(self, name: str):
-        return getattr(self._redis, name)
-
-    async def hgetall(self, key: str) -> dict[str, str]:
-        journal = await self._redis.hgetall(key)
-        await self._during_read()
-        return journal

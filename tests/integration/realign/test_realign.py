@@ -8,17 +8,20 @@ from collections import Counter
 
 import pytest
 
-from service.adapters.broker import Publisher
+from service.adapters.broker import OrderMessage, Publisher
 from service.adapters.redis.stock_store import StockStore
 from service.domain.order_no import compose_order_no
+from service.domain.order_writer import apply_order
 from service.domain.realign import Realigner
 from service.domain.request_id import mint_request_id
-from tests.conftest import (
+from tests.support import (
     RunsAfterJournalRead,
+    buy,
     eventually,
     inventory,
     order_rows,
     redis_state,
+    rows_at_least,
 )
 
 
@@ -108,7 +111,7 @@ async def test_realignment_during_live_purchases_and_consumers_ends_exact(
     async def drained():
         rows = await order_rows(engine, product_id)
         return len(rows) == accepted
-    await eventually(drained, timeout=30)
+    await eventually(drained)
     stop.set()
     await looping
     assert any(p.in_flight > 0 for p in passes)  # passes ran while reservations were in flight
@@ -153,3 +156,59 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     settled = await Realigner(engine, store, 60).realign(product_id)
     assert (settled.redis_stock_after, settled.in_flight, settled.resolved_dropped) == (7, 1, 2)
     assert list(await redis.hgetall(keys.journal)) == [b.request_id]
+
+
+# Regression tests from the adversarial review (formerly tests/test_hardening.py).
+
+
+async def test_an_older_realignment_pass_never_overwrites_a_newer_one(engine, redis, store, settings, put_product, product_id):
+    """Guards: a slow realignment pass wrote its stale stock over the result of a newer pass."""
+    await put_product(product_id, stock=10, limit=1)
+    request_id = mint_request_id()
+    order_no = compose_order_no("FS", "20261130000002", 95, product_id)
+    reserved_at = (await store.reserve(product_id, request_id, "e", 1, order_no)).reserved_at_ms
+    prefix = settings.redis.key_prefix
+
+    async def consumer_commits_then_another_pass_runs():
+        await apply_order(engine, OrderMessage(request_id, order_no, "e", product_id, 1, reserved_at, 1500))
+        newer = await Realigner(engine, store, 60).realign(product_id)
+        assert (newer.redis_stock_after, newer.resolved_dropped) == (9, 1)
+
+    older = Realigner(engine, StockStore(RunsAfterJournalRead(redis, consumer_commits_then_another_pass_runs), prefix), 60)
+    report = await older.realign(product_id)
+    assert report.skipped_stale
+    state = await redis_state(redis, settings, product_id)
+    assert (state["stock"], state["journal"], state["quota"]) == ("9", {}, {"e": "1"})
+    assert await inventory(engine, product_id) == (9, 1)
+
+
+async def test_redis_data_loss_is_repaired_by_one_realignment(client, token, put_product, product_id, engine, redis, store, consumer):
+    """Guards: after Redis lost a product's keys, realignment did not rebuild stock, terms and quotas from MySQL."""
+    await put_product(product_id, stock=5, limit=1)
+    assert (await buy(client, token("before-loss"), product_id)).status_code == 202
+    await eventually(lambda: rows_at_least(engine, product_id, 1))
+    keys = store.product_keys(product_id)
+    await redis.delete(keys.stock, keys.sale, keys.quota, keys.journal, keys.versions)
+    assert (await buy(client, token("during-loss"), product_id)).status_code == 503
+
+    await Realigner(engine, store, 60).realign(product_id)
+    again = await buy(client, token("before-loss"), product_id, key="after")
+    assert again.status_code == 409 and again.json()["code"] == "limit_exceeded"  # quota rebuilt from MySQL
+    assert (await buy(client, token("after-loss"), product_id)).status_code == 202
+    assert await redis.get(keys.stock) == "3"
+
+
+async def test_an_older_realignment_pass_never_writes_back_old_sale_terms(
+    client, admin, engine, redis, store, settings, put_product, product_id
+):
+    """Guards: a slow realignment pass wrote back sale terms an operator had just changed."""
+    await put_product(product_id, stock=5, limit=1)
+
+    async def operator_closes_the_sale():
+        body = {"stock": 5, "per_user_limit": 3, "sale_ends_at": "2020-01-02T00:00:00Z", "sale_starts_at": "2020-01-01T00:00:00Z"}
+        assert (await client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
+
+    older = Realigner(engine, StockStore(RunsAfterJournalRead(redis, operator_closes_the_sale), settings.redis.key_prefix), 60)
+    assert (await older.realign(product_id)).skipped_stale
+    terms = await redis.hgetall(store.product_keys(product_id).sale)
+    assert (terms["limit"], terms["ends_ms"]) == ("3", "1577923200000")

@@ -1,4 +1,4 @@
-"""Order numbers: layout, ISO 7064 MOD 97-10 check digits, shard leases, uniqueness across processes."""
+"""Order numbers on the real Redis: shard leases, the per-second sequence, uniqueness across processes."""
 
 from __future__ import annotations
 
@@ -18,44 +18,8 @@ from service.domain.order_no import (
     OrderNumberMinter,
     ShardLease,
     ShardLost,
-    check_digits,
-    compose_order_no,
     is_valid_order_no,
 )
-
-
-def test_check_digits_match_the_iban_algorithm():
-    # GB82 WEST 1234 5698 7654 32 (ISO 13616 example): rearranged body, check digits 82.
-    assert check_digits("WEST12345698765432GB") == "82"
-
-
-def test_layout_and_validation():
-    order_no = compose_order_no("FS", "20261130235959", 7, 42)
-    assert len(order_no) == 26
-    assert order_no[:24] == "FS" + "20261130235959" + "07" + "000042"
-    assert int("".join(str(int(c, 36)) for c in order_no)) % 97 == 1
-    assert is_valid_order_no(order_no)
-
-
-def test_every_single_character_change_is_caught():
-    order_no = compose_order_no("FS", "20261130120000", 12, 345678)
-    for position in range(2, 26):
-        for digit in "0123456789":
-            if digit != order_no[position]:
-                changed = order_no[:position] + digit + order_no[position + 1 :]
-                assert not is_valid_order_no(changed), changed
-
-
-@pytest.mark.parametrize("bad", ["", "FS", "fs202611301200001234567800", "FS2026113012000012345678000", "FS20261130120000123456780X"])
-def test_malformed_values_are_invalid(bad):
-    assert not is_valid_order_no(bad)
-
-
-def test_parts_out_of_range_are_refused():
-    with pytest.raises(ValueError):
-        compose_order_no("FS", "20261130120000", 100, 1)
-    with pytest.raises(ValueError):
-        compose_order_no("FS", "20261130120000", 1, SEQUENCE_MAX + 1)
 
 
 async def test_a_used_up_second_waits_for_the_next_instead_of_wrapping(redis, settings):
@@ -94,11 +58,20 @@ from service.bootstrap import make_store
 from service.settings import Settings
 
 async def main(count):
-    store = make_store(Settings())
+    settings = Settings()
+    store = make_store(settings)
     lease = ShardLease(store, 30)
     await lease.start()
     minter = OrderNumberMinter(store, lease, "FS")
-    numbers = await asyncio.gather(*(minter.mint() for _ in range(count)))
+    # At most half the pool's connections in flight: the mints stay concurrent, but none waits on
+    # the pool (which gives up after 5 s) however slow a busy machine makes Redis.
+    bound = asyncio.Semaphore(max(1, settings.redis.max_connections // 2))
+
+    async def mint():
+        async with bound:
+            return await minter.mint()
+
+    numbers = await asyncio.gather(*(mint() for _ in range(count)))
     await lease.stop()
     await store.aclose()
     print(json.dumps(numbers))
@@ -107,6 +80,7 @@ asyncio.run(main(int(sys.argv[1])))
 """
 
 
+@pytest.mark.slow
 async def test_order_numbers_are_unique_across_processes(settings):
     env = {**os.environ, "FLASHSALE_REDIS__KEY_PREFIX": f"{settings.redis.key_prefix}-procs"}
     processes = [

@@ -1,0 +1,37 @@
+"""The main job, ``flashsale sale``, end to end on the real services (its checker: tests/unit/test_sale_checker.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_small_sale_with_payments_holds_every_invariant():
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("flashsale")), "sale", "--json",
+            "--stock", "30", "--requests", "400", "--users", "150", "--concurrency", "32",
+            "--noop-requests", "200", "--pay-share", "0.5", "--payment-window", "2",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["ok"] is True
+    assert all(check["ok"] for check in report["invariants"].values())
+    assert len(report["invariants"]) == 7
+    realigned = report["realignment"]
+    assert (realigned["mysql_stock"], realigned["mysql_sold"], realigned["redis_stock_after"]) == (0, 30, 0)
+    lifecycle = report["lifecycle"]
+    assert lifecycle["paid_units"] + lifecycle["resale"]["resold_units"] == 30
+    assert lifecycle["stock_returned"] == lifecycle["cancelled_payment_timeout_units"] == lifecycle["resale"]["resold_units"]
+    assert report["ceiling"]["requests"] == 200 and report["ceiling"]["by_status"] == {"202": 200}

@@ -1,0 +1,131 @@
+"""Helpers shared by the tests: the one place tests import shared code from.
+
+Nothing here connects anywhere by itself; the integration fixtures (``tests/integration/conftest.py``)
+hand in the engine, Redis client, AMQP channel and settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aio_pika
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.adapters.broker import OrderMessage
+from service.adapters.redis.keys import ProductKeys
+from service.domain.order_no import compose_order_no
+from service.domain.request_id import mint_request_id
+from service.settings import Settings
+
+# How long a test waits for something that will happen (a row written, a queue drained, a
+# process ready) before failing. Generous on purpose: it bounds a wait for a condition, it is not
+# a delay, so a busy machine makes a test slower, never wrong.
+PATIENCE = 60.0
+
+
+async def eventually(check, timeout: float = PATIENCE, interval: float = 0.05):
+    """Poll the async ``check`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last: {result!r})")
+        await asyncio.sleep(interval)
+
+
+async def buy(client, headers, product_id, quantity=1, key=None):
+    if key is not None:
+        headers = {**headers, "Idempotency-Key": key}
+    return await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": quantity}, headers=headers)
+
+
+async def order_rows(engine: AsyncEngine, product_id: int) -> list:
+    async with engine.connect() as conn:
+        return list(
+            await conn.execute(
+                text("SELECT order_no, request_id, user_id, quantity, status, reason FROM orders WHERE product_id = :p"),
+                {"p": product_id},
+            )
+        )
+
+
+async def rows_at_least(engine: AsyncEngine, product_id: int, count: int) -> bool:
+    return len(await order_rows(engine, product_id)) >= count
+
+
+async def inventory(engine: AsyncEngine, product_id: int) -> tuple[int, int]:
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id})).one()
+        return row.stock, row.sold
+
+
+async def redis_state(redis: Redis, settings: Settings, product_id: int) -> dict:
+    """Everything Redis holds for a product (for "left no trace" assertions)."""
+    keys = ProductKeys(settings.redis.key_prefix, product_id)
+    found = sorted([key async for key in redis.scan_iter(match=f"{keys.tag}:*", count=1000)])
+    return {
+        "keys": found,
+        "stock": await redis.get(keys.stock),
+        "journal": await redis.hgetall(keys.journal),
+        "quota": await redis.hgetall(keys.quota),
+    }
+
+
+async def publish_raw(channel, settings, body: bytes, message_id: str = "x") -> None:
+    exchange = await channel.get_exchange(settings.amqp.exchange)
+    await exchange.publish(
+        aio_pika.Message(body, message_id=message_id, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+        routing_key=settings.amqp.queue,
+    )
+
+
+def message_for(product_id: int, user: str, sequence: int, quantity: int = 1) -> OrderMessage:
+    order_no = compose_order_no("FS", "20261130000000", 99, sequence)
+    return OrderMessage(mint_request_id(), order_no, user, product_id, quantity, 0, 1500 * quantity)
+
+
+@contextlib.asynccontextmanager
+async def sampling_min_stock(redis: Redis, key: str, interval: float = 0.001):
+    """Samples a stock key while the block runs; yields a list whose [0] becomes the minimum seen."""
+    seen: list[int] = []
+    stop = asyncio.Event()
+
+    async def sample() -> None:
+        while not stop.is_set():
+            value = await redis.get(key)
+            if value is not None:
+                seen.append(int(value))
+            await asyncio.sleep(interval)
+
+    task = asyncio.create_task(sample())
+    result: list[int] = []
+    try:
+        yield result
+    finally:
+        stop.set()
+        await task
+        result.append(min(seen) if seen else 0)
+
+
+class RunsAfterJournalRead:
+    """The real Redis client, except that right after the realigner reads a product's journal,
+    ``during_read`` runs (real consumers commit, another pass runs, an operator changes the
+    product): the races of realignment, made to happen at their worst moment. Everything goes to
+    the real Redis and MySQL."""
+
+    def __init__(self, redis: Redis, during_read) -> None:
+        self._redis = redis
+        self._during_read = during_read
+
+    def __getattr__(self, name: str):
+        return getattr(self._redis, name)
+
+    async def hgetall(self, key: str) -> dict[str, str]:
+        journal = await self._redis.hgetall(key)
+        await self._during_read()
+        return journal
