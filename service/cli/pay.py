@@ -5,8 +5,8 @@ from __future__ import annotations
 import secrets
 
 import httpx
-from sqlalchemy import text
 
+from db.queries import orders
 from service.bootstrap import opened
 from service.domain.lifecycle import expire_unpaid
 from service.domain.order_no import is_valid_order_no
@@ -18,7 +18,7 @@ from service.settings import Settings
 
 async def _order_amount(settings: Settings, order_no: str) -> int:
     async with opened(settings, publish=False) as resources, resources.engine.connect() as conn:
-        amount = (await conn.execute(text("SELECT amount FROM orders WHERE order_no = :o"), {"o": order_no})).scalar()
+        amount = (await conn.execute(orders.AMOUNT, {"o": order_no})).scalar()
     if amount is None:
         raise SystemExit(f"error: no order {order_no} in MySQL (still queued?)")
     return int(amount)

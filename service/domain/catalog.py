@@ -7,10 +7,10 @@ from typing import Annotated
 
 import msgspec
 from msgspec import Meta
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import MAX_AMOUNT
+from db.queries import inventory, products
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import InvalidInput, ProductNotFound
 from service.domain.realign import Realigner, RealignReport
@@ -80,20 +80,12 @@ async def set_product(engine: AsyncEngine, realigner: Realigner, product_id: int
     }
     async with engine.begin() as conn:
         await conn.execute(
-            text(
-                "INSERT INTO products (id, name, price, per_user_limit, sale_starts_at, sale_ends_at)"
-                " VALUES (:id, COALESCE(:name, :default_name), COALESCE(:price, 0), COALESCE(:limit, 1),"
-                " COALESCE(:starts, UTC_TIMESTAMP()), :ends)"
-                " ON DUPLICATE KEY UPDATE name = COALESCE(:name, name), price = COALESCE(:price, price),"
-                " per_user_limit = COALESCE(:limit, per_user_limit),"
-                " sale_starts_at = COALESCE(:starts, sale_starts_at),"
-                " sale_ends_at = IF(:ends_given, :ends, sale_ends_at)"
-            ),
+            products.UPSERT,
             row,
         )
         price, limit, starts_at, ends_at = (
             await conn.execute(
-                text("SELECT price, per_user_limit, sale_starts_at, sale_ends_at FROM products WHERE id = :id"), row
+                products.TERMS, row
             )
         ).one()
         # Checked on the values now stored (kept ones included); raised inside the transaction,
@@ -105,11 +97,7 @@ async def set_product(engine: AsyncEngine, realigner: Realigner, product_id: int
         # ``stock`` is the sale's units in all: what is sold stays sold, the rest is on sale.
         # Setting the same number again changes nothing, mid-sale included.
         await conn.execute(
-            text(
-                "INSERT INTO inventory (product_id, stock, sold, version) VALUES (:id, :stock, 0, 0)"
-                " ON DUPLICATE KEY UPDATE stock = GREATEST(VALUES(stock) - sold, 0),"
-                " version = version + 1"
-            ),
+            inventory.SET_SALE_UNITS,
             row,
         )
     return await realigner.realign(product_id)
@@ -120,10 +108,7 @@ async def get_product(engine: AsyncEngine, store: StockStore, product_id: int) -
     async with engine.connect() as conn:
         row = (
             await conn.execute(
-                text(
-                    "SELECT p.id, p.name, p.price, p.per_user_limit, p.sale_starts_at, p.sale_ends_at, i.stock"
-                    " FROM products p JOIN inventory i ON i.product_id = p.id WHERE p.id = :id"
-                ),
+                products.VIEW,
                 {"id": product_id},
             )
         ).first()
@@ -146,7 +131,7 @@ async def get_product(engine: AsyncEngine, store: StockStore, product_id: int) -
 async def product_exists(engine: AsyncEngine, product_id: int) -> bool:
     """True when MySQL has product ``product_id`` (used off the hot path only)."""
     async with engine.connect() as conn:
-        return (await conn.execute(text("SELECT 1 FROM products WHERE id = :id"), {"id": product_id})).first() is not None
+        return (await conn.execute(products.EXISTS, {"id": product_id})).first() is not None
 
 
 class CatalogService:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import structlog
 from redis.exceptions import RedisError
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import OrderStatus as S
+from db.queries import inventory, orders
 from service.adapters.redis.results import RestockOutcome
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import OrderNotFound
@@ -76,16 +76,7 @@ class ReturnedUnits:
 
 async def load_order(conn: AsyncConnection, order_no: str, *, for_update: bool = False) -> OrderRow | None:
     """The order ``order_no`` (row-locked with ``for_update``), or None."""
-    lock = " FOR UPDATE" if for_update else ""
-    row = (
-        await conn.execute(
-            text(
-                "SELECT id, order_no, user_id, product_id, quantity, amount, status FROM orders"
-                f" WHERE order_no = :o{lock}"
-            ),
-            {"o": order_no},
-        )
-    ).first()
+    row = (await conn.execute(orders.lifecycle_row(for_update=for_update), {"o": order_no})).first()
     return None if row is None else OrderRow(*row[:6], status=S(row.status))
 
 
@@ -99,17 +90,14 @@ async def transition(conn: AsyncConnection, order_no: str, from_: S, to: S, reas
     if to not in ALLOWED.get(from_, frozenset()):
         raise IllegalTransition(f"{from_.label} -> {to.label} is not allowed")
     changed = await conn.execute(
-        text("UPDATE orders SET status = :to, reason = :reason WHERE order_no = :o AND status = :from_"),
+        orders.TRANSITION,
         {"to": to, "reason": reason, "o": order_no, "from_": from_},
     )
     if changed.rowcount != 1:
-        current = (await conn.execute(text("SELECT status FROM orders WHERE order_no = :o"), {"o": order_no})).scalar()
+        current = (await conn.execute(orders.STATUS, {"o": order_no})).scalar()
         raise TransitionLost(order_no, S(current) if current is not None else from_)
     await conn.execute(
-        text(
-            "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
-            " SELECT id, :from_, :to, :reason FROM orders WHERE order_no = :o"
-        ),
+        orders.LOG_TRANSITION,
         {"from_": from_, "to": to, "reason": reason, "o": order_no},
     )
 
@@ -117,14 +105,11 @@ async def transition(conn: AsyncConnection, order_no: str, from_: S, to: S, reas
 async def return_stock(conn: AsyncConnection, order: OrderRow, *, release_quota: bool) -> ReturnedUnits:
     """``stock + q, sold - q`` for the order's product inside the caller's transaction."""
     await conn.execute(
-        text(
-            "UPDATE inventory SET stock = stock + :q, sold = sold - :q, version = version + 1"
-            " WHERE product_id = :p"
-        ),
+        inventory.GIVE_BACK,
         {"q": order.quantity, "p": order.product_id},
     )
     version = (
-        await conn.execute(text("SELECT version FROM inventory WHERE product_id = :p"), {"p": order.product_id})
+        await conn.execute(inventory.VERSION, {"p": order.product_id})
     ).scalar_one()
     return ReturnedUnits(order.order_no, order.user_id, order.product_id, order.quantity, version, release_quota)
 
@@ -182,16 +167,12 @@ async def expire_unpaid(
     ``pending_payment`` ``window_seconds`` after it was created (reason ``payment_timeout``) and
     give its units back. Returns how many it cancelled; an order paid in the meantime loses
     nothing (the conditional update skips it)."""
-    of_product = "" if product_id is None else " AND product_id = :product"
     cancelled = 0
     while True:
         async with engine.connect() as conn:
             due = (
                 await conn.execute(
-                    text(
-                        f"SELECT order_no FROM orders WHERE status = :pending{of_product}"
-                        " AND created_at < NOW() - INTERVAL :window SECOND ORDER BY created_at LIMIT :batch"
-                    ),
+                    orders.due_unpaid(one_product=product_id is not None),
                     {"pending": S.PENDING_PAYMENT, "product": product_id, "window": window_seconds, "batch": batch},
                 )
             ).scalars().all()

@@ -18,13 +18,13 @@ from enum import Enum
 
 import msgspec
 import structlog
-from sqlalchemy import text
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import DuplicateKeyError, as_duplicate_key, is_retryable
 from db.models import MAX_AMOUNT, OrderStatus
+from db.queries import inventory, orders
 from service.adapters.broker import OrderMessage, decode_order
 from service.domain.lifecycle import transition
 from service.domain.order_no import is_valid_order_no
@@ -35,19 +35,6 @@ log = structlog.get_logger(__name__)
 MAX_TRANSACTION_ATTEMPTS = 6
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 
-_INSERT_ORDER = text(
-    "INSERT INTO orders (order_no, request_id, user_id, product_id, quantity, amount, status)"
-    " SELECT :order_no, :request_id, :user_id, p.id, :quantity, :amount, :status"
-    " FROM products p WHERE p.id = :product_id"
-)
-_TAKE_STOCK = text(
-    "UPDATE inventory SET stock = stock - :quantity, sold = sold + :quantity, version = version + 1"
-    " WHERE product_id = :product_id AND stock >= :quantity"
-)
-_LOG_STATUS = text(
-    "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
-    " VALUES (:order_id, :from_status, :to_status, :reason)"
-)
 
 
 class Outcome(Enum):
@@ -147,7 +134,7 @@ async def _apply_once(engine: AsyncEngine, order: OrderMessage, replay_window_se
                 raise _Rollback(Outcome.UNKNOWN_PRODUCT)
             await _log_created(conn, inserted.lastrowid)
             # rowcount is matched rows on MySQL dialects; matched is what "had stock" means here.
-            if (await conn.execute(_TAKE_STOCK, {"product_id": order.product_id, "quantity": order.quantity})).rowcount == 1:
+            if (await conn.execute(inventory.TAKE, {"product_id": order.product_id, "quantity": order.quantity})).rowcount == 1:
                 return Outcome.APPLIED
             await transition(conn, order.order_no, OrderStatus.PENDING_PAYMENT, OrderStatus.REJECTED, "sold_out")
             return Outcome.REJECTED
@@ -167,7 +154,7 @@ async def _insert(conn: AsyncConnection, order: OrderMessage, request_id: str) -
         "status": OrderStatus.PENDING_PAYMENT,
     }
     try:
-        return await conn.execute(_INSERT_ORDER, params)
+        return await conn.execute(orders.INSERT, params)
     except IntegrityError as exc:
         if as_duplicate_key(exc) is None:
             raise
@@ -176,21 +163,21 @@ async def _insert(conn: AsyncConnection, order: OrderMessage, request_id: str) -
 
 async def _log_created(conn: AsyncConnection, order_id: int) -> None:
     await conn.execute(
-        _LOG_STATUS, {"order_id": order_id, "from_status": None, "to_status": OrderStatus.PENDING_PAYMENT, "reason": None}
+        orders.LOG_CREATED, {"order_id": order_id, "from_status": None, "to_status": OrderStatus.PENDING_PAYMENT, "reason": None}
     )
 
 
 async def _taken_within(conn: AsyncConnection, request_id: str, seconds: int) -> bool:
     """True when the order holding ``request_id`` was created less than ``seconds`` ago."""
     recent = await conn.execute(
-        text("SELECT created_at > NOW() - INTERVAL :s SECOND FROM orders WHERE request_id = :r"),
+        orders.TAKEN_WITHIN,
         {"s": seconds, "r": request_id},
     )
     return bool(recent.scalar())
 
 
 async def _request_id_of(conn: AsyncConnection, order_no: str) -> str | None:
-    stored = await conn.execute(text("SELECT request_id FROM orders WHERE order_no = :o"), {"o": order_no})
+    stored = await conn.execute(orders.REQUEST_ID, {"o": order_no})
     return stored.scalar()
 
 

@@ -7,16 +7,14 @@ import binascii
 from datetime import UTC, datetime
 
 import msgspec
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
+from db.queries import orders as queries
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound
 from service.domain.lifecycle import TransitionLost, cancel_order, give_back_to_redis
 from service.domain.order_no import require_valid_order_no
-
-_COLUMNS = "id, order_no, request_id, user_id, product_id, quantity, amount, status, reason, created_at"
 
 
 class StatusChange(msgspec.Struct):
@@ -79,17 +77,11 @@ def _view(row) -> OrderView:  # type: ignore[no-untyped-def]
 async def find_order(engine: AsyncEngine, store: StockStore, user_id: str, order_no: str) -> OrderView | None:
     """The caller's order ``order_no`` with its status history, or None when unknown or someone else's."""
     async with engine.connect() as conn:
-        row = (await conn.execute(text(f"SELECT {_COLUMNS} FROM orders WHERE order_no = :o"), {"o": order_no})).first()
+        row = (await conn.execute(queries.VIEW_BY_ORDER_NO, {"o": order_no})).first()
         if row is not None:
             if row.user_id != user_id:
                 return None
-            log = await conn.execute(
-                text(
-                    "SELECT from_status, to_status, reason, created_at FROM order_status_log"
-                    " WHERE order_id = :id ORDER BY id"
-                ),
-                {"id": row.id},
-            )
+            log = await conn.execute(queries.HISTORY, {"id": row.id})
             view = _view(row)
             view.history = [
                 StatusChange(
@@ -132,17 +124,10 @@ async def list_orders(engine: AsyncEngine, user_id: str, limit: int, cursor: str
         BadCursor: ``cursor`` is not one this function returned.
     """
     params: dict[str, object] = {"u": user_id, "n": limit + 1}
-    after = ""
     if cursor is not None:
         params["c"], params["i"] = _decode_cursor(cursor)
-        after = " AND (created_at < :c OR (created_at = :c AND id < :i))"
     async with engine.connect() as conn:
-        rows = (
-            await conn.execute(
-                text(f"SELECT {_COLUMNS} FROM orders WHERE user_id = :u{after} ORDER BY created_at DESC, id DESC LIMIT :n"),
-                params,
-            )
-        ).all()
+        rows = (await conn.execute(queries.page_of_user(after_cursor=cursor is not None), params)).all()
     page = rows[:limit]
     next_cursor = _encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
     return OrderPage(orders=[_view(row) for row in page], next_cursor=next_cursor)

@@ -24,12 +24,12 @@ from typing import Annotated, Literal
 import msgspec
 import structlog
 from msgspec import Meta
-from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import as_duplicate_key
 from db.models import OrderStatus as S
+from db.queries import payments
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import Conflict, DomainError, InvalidInput, OrderNotFound
 from service.domain.lifecycle import (
@@ -115,10 +115,7 @@ async def _record(conn: AsyncConnection, note: Notification, raw: str, status: s
     """Insert the payments row; None when this channel transaction was recorded before."""
     try:
         inserted = await conn.execute(
-            text(
-                "INSERT INTO payments (order_no, channel, channel_txn_id, event, amount, currency, status, flagged, raw)"
-                " VALUES (:order_no, :channel, :txn, :event, :amount, :currency, :status, :flagged, :raw)"
-            ),
+            payments.INSERT,
             {
                 "order_no": note.order_no,
                 "channel": note.channel,
@@ -140,7 +137,7 @@ async def _record(conn: AsyncConnection, note: Notification, raw: str, status: s
 
 async def _settle(conn: AsyncConnection, payment_id: int, status: str, *, flagged: bool = False, idem_key: str | None = None) -> None:
     await conn.execute(
-        text("UPDATE payments SET status = :status, flagged = :flagged, idem_key = :idem WHERE id = :id"),
+        payments.SETTLE,
         {"status": status, "flagged": flagged, "idem": idem_key, "id": payment_id},
     )
 
@@ -162,7 +159,7 @@ async def handle_notification(engine: AsyncEngine, note: Notification, raw: byte
         if payment_id is None:
             recorded_for = (
                 await conn.execute(
-                    text("SELECT order_no FROM payments WHERE channel = :c AND channel_txn_id = :t"),
+                    payments.ORDER_OF_TXN,
                     {"c": note.channel, "t": note.channel_txn_id},
                 )
             ).scalar()
@@ -200,11 +197,7 @@ async def _refunded(
     # Money owed back for a payment that could not pay the order (late, duplicate or mismatched)
     # is what a refund settles first: a paid order is refunded only when nothing else is owed.
     settled = await conn.execute(
-        text(
-            "UPDATE payments SET status = 'refunded' WHERE order_no = :o AND event = 'paid'"
-            " AND status IN ('refunding', 'duplicate', 'mismatch') AND amount = :amount AND currency = :currency"
-            " ORDER BY id LIMIT 1"
-        ),
+        payments.SETTLE_OWED_REFUND,
         {"o": note.order_no, "amount": note.amount, "currency": note.currency},
     )
     if settled.rowcount == 1:

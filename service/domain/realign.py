@@ -30,10 +30,10 @@ from datetime import UTC, datetime
 
 import msgspec
 import structlog
-from sqlalchemy import bindparam, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
+from db.queries import inventory, orders
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.results import JournalEntry, SaleTerms
 from service.adapters.redis.stock_store import StockStore
@@ -41,21 +41,11 @@ from service.domain.errors import ProductNotFound
 
 log = structlog.get_logger(__name__)
 
-_PRODUCT = text(
-    "SELECT i.stock, i.sold, i.version, p.per_user_limit, p.price, p.sale_starts_at, p.sale_ends_at"
-    " FROM inventory i JOIN products p ON p.id = i.product_id WHERE i.product_id = :p"
-)
 # A reservation is resolved when its order number has a row (the order number, unlike the
 # request id, is new for every accepted purchase, even one reusing an expired idempotency key).
-_ORDERS_BY_ORDER_NO = text("SELECT order_no FROM orders WHERE order_no IN :order_nos").bindparams(
-    bindparam("order_nos", expanding=True)
-)
 # Units a user holds against the per-user limit: every order but cancelled and rejected ones
 # (refunded ones included: the buyer did buy; lua/restock.lua keeps the quota for refunds too).
 _RELEASED_STATUSES = [OrderStatus.CANCELLED, OrderStatus.REJECTED]
-_UNITS_HELD = text(
-    "SELECT user_id, SUM(quantity) FROM orders WHERE product_id = :p AND status NOT IN :released GROUP BY user_id"
-).bindparams(bindparam("released", expanding=True))
 _CHUNK = 1000
 
 
@@ -108,7 +98,7 @@ class Realigner:
     async def product_ids(self) -> list[int]:
         """Every product that has an inventory row."""
         async with self.engine.connect() as conn:
-            rows = await conn.execute(text("SELECT product_id FROM inventory ORDER BY product_id"))
+            rows = await conn.execute(inventory.PRODUCT_IDS)
             return [row[0] for row in rows]
 
     async def realign_all(self, dry_run: bool = False) -> list[RealignReport]:
@@ -130,7 +120,7 @@ class Realigner:
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="REPEATABLE READ")
             await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            row = (await conn.execute(_PRODUCT, {"p": product_id})).first()
+            row = (await conn.execute(inventory.SNAPSHOT, {"p": product_id})).first()
             if row is None:
                 await conn.rollback()
                 raise ProductNotFound(product_id)
@@ -140,9 +130,9 @@ class Realigner:
             order_nos = list(by_order_no)
             resolved: set[str] = set()
             for start in range(0, len(order_nos), _CHUNK):
-                rows = await conn.execute(_ORDERS_BY_ORDER_NO, {"order_nos": order_nos[start : start + _CHUNK]})
+                rows = await conn.execute(orders.PRESENT_ORDER_NOS, {"order_nos": order_nos[start : start + _CHUNK]})
                 resolved.update(by_order_no[order_no] for (order_no,) in rows)
-            held = await conn.execute(_UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
+            held = await conn.execute(orders.UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
             units_held = [(user_id, int(units)) for user_id, units in held]
             await conn.rollback()
 

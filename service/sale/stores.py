@@ -17,12 +17,13 @@ from typing import Any, TypeVar
 import aio_pika
 from aio_pika.abc import AbstractChannel
 from redis.asyncio import Redis
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from db.migrate import upgrade
 from db.models import OrderStatus
+from db.queries import inventory, orders, payments
 from service.adapters.broker import queue_depth
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources, opened
@@ -82,37 +83,31 @@ class Stores:
         """Messages ready in queue ``name`` (not those delivered and unacked)."""
         return await queue_depth(self.channel, name)
 
-    async def _scalar(self, query: str, product_id: int) -> Any:
+    async def _scalar(self, query: TextClause, product_id: int) -> Any:
         """The one value ``query`` selects, with ``:p`` = ``product_id`` and ``:pending`` = the
         ``pending_payment`` status code."""
         async with self.engine.connect() as conn:
             params = {"p": product_id, "pending": OrderStatus.PENDING_PAYMENT}
-            return (await conn.execute(text(query), params)).scalar_one()
+            return (await conn.execute(query, params)).scalar_one()
 
     async def count_orders(self, product_id: int) -> int:
         """Order rows of the product in MySQL, whatever their status."""
-        return await self._scalar("SELECT COUNT(*) FROM orders WHERE product_id = :p", product_id)
+        return await self._scalar(orders.COUNT_OF_PRODUCT, product_id)
 
     async def mysql_stock(self, product_id: int) -> int:
         """Units on sale in MySQL."""
-        return await self._scalar("SELECT stock FROM inventory WHERE product_id = :p", product_id)
+        return await self._scalar(inventory.STOCK, product_id)
 
     async def youngest_unpaid_age(self, product_id: int) -> int | None:
         """Whole seconds from the newest ``created_at`` of the product's orders pending payment to
         MySQL's ``NOW()`` (both second precision), or None when none is pending."""
-        return await self._scalar(
-            "SELECT TIMESTAMPDIFF(SECOND, MAX(created_at), NOW()) FROM orders WHERE product_id = :p AND status = :pending",
-            product_id,
-        )
+        return await self._scalar(orders.YOUNGEST_UNPAID_AGE, product_id)
 
     async def unpaid_orders(self, product_id: int) -> list[UnpaidOrder]:
         """The product's orders pending payment, in insertion order."""
         async with self.engine.connect() as conn:
             rows = await conn.execute(
-                text(
-                    "SELECT order_no, user_id, quantity, amount FROM orders"
-                    " WHERE product_id = :p AND status = :pending ORDER BY id"
-                ),
+                orders.UNPAID_OF_PRODUCT,
                 {"p": product_id, "pending": OrderStatus.PENDING_PAYMENT},
             )
             return [UnpaidOrder(*row) for row in rows]
@@ -134,27 +129,16 @@ class Stores:
         """What MySQL, Redis and RabbitMQ hold for the product now."""
         async with self.engine.connect() as conn:
             stock, sold = (
-                await conn.execute(text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id})
+                await conn.execute(inventory.STOCK_AND_SOLD, {"p": product_id})
             ).one()
-            rows = await conn.execute(
-                text("SELECT order_no, request_id, user_id, quantity, status, reason FROM orders WHERE product_id = :p"),
-                {"p": product_id},
-            )
-            orders = [SaleOrderRow(*row) for row in rows]
-            rows = await conn.execute(
-                text(
-                    "SELECT p.order_no, p.event, p.status FROM payments p"
-                    " JOIN orders o ON o.order_no = p.order_no WHERE o.product_id = :p"
-                ),
-                {"p": product_id},
-            )
-            payments = [PaymentRow(*row) for row in rows]
+            order_rows = [SaleOrderRow(*row) for row in await conn.execute(orders.OF_PRODUCT, {"p": product_id})]
+            payment_rows = [PaymentRow(*row) for row in await conn.execute(payments.OF_PRODUCT, {"p": product_id})]
         amqp = self.settings.amqp
         return StoreFacts(
             mysql_stock=stock,
             mysql_sold=sold,
-            orders=orders,
-            payments=payments,
+            orders=order_rows,
+            payments=payment_rows,
             redis_stock=await self.store.stock(product_id),
             journal_ids=[entry.request_id for entry in await self.store.journal(product_id)],
             quota=await self.store.quota(product_id),

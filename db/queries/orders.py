@@ -1,0 +1,101 @@
+"""Statements on ``orders`` and ``order_status_log`` (the order aggregate)."""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, bindparam, text
+
+_VIEW_COLUMNS = "id, order_no, request_id, user_id, product_id, quantity, amount, status, reason, created_at"
+
+INSERT = text(
+    "INSERT INTO orders (order_no, request_id, user_id, product_id, quantity, amount, status)"
+    " SELECT :order_no, :request_id, :user_id, p.id, :quantity, :amount, :status"
+    " FROM products p WHERE p.id = :product_id"
+)
+"""One order under ``UNIQUE(request_id)`` and ``UNIQUE(order_no)``; inserts nothing (rowcount 0)
+for an unknown product. ``amount`` in minor units."""
+
+LOG_CREATED = text(
+    "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
+    " VALUES (:order_id, :from_status, :to_status, :reason)"
+)
+"""The first history entry of an order, by its row id."""
+
+LOG_TRANSITION = text(
+    "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
+    " SELECT id, :from_, :to, :reason FROM orders WHERE order_no = :o"
+)
+"""A status change of order ``:o``, written in the change's transaction."""
+
+TRANSITION = text("UPDATE orders SET status = :to, reason = :reason WHERE order_no = :o AND status = :from_")
+"""The conditional status change: matches one row only while the order is in ``:from_``."""
+
+STATUS = text("SELECT status FROM orders WHERE order_no = :o")
+AMOUNT = text("SELECT amount FROM orders WHERE order_no = :o")
+REQUEST_ID = text("SELECT request_id FROM orders WHERE order_no = :o")
+TAKEN_WITHIN = text("SELECT created_at > NOW() - INTERVAL :s SECOND FROM orders WHERE request_id = :r")
+"""Whether request id ``:r`` was written less than ``:s`` seconds ago (NULL when never)."""
+
+VIEW_BY_ORDER_NO = text(f"SELECT {_VIEW_COLUMNS} FROM orders WHERE order_no = :o")
+HISTORY = text(
+    "SELECT from_status, to_status, reason, created_at FROM order_status_log WHERE order_id = :id ORDER BY id"
+)
+
+
+def lifecycle_row(*, for_update: bool) -> TextClause:
+    """The columns the lifecycle needs of order ``:o``; row-locked with ``for_update``."""
+    return _LIFECYCLE_LOCKED if for_update else _LIFECYCLE
+
+
+_LIFECYCLE = text("SELECT id, order_no, user_id, product_id, quantity, amount, status FROM orders WHERE order_no = :o")
+_LIFECYCLE_LOCKED = text(_LIFECYCLE.text + " FOR UPDATE")
+
+
+def page_of_user(*, after_cursor: bool) -> TextClause:
+    """A keyset page of user ``:u``'s orders, newest first, ``:n`` rows over the
+    ``(user_id, created_at)`` index; with ``after_cursor`` only rows before (``:c``, ``:i``)."""
+    return _PAGE_AFTER if after_cursor else _PAGE
+
+
+_PAGE = text(f"SELECT {_VIEW_COLUMNS} FROM orders WHERE user_id = :u ORDER BY created_at DESC, id DESC LIMIT :n")
+_PAGE_AFTER = text(
+    f"SELECT {_VIEW_COLUMNS} FROM orders WHERE user_id = :u AND (created_at < :c OR (created_at = :c AND id < :i))"
+    " ORDER BY created_at DESC, id DESC LIMIT :n"
+)
+
+
+def due_unpaid(*, one_product: bool) -> TextClause:
+    """Order numbers still ``:pending`` ``:window`` seconds after creation, oldest first, at most
+    ``:batch``; with ``one_product`` only product ``:product``'s (``(status, created_at)`` index)."""
+    return _DUE_OF_PRODUCT if one_product else _DUE
+
+
+_DUE = text(
+    "SELECT order_no FROM orders WHERE status = :pending"
+    " AND created_at < NOW() - INTERVAL :window SECOND ORDER BY created_at LIMIT :batch"
+)
+_DUE_OF_PRODUCT = text(
+    "SELECT order_no FROM orders WHERE status = :pending AND product_id = :product"
+    " AND created_at < NOW() - INTERVAL :window SECOND ORDER BY created_at LIMIT :batch"
+)
+
+PRESENT_ORDER_NOS = text("SELECT order_no FROM orders WHERE order_no IN :order_nos").bindparams(
+    bindparam("order_nos", expanding=True)
+)
+"""Which of ``:order_nos`` have a row (realignment: a reservation is resolved once its order exists)."""
+
+UNITS_HELD = text(
+    "SELECT user_id, SUM(quantity) FROM orders WHERE product_id = :p AND status NOT IN :released GROUP BY user_id"
+).bindparams(bindparam("released", expanding=True))
+"""Units each user holds of product ``:p`` against the per-user limit (statuses ``:released`` excluded)."""
+
+# Reads of the main job's report (``flashsale sale``): whole-product views, off the hot path.
+COUNT_OF_PRODUCT = text("SELECT COUNT(*) FROM orders WHERE product_id = :p")
+OF_PRODUCT = text("SELECT order_no, request_id, user_id, quantity, status, reason FROM orders WHERE product_id = :p")
+UNPAID_OF_PRODUCT = text(
+    "SELECT order_no, user_id, quantity, amount FROM orders WHERE product_id = :p AND status = :pending ORDER BY id"
+)
+YOUNGEST_UNPAID_AGE = text(
+    "SELECT TIMESTAMPDIFF(SECOND, MAX(created_at), NOW()) FROM orders WHERE product_id = :p AND status = :pending"
+)
+"""Whole seconds from the newest ``created_at`` of product ``:p``'s orders in ``:pending`` to
+``NOW()``, NULL when none."""
