@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import IntEnum
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -133,7 +134,7 @@ class Payment(Base):
     currency: Mapped[str] = mapped_column(String(3))
     status: Mapped[str] = mapped_column(String(16))
     flagged: Mapped[bool] = mapped_column(Boolean, default=False)
-    raw: Mapped[dict] = mapped_column(JSON)
+    raw: Mapped[dict[str, Any]] = mapped_column(JSON)
     idem_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
     updated_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())

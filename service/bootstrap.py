@@ -99,6 +99,17 @@ class Resources:
             payments=PaymentService(engine, store, payment.channel_secrets, payment.currency),
         )
 
+    @property
+    def purchase_service(self) -> PurchaseService:
+        """The purchase path; only a process opened with ``purchase=True`` (the API) has one.
+
+        Raises:
+            RuntimeError: opened without ``purchase=True``.
+        """
+        if self.purchases is None:
+            raise RuntimeError("this process was opened without the purchase path")
+        return self.purchases
+
     async def close(self) -> None:
         """Release the shard lease and close every connection."""
         await _close(self.engine, self.store, self.publisher, self.lease)

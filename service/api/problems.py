@@ -18,6 +18,7 @@ from litestar.plugins.problem_details import (
     ProblemDetailsPlugin,
 )
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+from litestar.types import ExceptionHandlersMap
 
 from service.domain.errors import DomainError, InvalidInput
 
@@ -134,7 +135,7 @@ def _domain_error(request: Request[Any, Any, Any], exc: DomainError) -> Response
     if status is None:
         return _unexpected(request, exc)
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-    errors = [{"field": exc.field, "message": exc.message}] if isinstance(exc, InvalidInput) else None
+    errors = [{"field": exc.input_field, "message": exc.message}] if isinstance(exc, InvalidInput) else None
     return Problem(status, exc.code, exc.detail, headers=headers, errors=errors).to_response(request)
 
 
@@ -155,5 +156,5 @@ def problem_details_plugin() -> ProblemDetailsPlugin:
     )
 
 
-ERROR_HANDLERS = {DomainError: _domain_error, RecursionError: _too_deep, Exception: _unexpected}
+ERROR_HANDLERS: ExceptionHandlersMap = {DomainError: _domain_error, RecursionError: _too_deep, Exception: _unexpected}
 """Exception handlers of the app: domain errors, too-deep JSON, anything unexpected (500, logged)."""

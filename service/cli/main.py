@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Coroutine
 from datetime import datetime
+from typing import Any, TypeVar
 
 import click
 import msgspec
 
 from service.settings import get_settings
 
+T = TypeVar("T")
 
-def _run(coro):  # type: ignore[no-untyped-def]
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on uvloop (the asyncio loop where uvloop is missing)."""
     try:
         import uvloop
 

@@ -35,6 +35,7 @@ class InvalidInput(DomainError):
 
     def __init__(self, field: str, message: str, code: str | None = None) -> None:
         super().__init__(f"{field}: {message}", code=code, field=field)
+        self.input_field = field
         self.message = message
 
 

@@ -77,7 +77,9 @@ class ReturnedUnits:
 async def load_order(conn: AsyncConnection, order_no: str, *, for_update: bool = False) -> OrderRow | None:
     """The order ``order_no`` (row-locked with ``for_update``), or None."""
     row = (await conn.execute(orders.lifecycle_row(for_update=for_update), {"o": order_no})).first()
-    return None if row is None else OrderRow(*row[:6], status=S(row.status))
+    if row is None:
+        return None
+    return OrderRow(row.id, row.order_no, row.user_id, row.product_id, row.quantity, row.amount, S(row.status))
 
 
 async def transition(conn: AsyncConnection, order_no: str, from_: S, to: S, reason: str | None = None) -> None:

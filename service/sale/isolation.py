@@ -52,7 +52,8 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now (for a subprocess to bind)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _env_value(value: object) -> str:

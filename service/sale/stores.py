@@ -92,16 +92,17 @@ class Stores:
 
     async def count_orders(self, product_id: int) -> int:
         """Order rows of the product in MySQL, whatever their status."""
-        return await self._scalar(orders.COUNT_OF_PRODUCT, product_id)
+        return int(await self._scalar(orders.COUNT_OF_PRODUCT, product_id))
 
     async def mysql_stock(self, product_id: int) -> int:
         """Units on sale in MySQL."""
-        return await self._scalar(inventory.STOCK, product_id)
+        return int(await self._scalar(inventory.STOCK, product_id))
 
     async def youngest_unpaid_age(self, product_id: int) -> int | None:
         """Whole seconds from the newest ``created_at`` of the product's orders pending payment to
         MySQL's ``NOW()`` (both second precision), or None when none is pending."""
-        return await self._scalar(orders.YOUNGEST_UNPAID_AGE, product_id)
+        age = await self._scalar(orders.YOUNGEST_UNPAID_AGE, product_id)
+        return None if age is None else int(age)
 
     async def unpaid_orders(self, product_id: int) -> list[UnpaidOrder]:
         """The product's orders pending payment, in insertion order."""

@@ -31,16 +31,17 @@ class HealthController(Controller):
         """200 when Redis has every Lua script and this process holds a shard, RabbitMQ has a
         channel and MySQL answers; 503 (same body) otherwise."""
         redis_ok = rabbit_ok = mysql_ok = False
+        lease = resources.lease
         try:
-            redis_ok = await resources.store.ready() and resources.lease.held
+            redis_ok = await resources.store.ready() and lease is not None and lease.held
         except Exception:
             pass
-        rabbit_ok = resources.publisher.ready
+        rabbit_ok = resources.publisher is not None and resources.publisher.ready
         try:
             async with resources.engine.connect() as conn:
                 mysql_ok = (await conn.execute(text("SELECT 1"))).scalar() == 1
         except Exception:
             pass
         ready = redis_ok and rabbit_ok and mysql_ok
-        body = Readiness(ready, redis_ok, rabbit_ok, mysql_ok, resources.lease.shard)
+        body = Readiness(ready, redis_ok, rabbit_ok, mysql_ok, lease.shard if lease is not None else None)
         return Response(body, status_code=200 if ready else 503)

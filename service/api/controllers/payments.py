@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from litestar import Controller, Request, post
 from litestar.di import NamedDependency
 
@@ -14,7 +16,7 @@ class PaymentController(Controller):
     tags = ["payments"]
 
     @post("/notify", status_code=200, summary="A payment channel's notification (X-Signature: hex HMAC-SHA256 of the body)")
-    async def notify(self, request: Request, resources: NamedDependency[Resources]) -> NotifyResult:
+    async def notify(self, request: Request[Any, Any, Any], resources: NamedDependency[Resources]) -> NotifyResult:
         """A channel's notification, verified by ``X-Signature`` = hex HMAC-SHA256 of the raw body with
         the channel's secret: 200 ``NotifyResult``; 400, 401 invalid_signature, 404, 409."""
         return await resources.payments.notify(await request.body(), request.headers.get("X-Signature"))
