@@ -8,7 +8,7 @@ from importlib.resources import files
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -49,7 +49,7 @@ async def upgrade(url: str) -> None:
     config = alembic_config(url)
     engine = create_async_engine(url)
 
-    def run(sync_connection) -> None:  # type: ignore[no-untyped-def]
+    def run(sync_connection: Connection) -> None:
         config.attributes["connection"] = sync_connection
         command.upgrade(config, "head")
 

@@ -106,7 +106,7 @@ def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json:
     "--payment-window", default=5, show_default=True, type=click.IntRange(1), metavar="SECONDS",
     help="Payment window of the run's API and sweep, with --pay-share.",
 )
-def sale(**options) -> None:  # type: ignore[no-untyped-def]
+def sale(**options: Any) -> None:
     """Run a whole flash sale end to end on the real services and check every invariant."""
     from service.sale.job import run_sale
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
+from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
@@ -61,7 +63,7 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC)
 
 
-def _view(row) -> OrderView:  # type: ignore[no-untyped-def]
+def _view(row: Row[Any]) -> OrderView:
     return OrderView(
         order_no=row.order_no,
         request_id=row.request_id,

@@ -170,7 +170,9 @@ async def handle_notification(engine: AsyncEngine, note: Notification, raw: byte
             result = await _paid(conn, payment_id, note, order.amount, order.status, currency)
         else:
             result = await _refunded(conn, payment_id, note, order.amount, order.status, currency)
-        status = (await load_order(conn, note.order_no)).status  # type: ignore[union-attr]
+        after = await load_order(conn, note.order_no)
+        assert after is not None  # row-locked since the start of this transaction
+        status = after.status
     log.info("payment_notification", order_no=note.order_no, kind=note.event, result=result)
     return NotifyResult(result, status.label)
 

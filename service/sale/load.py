@@ -30,6 +30,7 @@ def build_requests(url: str, jobs: list[Job], product_id: int, tokens: dict[str,
     """Every purchase-shaped request of the plan to ``url`` (the orders or the no-op route),
     built before the clock starts (``[shot.index]``)."""
     bodies = {q: msgspec.json.encode({"product_id": product_id, "quantity": q}) for q in {s.quantity for j in jobs for s in j.shots}}
+    # Filled by index below, every slot exactly once; None only until then.
     requests: list[httpx.Request] = [None] * sum(len(job.shots) for job in jobs)  # type: ignore[list-item]
     for job in jobs:
         for shot in job.shots:
@@ -86,6 +87,7 @@ class LoadGenerator:
 
     def __init__(self, requests: list[httpx.Request]) -> None:
         self._requests = requests
+        # Filled by index as answers arrive; read only after every request was answered.
         self.outcomes: list[Answer] = [None] * len(requests)  # type: ignore[list-item]
         self.done = 0
         self.succeeded = 0  # 2xx answers
