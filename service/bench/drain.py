@@ -34,6 +34,7 @@ from service.bench.server import Child, flashsale_argv
 from service.settings import Settings
 
 POLL_SECONDS = 0.05
+STALL_SECONDS = 30.0  # no new order row for this long: the drain is over, some orders missing
 DRAIN_TIMEOUT = 300.0  # seconds
 PUBLISH_CHUNK = 500  # messages awaiting their confirms at once
 
@@ -67,40 +68,54 @@ async def publish_backlog(settings: Settings, orders: list[RawOrder]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class DrainResult:
-    """``orders`` written in ``seconds`` (first row seen to last); ``cpu`` = cores per group."""
+    """``orders`` written in ``seconds`` (first row seen to the last written); ``cpu`` = cores
+    per group; ``missing`` = orders never written (the drain stalled: dead-lettered or stuck)."""
 
     orders: int
     seconds: float
     cpu: dict[str, float]
+    missing: int = 0
 
 
 async def time_drain(
     engine: AsyncEngine, product_id: int, expected: int, consumer: Child, cpu_groups: dict[str, list[int]]
 ) -> DrainResult:
-    """Poll the product's order rows every :data:`POLL_SECONDS` until ``expected``.
+    """Poll the product's order rows every :data:`POLL_SECONDS` until ``expected``, or until
+    no row was added for :data:`STALL_SECONDS` (a message retried past the delivery limit is
+    dead-lettered and never arrives): then the rate counts the rows written until the last one.
 
     Raises:
-        RuntimeError: the consumer exited, or no full drain within :data:`DRAIN_TIMEOUT` s.
+        RuntimeError: the consumer exited, wrote nothing, or the drain passed :data:`DRAIN_TIMEOUT` s.
     """
     query = text("SELECT COUNT(*) FROM orders WHERE product_id = :p")
     deadline = time.monotonic() + DRAIN_TIMEOUT
     first: tuple[float, int, CpuSample] | None = None
+    last: tuple[float, int, CpuSample] | None = None
     async with engine.connect() as conn:
         while time.monotonic() < deadline:
             consumer.check_alive()
             rows = (await conn.execute(query, {"p": product_id})).scalar_one()
             await conn.commit()  # a fresh snapshot for the next poll
             now = time.perf_counter()
-            if first is None and rows > 0:
-                first = (now, rows, CpuSample.take(cpu_groups))
-            if rows >= expected and first is not None:
-                started, seen, sample = first
-                wall = now - started
-                if wall <= 0:  # everything arrived between two polls: count from the last empty poll
-                    wall, seen = POLL_SECONDS, 0
-                return DrainResult(expected - seen, wall, sample.shares(CpuSample.take(cpu_groups), wall))
+            if rows > 0 and (last is None or rows > last[1]):
+                last = (now, rows, CpuSample.take(cpu_groups))
+                first = first or last
+            stalled = last is not None and now - last[0] > STALL_SECONDS
+            if first is not None and last is not None and (rows >= expected or stalled):
+                (started, seen, before), (ended, written, after) = first, last
+                if ended - started <= 0:  # everything arrived between two polls
+                    started, seen = ended - POLL_SECONDS, 0
+                wall = ended - started
+                return DrainResult(written - seen, wall, before.shares(after, wall), expected - written)
             await asyncio.sleep(POLL_SECONDS)
     raise RuntimeError(f"the consumer did not drain {expected} orders within {DRAIN_TIMEOUT:.0f}s; see {consumer.log}")
+
+
+def _drain_note(drained: DrainResult, consumer: Child) -> str:
+    note = "rate from the first order row seen to the last"
+    if drained.missing:
+        note += f"; {drained.missing} orders never written (dead-lettered or stuck: see {consumer.log})"
+    return note
 
 
 async def drain_rows(ctx: Context, engine: AsyncEngine) -> list[Row]:
@@ -122,7 +137,7 @@ async def drain_rows(ctx: Context, engine: AsyncEngine) -> list[Row]:
         rate = round(drained.orders / drained.seconds, 1)
         measured[consumer_key].append(
             Row(consumer_key, consumer_label, "orders/s", rate, drained.orders, round(drained.seconds, 3),
-                consumer_ref, cpu=drained.cpu, note="rate from the first order row seen to the last")
+                consumer_ref, cpu=drained.cpu, note=_drain_note(drained, consumer))
         )
         url = ctx.settings.db.url
         for (key, _, ref), product, per_tx in ((one, RAW_ONE + r, 1), (batch, RAW_BATCH + r, opts.batch)):

@@ -108,6 +108,7 @@ def machine_info() -> dict[str, object]:
     )
     return {
         "nproc": len(os.sched_getaffinity(0)),
+        "cpus_online": os.cpu_count() or 1,
         "cpu_model": model,
         "memory_gib": round(mem_kib / 2**20, 1),
         "kernel": platform.release(),

@@ -3,7 +3,9 @@
 Throughput: rate (successes per second), ratio to the row's reference, latency p50/p99 (ms; per
 transaction for the raw writers), answers that were not the expected status. CPU, in cores over
 the measured window: client = wrk (this process for the raw writers), server = the server's
-processes (the consumer for its row), the three stores, and the machine's busy share (all CPUs).
+processes (the consumer for its row), the three stores (their whole processes: other users'
+queries included), others = every other process on the machine, and the machine's busy share
+(all CPUs, this run's processes included).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def render(report: dict, console: Console) -> None:
     for name in columns:
         rates.add_column(name, justify="left" if name in ("row", "of") else "right")
     cpu_table = Table(title="CPU (cores over the measured window)")
-    for name in ("row", "client", "server", "redis", "mysql", "rabbitmq", "machine busy"):
+    for name in ("row", "client", "server", "redis", "mysql", "rabbitmq", "others", "machine busy"):
         cpu_table.add_column(name, justify="left" if name == "row" else "right")
     for row in report["rows"]:
         reference = by_key.get(row["reference"] or "", {}).get("label", "")
@@ -67,9 +69,10 @@ def render(report: dict, console: Console) -> None:
             cells.insert(2, f"{_num(min(row['rounds']), 0)}-{_num(max(row['rounds']), 0)}")
         rates.add_row(*cells)
         cpu = row["cpu"]
+        ours = ("client", "server", "redis", "mysql", "rabbitmq")
+        others = cpu.get("machine", 0) * report["machine"].get("cpus_online", 1) - sum(cpu.get(k, 0) for k in ours)
         cpu_table.add_row(
-            row["label"], *(_cores(cpu, k) for k in ("client", "server", "redis", "mysql", "rabbitmq")),
-            f"{cpu.get('machine', 0):.0%}",
+            row["label"], *(_cores(cpu, k) for k in ours), f"{max(others, 0):.2f}", f"{cpu.get('machine', 0):.0%}"
         )
     console.print(rates)
     console.print(cpu_table)
@@ -84,5 +87,7 @@ def render(report: dict, console: Console) -> None:
         verdict = "n/a" if t["pass"] is None else ("[green]PASS[/]" if t["pass"] else "[red]FAIL[/]")
         targets.add_row(t["target"], _num(t["ratio"], 2), verdict)
     console.print(targets)
+    if report.get("logs"):
+        console.print(f"subprocess logs kept (something unexpected happened): {report['logs']}", soft_wrap=True)
     for name, summary in report.get("profiles", {}).items():
         console.print(profile.render(name, summary), highlight=False, soft_wrap=True)

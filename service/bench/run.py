@@ -104,7 +104,9 @@ async def measure(base: Settings, options: Options, console: Console) -> dict:
         machine["versions"] = await _versions(settings, engine)
         rows = await http_rows(ctx)
         rows += await drain_rows(ctx, engine)
-    shutil.rmtree(log_dir, ignore_errors=True)
+    suspicious = any(r.unexpected or r.socket_errors or "never written" in r.note for r in rows)
+    if not suspicious:
+        shutil.rmtree(log_dir, ignore_errors=True)
     fill_ratios(rows)
     return {
         "run_id": run_id,
@@ -114,6 +116,7 @@ async def measure(base: Settings, options: Options, console: Console) -> dict:
         "rows": [asdict(r) for r in rows],
         "targets": judge(rows),
         "profiles": ctx.profiles,
+        "logs": str(log_dir) if suspicious else None,
     }
 
 
