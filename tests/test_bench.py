@@ -37,12 +37,13 @@ def test_the_bare_app_runs_on_the_options_flashsale_serve_uses(monkeypatch):
 
 def test_ratios_and_targets_follow_the_references():
     rows = [
-        Row("bare_noop", "bare", "req/s", 1000.0, 1, 1.0, p99_ms=10.0),
-        Row("product_noop", "noop", "req/s", 800.0, 1, 1.0, "bare_noop", p99_ms=10.0),
+        Row("bare_noop", "bare", "req/s", 1000.0, 1, 1.0, p99_ms=10.0, cpu={"server": 1.0}),
+        Row("product_noop", "noop", "req/s", 800.0, 1, 1.0, "bare_noop", p99_ms=10.0, cpu={"server": 0.5}),
         Row("sold_out", "sold", "req/s", 400.0, 1, 1.0, "product_noop", p99_ms=30.0),
     ]
     fill_ratios(rows)
     assert [r.ratio for r in rows] == [None, 0.8, 0.5]
+    assert (rows[1].per_server_cpu, rows[1].cpu_ratio) == (1600.0, 1.6)  # requests per server CPU second
     verdicts = {v["target"]: v for v in judge(rows)}
     assert len(verdicts) == len(TARGETS)
     assert verdicts["product no-op >= 0.75 x bare no-op"]["pass"] is True

@@ -5,7 +5,9 @@ transaction for the raw writers), answers that were not the expected status. CPU
 the measured window: client = wrk (this process for the raw writers), server = the server's
 processes (the consumer for its row), the three stores (their whole processes: other users'
 queries included), others = every other process on the machine, and the machine's busy share
-(all CPUs, this run's processes included).
+(all CPUs, this run's processes included); per server CPU-s = successes per CPU second of the
+server (the consumer for its row) and its ratio to the reference's: the cost per request, steadier
+than the rate when other jobs take CPU away.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def render(report: dict, console: Console) -> None:
     for name in columns:
         rates.add_column(name, justify="left" if name in ("row", "of") else "right")
     cpu_table = Table(title="CPU (cores over the measured window)")
-    for name in ("row", "client", "server", "redis", "mysql", "rabbitmq", "others", "machine busy"):
+    for name in ("row", "client", "server", "redis", "mysql", "rabbitmq", "others", "machine busy", "per server CPU-s", "ratio"):
         cpu_table.add_column(name, justify="left" if name == "row" else "right")
     for row in report["rows"]:
         reference = by_key.get(row["reference"] or "", {}).get("label", "")
@@ -72,7 +74,8 @@ def render(report: dict, console: Console) -> None:
         ours = ("client", "server", "redis", "mysql", "rabbitmq")
         others = cpu.get("machine", 0) * report["machine"].get("cpus_online", 1) - sum(cpu.get(k, 0) for k in ours)
         cpu_table.add_row(
-            row["label"], *(_cores(cpu, k) for k in ours), f"{max(others, 0):.2f}", f"{cpu.get('machine', 0):.0%}"
+            row["label"], *(_cores(cpu, k) for k in ours), f"{max(others, 0):.2f}", f"{cpu.get('machine', 0):.0%}",
+            _num(row.get("per_server_cpu"), 0), _num(row.get("cpu_ratio"), 2),
         )
     console.print(rates)
     console.print(cpu_table)

@@ -79,6 +79,8 @@ class Row:
     cpu: dict[str, float] = field(default_factory=dict)
     note: str = ""
     rounds: list[float] = field(default_factory=list)
+    per_server_cpu: float | None = None
+    cpu_ratio: float | None = None
 
 
 def merge_rounds(rounds: list[Row]) -> Row:
@@ -137,12 +139,20 @@ TARGETS = [
 
 
 def fill_ratios(rows: list[Row]) -> None:
-    """Set each row's ``ratio`` = rate / its reference's rate (when both were measured)."""
+    """Set each row's ``ratio`` = rate / its reference's rate (when both were measured), its
+    ``per_server_cpu`` = successes per CPU second of the server (or consumer) processes, and
+    ``cpu_ratio`` = that / the reference's: the cost per request, which holds steadier than
+    the rate when other jobs take CPU from the server."""
     by_key = {r.key: r for r in rows}
+    for row in rows:
+        server = row.cpu.get("server", 0.0)
+        row.per_server_cpu = round(row.rate / server, 1) if server > 0 else None
     for row in rows:
         ref = by_key.get(row.reference or "")
         if ref is not None and ref.rate > 0:
             row.ratio = round(row.rate / ref.rate, 3)
+        if ref is not None and row.per_server_cpu and ref.per_server_cpu:
+            row.cpu_ratio = round(row.per_server_cpu / ref.per_server_cpu, 3)
 
 
 def judge(rows: list[Row]) -> list[dict[str, object]]:
