@@ -26,7 +26,7 @@ class Options:
     per batched transaction, ``rounds`` (every row measured that many times, interleaved),
     ``profile_dir`` for py-spy output (None: no profiling)."""
 
-    duration: float = 8.0
+    duration: int = 8
     connections: int = 64
     threads: int = 1
     workers: int = 1

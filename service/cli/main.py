@@ -118,7 +118,7 @@ def sale(**options) -> None:  # type: ignore[no-untyped-def]
 
 
 @main.command()
-@click.option("--duration", default=8.0, show_default=True, type=click.FloatRange(1, 600), metavar="SECONDS", help="Measured load per HTTP row.")
+@click.option("--duration", default=8, show_default=True, type=click.IntRange(1, 600), metavar="SECONDS", help="Measured load per HTTP row and round (whole seconds).")
 @click.option("--connections", default=64, show_default=True, type=click.IntRange(1, 10_000), help="wrk connections.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 64), help="wrk threads.")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="granian workers of every server.")
