@@ -1,4 +1,4 @@
-"""The ``flashsale`` console script: serve, consume, realign, sale, migrate, product, token, pay, sweep."""
+"""The ``flashsale`` console script: serve, consume, realign, sale, bench, migrate, product, token, pay, sweep."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import sys
 from collections.abc import Coroutine
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -111,6 +112,25 @@ def sale(**options: Any) -> None:
     from service.sale.job import run_sale
 
     sys.exit(_run(run_sale(get_settings(), **options)))
+
+
+@main.command()
+@click.option("--duration", default=8, show_default=True, type=click.IntRange(1, 600), metavar="SECONDS", help="Measured load per HTTP row and round (whole seconds).")
+@click.option("--connections", default=64, show_default=True, type=click.IntRange(1, 10_000), help="wrk connections.")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 64), help="wrk threads.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="granian workers of every server.")
+@click.option("--backlog", default=5000, show_default=True, type=click.IntRange(1, 1_000_000), help="Orders for the consumer and raw-writer rows.")
+@click.option("--batch", default=100, show_default=True, type=click.IntRange(2, 1000), help="Orders per transaction of the batched raw writer.")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 20), help="Measure every row this many times, interleaved.")
+@click.option("--profile", "profile_dir", default=None, type=click.Path(file_okay=False, path_type=Path), help="Run py-spy on the server under each HTTP row; stacks and summaries in DIR.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
+    """Measure each hop (bare framework, no-op, sold out, accept, consumer, raw MySQL writers)
+    side by side in one isolated run, with wrk as the load client. Exit 0 when every row was
+    measured (targets are reported, not enforced), 2 when it could not run."""
+    from service.bench.run import Options, run_bench
+
+    sys.exit(_run(run_bench(get_settings(), Options(**options), as_json)))
 
 
 @main.command()

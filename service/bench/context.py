@@ -1,0 +1,56 @@
+"""What every phase of ``flashsale bench`` shares: options, the run's context, product ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from service.settings import Settings
+
+WARMUP_SECONDS = 1.0
+PRICE = 100  # minor currency units
+ACCEPT_USERS = 1000  # tokens the accept row rotates through
+SOLD_OUT, ACCEPT = 1, 2  # product ids of the HTTP rows
+DRAIN, RAW_ONE, RAW_BATCH = 100, 200, 300  # product ids of the drain rows: + round number
+ACCEPT_STOCK = 100_000_000  # units: the accept row never runs out
+ACCEPT_LIMIT = 1_000_000  # per-user limit of the accept product: never bites
+RAW_CONNECTIONS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """``duration`` seconds of measured load per HTTP row and round, wrk ``connections`` and
+    ``threads``, granian ``workers``, ``backlog`` orders for the drain rows, ``batch`` orders
+    per batched transaction, ``rounds`` (every row measured that many times, interleaved),
+    ``profile_dir`` for py-spy output (None: no profiling)."""
+
+    duration: int = 8
+    connections: int = 64
+    threads: int = 1
+    workers: int = 1
+    backlog: int = 5000
+    batch: int = 100
+    rounds: int = 1
+    profile_dir: Path | None = None
+
+
+class BenchError(RuntimeError):
+    """The run could not be set up or a row could not be measured (exit status 2)."""
+
+
+@dataclass
+class Context:
+    """The run: its settings, options, subprocess environment and log directory, the store
+    processes to watch, where to print progress, the pre-minted tokens (``one``: a single
+    buyer; ``many``: :data:`ACCEPT_USERS` buyers) and the profile summaries collected."""
+
+    settings: Settings
+    options: Options
+    env: dict[str, str]
+    log_dir: Path
+    stores: dict[str, list[int]]
+    console: Console
+    tokens: dict[str, list[str]]
+    profiles: dict[str, dict]

@@ -1,0 +1,156 @@
+"""The drain rows: the consumer draining a backlog (N orders published with no consumer, then
+one ``flashsale consume`` started and timed until MySQL holds all N), and beside it the raw
+writers (:mod:`service.bench.raw_writer`) writing N orders each on the same database.
+
+The rate is measured between the first poll that sees an order row and the first that sees all
+of them (the consumer's start-up, imports and connections, is left out); the consumer's CPU is
+read from ``/proc`` over the same window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+
+import aio_pika
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.adapters.broker import OrderMessage, declare_topology, encode_order
+from service.bench.context import (
+    DRAIN,
+    PRICE,
+    RAW_BATCH,
+    RAW_CONNECTIONS,
+    RAW_ONE,
+    Context,
+)
+from service.bench.procstat import CpuSample
+from service.bench.raw_writer import RawOrder, make_orders, write_orders
+from service.bench.rows import DRAIN_ROWS, Row, merge_rounds
+from service.bench.server import Child, flashsale_argv
+from service.settings import Settings
+
+POLL_SECONDS = 0.05
+STALL_SECONDS = 30.0  # no new order row for this long: the drain is over, some orders missing
+DRAIN_TIMEOUT = 300.0  # seconds
+PUBLISH_CHUNK = 500  # messages awaiting their confirms at once
+
+
+async def publish_backlog(settings: Settings, orders: list[RawOrder]) -> None:
+    """Empty the run's order queue (the accept row's messages), then publish ``orders`` as the
+    API would (persistent, confirmed) for the consumer to find waiting."""
+    connection = await aio_pika.connect(settings.amqp.url)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        exchange, queue = await declare_topology(channel, settings.amqp)
+        await queue.purge()
+        now_ms = int(time.time() * 1000)
+        for start in range(0, len(orders), PUBLISH_CHUNK):
+            await asyncio.gather(*(
+                exchange.publish(
+                    aio_pika.Message(
+                        encode_order(OrderMessage(o.request_id, o.order_no, o.user_id, o.product_id, 1, now_ms, o.amount)),
+                        content_type="application/json",
+                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        message_id=o.request_id,
+                    ),
+                    routing_key=settings.amqp.queue,
+                    mandatory=True,
+                )
+                for o in orders[start : start + PUBLISH_CHUNK]
+            ))
+    finally:
+        await connection.close()
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    """``orders`` written in ``seconds`` (first row seen to the last written); ``cpu`` = cores
+    per group; ``missing`` = orders never written (the drain stalled: dead-lettered or stuck)."""
+
+    orders: int
+    seconds: float
+    cpu: dict[str, float]
+    missing: int = 0
+
+
+async def time_drain(
+    engine: AsyncEngine, product_id: int, expected: int, consumer: Child, cpu_groups: dict[str, list[int]]
+) -> DrainResult:
+    """Poll the product's order rows every :data:`POLL_SECONDS` until ``expected``, or until
+    no row was added for :data:`STALL_SECONDS` (a message retried past the delivery limit is
+    dead-lettered and never arrives): then the rate counts the rows written until the last one.
+
+    Raises:
+        RuntimeError: the consumer exited, wrote nothing, or the drain passed :data:`DRAIN_TIMEOUT` s.
+    """
+    query = text("SELECT COUNT(*) FROM orders WHERE product_id = :p")
+    deadline = time.monotonic() + DRAIN_TIMEOUT
+    first: tuple[float, int, CpuSample] | None = None
+    last: tuple[float, int, CpuSample] | None = None
+    async with engine.connect() as conn:
+        while time.monotonic() < deadline:
+            consumer.check_alive()
+            rows = (await conn.execute(query, {"p": product_id})).scalar_one()
+            await conn.commit()  # a fresh snapshot for the next poll
+            now = time.perf_counter()
+            if rows > 0 and (last is None or rows > last[1]):
+                last = (now, rows, CpuSample.take(cpu_groups))
+                first = first or last
+            stalled = last is not None and now - last[0] > STALL_SECONDS
+            if first is not None and last is not None and (rows >= expected or stalled):
+                (started, seen, before), (ended, written, after) = first, last
+                if ended - started <= 0:  # everything arrived between two polls
+                    started, seen = ended - POLL_SECONDS, 0
+                wall = ended - started
+                return DrainResult(written - seen, wall, before.shares(after, wall), expected - written)
+            await asyncio.sleep(POLL_SECONDS)
+    raise RuntimeError(f"the consumer did not drain {expected} orders within {DRAIN_TIMEOUT:.0f}s; see {consumer.log}")
+
+
+def _drain_note(drained: DrainResult, consumer: Child) -> str:
+    note = "rate from the first order row seen to the last"
+    if drained.missing:
+        note += f"; {drained.missing} orders never written (dead-lettered or stuck: see {consumer.log})"
+    return note
+
+
+async def drain_rows(ctx: Context, engine: AsyncEngine) -> list[Row]:
+    """Per round: the consumer on a published backlog, then the raw writers on the same
+    database, each on products of their own (``backlog`` units each)."""
+    opts = ctx.options
+    (consumer_key, consumer_label, consumer_ref), one, batch = DRAIN_ROWS
+    measured: dict[str, list[Row]] = {key: [] for key, _, _ in DRAIN_ROWS}
+    for r in range(opts.rounds):
+        ctx.console.print(f"round {r + 1}/{opts.rounds}: publishing a backlog of {opts.backlog} orders")
+        await publish_backlog(ctx.settings, make_orders(DRAIN + r, opts.backlog, 90, PRICE))
+        ctx.console.print(f"round {r + 1}/{opts.rounds}: {consumer_label}")
+        consumer = Child("consumer", flashsale_argv("consume"), ctx.env, ctx.log_dir)
+        try:
+            groups = {"server": [consumer.process.pid], **ctx.stores}
+            drained = await time_drain(engine, DRAIN + r, opts.backlog, consumer, groups)
+        finally:
+            await consumer.stop()
+        rate = round(drained.orders / drained.seconds, 1)
+        measured[consumer_key].append(
+            Row(consumer_key, consumer_label, "orders/s", rate, drained.orders, round(drained.seconds, 3),
+                consumer_ref, cpu=drained.cpu, note=_drain_note(drained, consumer))
+        )
+        url = ctx.settings.db.url
+        for (key, _, ref), product, per_tx in ((one, RAW_ONE + r, 1), (batch, RAW_BATCH + r, opts.batch)):
+            label = f"raw {per_tx}/tx"
+            ctx.console.print(f"round {r + 1}/{opts.rounds}: {label}")
+            orders = make_orders(product, opts.backlog, 91 if per_tx == 1 else 92, PRICE)
+            groups = {"client": [os.getpid()], **ctx.stores}
+            started, before = time.perf_counter(), CpuSample.take(groups)
+            result = await write_orders(url, orders, per_tx, RAW_CONNECTIONS)
+            cpu = before.shares(CpuSample.take(groups), time.perf_counter() - started)
+            measured[key].append(
+                Row(key, label, "orders/s", round(result.orders / result.seconds, 1), result.orders,
+                    round(result.seconds, 3), ref, p50_ms=result.p50_ms, p99_ms=result.p99_ms, cpu=cpu,
+                    note=f"latency per transaction; {result.retries} retries")
+            )
+    return [merge_rounds(rounds) for rounds in measured.values()]

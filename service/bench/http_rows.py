@@ -1,0 +1,146 @@
+"""The HTTP rows: servers started once, products created, every row measured with wrk
+(``--rounds`` times, interleaved, so a change in the machine's load hits every row alike)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import httpx
+
+from service.api.auth import issue_token
+from service.bench import profile
+from service.bench.context import (
+    ACCEPT,
+    ACCEPT_LIMIT,
+    ACCEPT_STOCK,
+    DRAIN,
+    PRICE,
+    RAW_BATCH,
+    RAW_ONE,
+    SOLD_OUT,
+    WARMUP_SECONDS,
+    BenchError,
+    Context,
+)
+from service.bench.procstat import CpuSample
+from service.bench.rows import HTTP_ROWS, SERVERS, HttpRow, Row, merge_rounds
+from service.bench.server import Child, flashsale_argv, granian_argv
+from service.bench.wrk import run_wrk, write_script
+from service.sale.isolation import free_port
+
+PATHS = {"bare_noop": "/noop", "noop": "/api/v1/bench/noop", "sold_out": "/api/v1/orders", "accept": "/api/v1/orders"}
+
+
+def _target(row: HttpRow, port: int) -> tuple[str, bytes]:
+    """URL and body of ``row``'s requests."""
+    product = ACCEPT if row.target == "accept" else SOLD_OUT
+    body = json.dumps({"product_id": product, "quantity": 1}, separators=(",", ":")).encode()
+    return f"http://127.0.0.1:{port}{PATHS[row.target]}", body
+
+
+async def _start_server(ctx: Context, kind: str, name: str, env: dict[str, str]) -> tuple[Child, int]:
+    port = free_port()
+    if kind == "bare":
+        argv = granian_argv("service.bench.bare_app:create_app", port, ctx.options.workers)
+        child = Child(name, argv, {**os.environ}, ctx.log_dir)
+        await child.wait_ready("POST", f"http://127.0.0.1:{port}/noop", 202, b'{"product_id":1,"quantity":1}')
+    else:
+        argv = flashsale_argv("serve", "--port", str(port), "--workers", str(ctx.options.workers))
+        child = Child(name, argv, {**ctx.env, **env}, ctx.log_dir)
+        await child.wait_ready("GET", f"http://127.0.0.1:{port}/api/v1/health/ready", 200)
+    return child, port
+
+
+async def create_products(ctx: Context, port: int) -> None:
+    """Through the admin route: sold out (stock 0), the accept product, and per round one
+    product per drain row with ``backlog`` units."""
+    admin = issue_token(ctx.settings.auth.jwt_secret, "bench-admin", admin=True)
+    stock = {SOLD_OUT: (0, 1), ACCEPT: (ACCEPT_STOCK, ACCEPT_LIMIT)}
+    for r in range(ctx.options.rounds):
+        for product in (DRAIN + r, RAW_ONE + r, RAW_BATCH + r):
+            stock[product] = (ctx.options.backlog, 1)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as client:
+        for product, (units, limit) in stock.items():
+            body = {"stock": units, "price": PRICE, "per_user_limit": limit, "name": f"bench {product}"}
+            answer = await client.put(
+                f"/api/v1/admin/products/{product}", json=body, headers={"Authorization": f"Bearer {admin}"}
+            )
+            if answer.status_code != 200:
+                raise BenchError(f"creating product {product}: {answer.status_code} {answer.text[:300]}")
+
+
+async def _probe(row: HttpRow, url: str, body: bytes, token: str) -> None:
+    """One request before the load: the answer must be ``row.expect`` (and ``sold_out`` for a 409)."""
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        answer = await client.post(url, content=body, headers=headers)
+    wrong_code = row.expect == 409 and answer.json().get("code") != "sold_out"
+    if answer.status_code != row.expect or wrong_code:
+        raise BenchError(f"{row.key}: a probe got {answer.status_code} {answer.text[:200]}, expected {row.expect}")
+
+
+async def _measure(ctx: Context, row: HttpRow, child: Child, port: int, profiled: bool) -> Row:
+    """One round of ``row``: a probe, a warm-up, then ``duration`` seconds measured."""
+    opts = ctx.options
+    url, body = _target(row, port)
+    tokens = ctx.tokens["many" if row.target == "accept" else "one"]
+    await _probe(row, url, body, tokens[0])
+    script = write_script(ctx.log_dir / f"{row.key}.lua", body, tokens)
+    await asyncio.to_thread(run_wrk, url, script, WARMUP_SECONDS, opts.connections, opts.threads)
+    groups = {"server": child.pids(), **ctx.stores}
+    spy = None
+    if profiled and opts.profile_dir is not None:
+        spy = profile.start(child.process.pid, opts.profile_dir / f"{row.key}.txt", opts.duration)
+    started, before = time.perf_counter(), CpuSample.take(groups)
+    result = await asyncio.to_thread(run_wrk, url, script, opts.duration, opts.connections, opts.threads)
+    wall = time.perf_counter() - started
+    cpu = {"client": round(result.cpu / wall, 3), **before.shares(CpuSample.take(groups), wall)}
+    if spy is not None and opts.profile_dir is not None:
+        await asyncio.to_thread(spy.wait)
+        ctx.profiles[row.key] = profile.summarize(opts.profile_dir / f"{row.key}.txt")
+    s = result.summary
+    seconds = s["duration_us"] / 1e6
+    statuses = dict(sorted(s["statuses"].items()))
+    ok = statuses.get(str(row.expect), 0)
+    e = s["errors"]
+    return Row(
+        key=row.key,
+        label=row.label,
+        unit="req/s",
+        rate=round(ok / seconds, 1),
+        count=ok,
+        seconds=round(seconds, 3),
+        reference=row.reference,
+        p50_ms=s["latency_us"]["p50"] / 1000,
+        p99_ms=s["latency_us"]["p99"] / 1000,
+        statuses=statuses,
+        unexpected=sum(statuses.values()) - ok,
+        socket_errors=e["connect"] + e["read"] + e["write"] + e["timeout"],
+        cpu=cpu,
+    )
+
+
+async def http_rows(ctx: Context) -> list[Row]:
+    """Start every server of :data:`SERVERS`, create the products on the first ``api`` one,
+    measure every row of :data:`HTTP_ROWS` ``rounds`` times (round robin), stop the servers."""
+    servers: dict[str, tuple[Child, int]] = {}
+    try:
+        for spec in SERVERS:
+            ctx.console.print(f"starting {spec.name} ({ctx.options.workers} granian worker(s))")
+            servers[spec.name] = await _start_server(ctx, spec.kind, spec.name, spec.env)
+        api = next(s.name for s in SERVERS if s.kind == "api")
+        await create_products(ctx, servers[api][1])
+        measured: dict[str, list[Row]] = {row.key: [] for row in HTTP_ROWS}
+        for r in range(ctx.options.rounds):
+            for row in HTTP_ROWS:
+                ctx.console.print(f"round {r + 1}/{ctx.options.rounds}: {row.label}")
+                child, port = servers[row.server]
+                child.check_alive()
+                measured[row.key].append(await _measure(ctx, row, child, port, profiled=r == 0))
+    finally:
+        for child, _ in servers.values():
+            await child.stop()
+    return [merge_rounds(rounds) for rounds in measured.values()]

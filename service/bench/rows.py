@@ -1,0 +1,174 @@
+"""What ``flashsale bench`` measures: the rows, their references and the targets (issue 7).
+
+A row is identified by a key. HTTP rows (:data:`HTTP_ROWS`) name the server they run on
+(:data:`SERVERS`); adding a row is adding a spec. The hook for the async-publish mode: a
+server ``api-async`` with ``env={"FLASHSALE_ORDERS__PUBLISH_MODE": "async"}`` and a row
+``HttpRow("accept_async", "accept path, async publish", "api-async", "accept", 202, "product_noop")``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """An HTTP server: ``bare`` (the bare app) or ``api`` (``flashsale serve``) plus extra
+    environment (e.g. a publish mode); servers start when a row needs them, one at a time."""
+
+    name: str
+    kind: str  # "bare" | "api"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRow:
+    """``POST`` to a target (``bare_noop``, ``noop``, ``sold_out``, ``accept``) on ``server``;
+    only ``expect`` counts as success; ``reference`` is the row the rate is divided by."""
+
+    key: str
+    label: str
+    server: str
+    target: str
+    expect: int
+    reference: str | None
+
+
+SERVERS = [ServerSpec("bare", "bare"), ServerSpec("api", "api")]
+HTTP_ROWS = [
+    HttpRow("bare_noop", "bare no-op", "bare", "bare_noop", 202, None),
+    HttpRow("product_noop", "product no-op", "api", "noop", 202, "bare_noop"),
+    HttpRow("sold_out", "sold out", "api", "sold_out", 409, "product_noop"),
+    HttpRow("accept", "accept", "api", "accept", 202, "product_noop"),
+]
+DRAIN_ROWS = [
+    ("consumer", "consumer drain", "raw_one"),
+    ("raw_one", "raw 1/tx", None),
+    ("raw_batch", "raw batched", "raw_one"),
+]
+DESCRIPTIONS = {
+    "bare_noop": "minimal Litestar app on the same granian settings: msgspec body decode, no auth, no I/O (202)",
+    "product_noop": "POST /api/v1/bench/noop of the real app: JWT auth + body decode (202)",
+    "sold_out": "POST /api/v1/orders, product with Redis stock 0: one Redis call (409 sold_out)",
+    "accept": "POST /api/v1/orders with stock for the whole run: reserve + publish + confirm (202)",
+    "consumer": "one `flashsale consume` draining the published backlog into MySQL",
+    "raw_one": "raw asyncmy writer, 8 connections, one order per transaction (the consumer's statements)",
+    "raw_batch": "raw asyncmy writer, 8 connections, --batch orders per transaction (multi-row INSERTs)",
+}
+
+
+@dataclass(slots=True)
+class Row:
+    """One measured row. ``rate`` in req/s or orders/s (successes only); latencies in ms (None
+    where not measured); ``cpu`` in cores per group (``client``, ``server``, stores) plus
+    ``machine`` (share of all CPUs busy, 0-1); ``statuses`` counts every HTTP answer."""
+
+    key: str
+    label: str
+    unit: str
+    rate: float
+    count: int
+    seconds: float
+    reference: str | None = None
+    ratio: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    statuses: dict[str, int] = field(default_factory=dict)
+    unexpected: int = 0
+    socket_errors: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+    rounds: list[float] = field(default_factory=list)
+    per_server_cpu: float | None = None
+    cpu_ratio: float | None = None
+
+
+def merge_rounds(rounds: list[Row]) -> Row:
+    """One row from its rounds: rate = all successes / all seconds; p50/p99 = the median of the
+    rounds'; CPU = the mean; status counts added up; ``rounds`` = each round's rate."""
+    first = rounds[0]
+
+    def median(values: list[float | None]) -> float | None:
+        known = sorted(v for v in values if v is not None)
+        return known[len(known) // 2] if known else None
+
+    statuses: dict[str, int] = {}
+    for r in rounds:
+        for code, n in r.statuses.items():
+            statuses[code] = statuses.get(code, 0) + n
+    count, seconds = sum(r.count for r in rounds), sum(r.seconds for r in rounds)
+    return Row(
+        key=first.key,
+        label=first.label,
+        unit=first.unit,
+        rate=round(count / seconds, 1) if seconds else 0.0,
+        count=count,
+        seconds=round(seconds, 3),
+        reference=first.reference,
+        p50_ms=median([r.p50_ms for r in rounds]),
+        p99_ms=median([r.p99_ms for r in rounds]),
+        statuses=statuses,
+        unexpected=sum(r.unexpected for r in rounds),
+        socket_errors=sum(r.socket_errors for r in rounds),
+        cpu={k: round(sum(r.cpu.get(k, 0.0) for r in rounds) / len(rounds), 3) for k in first.cpu},
+        note=first.note,
+        rounds=[r.rate for r in rounds],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """``row``'s ``metric`` (``rate`` or ``p99_ms``) divided by ``reference``'s: at least
+    ``minimum`` or at most ``maximum``."""
+
+    label: str
+    row: str
+    reference: str
+    metric: str = "rate"
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+TARGETS = [
+    Target("product no-op >= 0.75 x bare no-op", "product_noop", "bare_noop", minimum=0.75),
+    Target("sold-out >= 0.85 x product no-op", "sold_out", "product_noop", minimum=0.85),
+    Target("accept >= 0.40 x product no-op", "accept", "product_noop", minimum=0.40),
+    Target("consumer >= 3 x raw 1 order/tx", "consumer", "raw_one", minimum=3.0),
+    Target("sold-out p99 <= 2 x product no-op p99", "sold_out", "product_noop", "p99_ms", maximum=2.0),
+]
+
+
+def fill_ratios(rows: list[Row]) -> None:
+    """Set each row's ``ratio`` = rate / its reference's rate (when both were measured), its
+    ``per_server_cpu`` = successes per CPU second of the server (or consumer) processes, and
+    ``cpu_ratio`` = that / the reference's: the cost per request, which holds steadier than
+    the rate when other jobs take CPU from the server."""
+    by_key = {r.key: r for r in rows}
+    for row in rows:
+        server = row.cpu.get("server", 0.0)
+        row.per_server_cpu = round(row.rate / server, 1) if server > 0 else None
+    for row in rows:
+        ref = by_key.get(row.reference or "")
+        if ref is not None and ref.rate > 0:
+            row.ratio = round(row.rate / ref.rate, 3)
+        if ref is not None and row.per_server_cpu and ref.per_server_cpu:
+            row.cpu_ratio = round(row.per_server_cpu / ref.per_server_cpu, 3)
+
+
+def judge(rows: list[Row]) -> list[dict[str, object]]:
+    """Every target with its measured ratio and ``pass`` (None when a row is missing)."""
+    by_key = {r.key: r for r in rows}
+    verdicts = []
+    for target in TARGETS:
+        row, ref = by_key.get(target.row), by_key.get(target.reference)
+        value = ref_value = None
+        if row is not None and ref is not None:
+            value, ref_value = getattr(row, target.metric), getattr(ref, target.metric)
+        ratio = round(value / ref_value, 3) if value is not None and ref_value else None
+        passed = None
+        if ratio is not None:
+            passed = (target.minimum is None or ratio >= target.minimum) and (
+                target.maximum is None or ratio <= target.maximum
+            )
+        verdicts.append({"target": target.label, "ratio": ratio, "pass": passed})
+    return verdicts

@@ -1,0 +1,138 @@
+"""``flashsale bench``: run every row of :mod:`service.bench.rows` in one isolated run.
+
+Isolation as in ``flashsale sale``: database, Redis key prefix and queue names ``bench_<hex>``
+and a random JWT secret (:mod:`service.sale.isolation`); everything is removed at the end.
+Servers are subprocesses on granian with the same options and ``--workers``; wrk drives them
+(a 1 s warm-up, then ``--duration`` seconds measured; :mod:`service.bench.http_rows`). Then a
+backlog of ``--backlog`` orders is drained by one ``flashsale consume`` and the same number
+written by the raw writers (:mod:`service.bench.drain`). With ``--rounds N`` every row is
+measured N times, the rounds interleaved.
+
+Exit status: 0 when every row was measured (targets are reported, not enforced), 2 when
+something could not be set up or run (wrk missing, a service down, a server failing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from contextlib import AsyncExitStack
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+from redis.asyncio import Redis
+from rich.console import Console
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from db.engine import make_engine
+from db.migrate import upgrade
+from service.api.auth import issue_token
+from service.bench import profile
+from service.bench.context import ACCEPT_USERS, BenchError, Context, Options
+from service.bench.drain import drain_rows
+from service.bench.http_rows import http_rows
+from service.bench.procstat import machine_info, store_pids
+from service.bench.report import render
+from service.bench.rows import fill_ratios, judge
+from service.bench.server import ServerFailed
+from service.bench.wrk import WrkMissing, require_wrk
+from service.sale.isolation import environment, isolated_settings, new_run_id
+from service.sale.stores import tear_down
+from service.settings import Settings
+
+
+def bench_settings(base: Settings, run_id: str) -> Settings:
+    """``base`` isolated under ``run_id`` with a random JWT secret and the bench routes on."""
+    isolated = isolated_settings(base, run_id)
+    auth = isolated.auth.model_copy(update={"jwt_secret": secrets.token_hex(32)})
+    return isolated.model_copy(update={"auth": auth, "bench_routes": True})
+
+
+async def _versions(settings: Settings, engine: AsyncEngine) -> dict[str, str]:
+    """Versions of the framework, the server, the load client and the stores (best effort)."""
+    versions = {name: importlib.metadata.version(name) for name in ("litestar", "granian", "msgspec")}
+    argv = [require_wrk(), "-v"]
+    wrk = (await asyncio.to_thread(subprocess.run, argv, check=False, capture_output=True, text=True)).stdout.split()
+    versions["wrk"] = wrk[1] if len(wrk) > 1 else "?"
+    with contextlib.suppress(Exception):
+        async with engine.connect() as conn:
+            versions["mysql"] = (await conn.execute(text("SELECT VERSION()"))).scalar_one()
+    with contextlib.suppress(Exception):
+        redis = Redis.from_url(settings.redis.url)
+        versions["redis"] = (await redis.info("server"))["redis_version"]
+        await redis.aclose()
+    return versions
+
+
+async def measure(base: Settings, options: Options, console: Console) -> dict:
+    """Run every row; the report (see :func:`service.bench.report.render`).
+
+    Raises:
+        WrkMissing, ProfilerMissing, BenchError, ServerFailed: the run could not be completed
+            (the subprocess logs are kept and named in the message).
+    """
+    require_wrk()
+    if options.profile_dir is not None:
+        options.profile_dir.mkdir(parents=True, exist_ok=True)
+    run_id = new_run_id("bench")
+    settings = bench_settings(base, run_id)
+    log_dir = Path(tempfile.mkdtemp(prefix=f"{run_id}-"))
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    machine = machine_info()
+    secret = settings.auth.jwt_secret
+    tokens = {
+        "one": [issue_token(secret, "bench-user")],
+        "many": [issue_token(secret, f"bench-{i}") for i in range(ACCEPT_USERS)],
+    }
+    env = {**os.environ, **environment(settings)}
+    ctx = Context(settings, options, env, log_dir, store_pids(), console, tokens, {})
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(tear_down, settings)
+        console.print(f"{run_id}: creating database and topology (logs in {log_dir})", soft_wrap=True)
+        await upgrade(settings.db.url)
+        engine = make_engine(settings.db.url, pool_size=2, max_overflow=0)
+        stack.push_async_callback(engine.dispose)
+        machine["versions"] = await _versions(settings, engine)
+        rows = await http_rows(ctx)
+        rows += await drain_rows(ctx, engine)
+    suspicious = any(r.unexpected or r.socket_errors or "never written" in r.note for r in rows)
+    if not suspicious:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    fill_ratios(rows)
+    return {
+        "run_id": run_id,
+        "started_at": started_at,
+        "machine": machine,
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
+        "rows": [asdict(r) for r in rows],
+        "targets": judge(rows),
+        "profiles": ctx.profiles,
+        "logs": str(log_dir) if suspicious else None,
+    }
+
+
+async def run_bench(base: Settings, options: Options, as_json: bool) -> int:
+    """The command: measure, print (tables, or JSON on stdout; progress on stderr); exit status."""
+    # Piped (e.g. into a file), rich would wrap the tables at 80 columns; COLUMNS still wins.
+    wide = None if os.environ.get("COLUMNS") or sys.stdout.isatty() else 130
+    console = Console(stderr=as_json, width=None if as_json else wide)
+    try:
+        report = await measure(base, options, console)
+    except (WrkMissing, profile.ProfilerMissing, BenchError, ServerFailed, OSError, RuntimeError) as exc:
+        Console(stderr=True).print(f"flashsale bench: {exc}", soft_wrap=True, highlight=False)
+        return 2
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        render(report, console)
+    return 0

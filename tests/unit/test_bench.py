@@ -1,0 +1,67 @@
+"""``flashsale bench``: the servers it compares share granian's options, its pieces agree, and a
+short run measures every row (shape only: benchmarks are not tests, no timing is asserted)."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from service.bench.profile import RUNTIME, summarize
+from service.bench.rows import TARGETS, Row, fill_ratios, judge
+from service.bench.server import GRANIAN_OPTIONS
+from service.bench.wrk import write_script
+from service.cli.main import main
+
+
+def test_the_bare_app_runs_on_the_options_flashsale_serve_uses(monkeypatch):
+    seen: dict[str, object] = {}
+
+    class Recorder:
+        def __init__(self, target: str, **kwargs: object) -> None:
+            seen.update(kwargs, target=target)
+
+        def serve(self) -> None:
+            pass
+
+    monkeypatch.setattr("granian.Granian", Recorder)
+    assert CliRunner().invoke(main, ["serve", "--workers", "1"]).exit_code == 0
+    for name, value in GRANIAN_OPTIONS.items():
+        assert str(getattr(seen[name], "value", seen[name])) == str(value), name
+
+
+def test_ratios_and_targets_follow_the_references():
+    rows = [
+        Row("bare_noop", "bare", "req/s", 1000.0, 1, 1.0, p99_ms=10.0, cpu={"server": 1.0}),
+        Row("product_noop", "noop", "req/s", 800.0, 1, 1.0, "bare_noop", p99_ms=10.0, cpu={"server": 0.5}),
+        Row("sold_out", "sold", "req/s", 400.0, 1, 1.0, "product_noop", p99_ms=30.0),
+    ]
+    fill_ratios(rows)
+    assert [r.ratio for r in rows] == [None, 0.8, 0.5]
+    assert (rows[1].per_server_cpu, rows[1].cpu_ratio) == (1600.0, 1.6)  # requests per server CPU second
+    verdicts = {v["target"]: v for v in judge(rows)}
+    assert len(verdicts) == len(TARGETS)
+    assert verdicts["product no-op >= 0.75 x bare no-op"]["pass"] is True
+    assert verdicts["sold-out >= 0.85 x product no-op"]["pass"] is False
+    assert verdicts["sold-out p99 <= 2 x product no-op p99"] == {
+        "target": "sold-out p99 <= 2 x product no-op p99", "ratio": 3.0, "pass": False,
+    }
+    assert verdicts["accept >= 0.40 x product no-op"]["pass"] is None  # not measured
+
+
+def test_the_wrk_script_rotates_tokens_and_reports_json(tmp_path):
+    script = write_script(tmp_path / "s.lua", b'{"product_id":1,"quantity":1}', ["a.b.c", "d.e.f"]).read_text()
+    assert '"Bearer a.b.c", "Bearer d.e.f"' in script
+    assert "function request()" in script and "function done(" in script
+    assert 'wrk.body = "{\\"product_id\\":1,\\"quantity\\":1}"' in script
+
+
+def test_profile_summary_drops_the_process_trunk(tmp_path):
+    stacks = tmp_path / "p.txt"
+    stacks.write_text(
+        "serve (granian/server/mp.py:10);handler (app/x.py:3);decode (jwt/api.py:9) 3\n"
+        "serve (granian/server/mp.py:10);handler (app/x.py:4) 1\n"
+        "serve (granian/server/mp.py:10) 4\n"
+    )
+    summary = summarize(stacks)
+    assert summary["samples"] == 8
+    assert summary["own"][0] == {"frame": RUNTIME, "share": 0.5}
+    assert {"frame": "handler (app/x.py)", "share": 0.5} in summary["inclusive"]
