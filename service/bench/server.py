@@ -1,7 +1,7 @@
 """Servers under test: started as subprocesses, each in its own session, measured from ``/proc``.
 
-Every HTTP server runs on granian with :data:`GRANIAN_OPTIONS`, the options ``flashsale serve``
-passes (a test checks they stay equal), so the bare app and the product differ only in the app.
+Every HTTP server runs on granian through :func:`service.cli.serve.serve_app`, as ``flashsale serve``
+does, so the bare app and the product differ only in the app.
 """
 
 from __future__ import annotations
@@ -19,16 +19,7 @@ from pathlib import Path
 import httpx
 
 from service.bench.procstat import process_tree
-
-GRANIAN_OPTIONS: dict[str, object] = {
-    "factory": True,
-    "interface": "asgi",
-    "loop": "uvloop",
-    "backlog": 4096,
-    "log_access": False,
-    "respawn_failed_workers": True,
-}
-"""What ``flashsale serve`` gives granian besides the app, address, port and workers."""
+from service.cli.serve import serve_app
 
 READY_TIMEOUT = 60.0  # seconds for a server to answer its readiness probe
 STOP_TIMEOUT = 15.0  # seconds after SIGTERM before SIGKILL
@@ -95,23 +86,19 @@ def flashsale_argv(*args: str) -> list[str]:
 
 
 def granian_argv(target: str, port: int, workers: int) -> list[str]:
-    """Run ``target`` (``module:factory``) on granian with :data:`GRANIAN_OPTIONS`."""
+    """Run ``target`` (``module:factory``) on granian as ``flashsale serve`` does (:func:`main`)."""
     return [sys.executable, "-m", "service.bench.server", target, "--port", str(port), "--workers", str(workers)]
 
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m service.bench.server MODULE:FACTORY --port N --workers N``."""
-    from granian import Granian
-    from granian.constants import Interfaces, Loops
-
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("target")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args(argv)
-    options = dict(GRANIAN_OPTIONS, interface=Interfaces(GRANIAN_OPTIONS["interface"]), loop=Loops(GRANIAN_OPTIONS["loop"]))
-    Granian(args.target, address=args.host, port=args.port, workers=args.workers, **options).serve()
+    serve_app(args.target, args.host, args.port, args.workers)
 
 
 if __name__ == "__main__":

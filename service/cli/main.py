@@ -38,21 +38,9 @@ def main() -> None:
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64))
 def serve(host: str, port: int, workers: int) -> None:
     """Run the purchase API (granian, WORKERS processes)."""
-    from granian import Granian
-    from granian.constants import Interfaces, Loops
+    from service.cli.serve import serve_app
 
-    Granian(
-        "service.api.app:create_app",
-        factory=True,
-        address=host,
-        port=port,
-        interface=Interfaces.ASGI,
-        workers=workers,
-        loop=Loops.uvloop,
-        backlog=4096,
-        log_access=False,
-        respawn_failed_workers=True,
-    ).serve()
+    serve_app("service.api.app:create_app", host, port, workers)
 
 
 @main.command()
@@ -128,7 +116,8 @@ def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
     """Measure each hop (bare framework, no-op, sold out, accept, consumer, raw MySQL writers)
     side by side in one isolated run, with wrk as the load client. Exit 0 when every row was
     measured (targets are reported, not enforced), 2 when it could not run."""
-    from service.bench.run import Options, run_bench
+    from service.bench.context import Options
+    from service.bench.run import run_bench
 
     sys.exit(_run(run_bench(get_settings(), Options(**options), as_json)))
 

@@ -1,31 +1,38 @@
-"""``flashsale bench``: the servers it compares share granian's options, its pieces agree, and a
-short run measures every row (shape only: benchmarks are not tests, no timing is asserted)."""
+"""``flashsale bench``: the servers it compares run on granian as ``flashsale serve`` does, and its
+pieces agree (ratios, targets, the wrk script, profile summaries)."""
 
 from __future__ import annotations
 
 from click.testing import CliRunner
 
+from service.bench import server
 from service.bench.profile import RUNTIME, summarize
 from service.bench.rows import TARGETS, Row, fill_ratios, judge
-from service.bench.server import GRANIAN_OPTIONS
 from service.bench.wrk import write_script
 from service.cli.main import main
 
 
-def test_the_bare_app_runs_on_the_options_flashsale_serve_uses(monkeypatch):
-    seen: dict[str, object] = {}
+def test_the_bench_servers_run_on_the_granian_options_of_flashsale_serve(monkeypatch):
+    """``flashsale serve`` and the bench's server entry point (the bare app) build granian alike:
+    only the app, address, port and workers differ."""
+    calls: list[dict[str, object]] = []
 
     class Recorder:
         def __init__(self, target: str, **kwargs: object) -> None:
-            seen.update(kwargs, target=target)
+            calls.append(dict(kwargs, target=target))
 
         def serve(self) -> None:
             pass
 
     monkeypatch.setattr("granian.Granian", Recorder)
-    assert CliRunner().invoke(main, ["serve", "--workers", "1"]).exit_code == 0
-    for name, value in GRANIAN_OPTIONS.items():
-        assert str(getattr(seen[name], "value", seen[name])) == str(value), name
+    assert CliRunner().invoke(main, ["serve", "--port", "8100", "--workers", "3"]).exit_code == 0
+    server.main(["service.bench.bare_app:create_app", "--port", "8101", "--workers", "2"])
+    product, bare = calls
+    differ = ("target", "port", "workers")
+    assert [product.pop(k) for k in differ] == ["service.api.app:create_app", 8100, 3]
+    assert [bare.pop(k) for k in differ] == ["service.bench.bare_app:create_app", 8101, 2]
+    assert product == bare
+    assert product["factory"] is True and str(getattr(product["interface"], "value", "")) == "asgi"
 
 
 def test_ratios_and_targets_follow_the_references():
