@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from service.bench.profile import ProfileSummary
 from service.settings import Settings
 
 WARMUP_SECONDS = 1.0
@@ -53,4 +54,4 @@ class Context:
     stores: dict[str, list[int]]
     console: Console
     tokens: dict[str, list[str]]
-    profiles: dict[str, dict]
+    profiles: dict[str, ProfileSummary]

@@ -10,6 +10,7 @@ import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 STORE_COMMANDS = {"mariadbd": "mysql", "mysqld": "mysql", "redis-server": "redis", "beam.smp": "rabbitmq"}
@@ -74,6 +75,20 @@ def machine_jiffies() -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
+class MachineInfo(TypedDict):
+    """The machine a run measured on (:func:`machine_info`); ``versions`` of the framework, the
+    server, wrk and the stores are added by the run."""
+
+    nproc: int  # CPUs this process may run on
+    cpus_online: int
+    cpu_model: str
+    memory_gib: float
+    kernel: str
+    python: str
+    load_average: list[float]
+    versions: NotRequired[dict[str, str]]
+
+
 @dataclass(frozen=True, slots=True)
 class CpuSample:
     """One reading of the machine's and the watched processes' CPU counters."""
@@ -96,7 +111,7 @@ class CpuSample:
         return shares
 
 
-def machine_info() -> dict[str, object]:
+def machine_info() -> MachineInfo:
     """nproc, CPU model, memory (GiB), kernel, load average: printed with every run."""
     model = "unknown"
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -106,12 +121,12 @@ def machine_info() -> dict[str, object]:
     mem_kib = next(
         int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
     )
-    return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpus_online": os.cpu_count() or 1,
-        "cpu_model": model,
-        "memory_gib": round(mem_kib / 2**20, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
+    return MachineInfo(
+        nproc=len(os.sched_getaffinity(0)),
+        cpus_online=os.cpu_count() or 1,
+        cpu_model=model,
+        memory_gib=round(mem_kib / 2**20, 1),
+        kernel=platform.release(),
+        python=platform.python_version(),
+        load_average=[round(x, 2) for x in os.getloadavg()],
+    )

@@ -16,11 +16,27 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TypedDict
 
 RATE = 200  # samples per second
 _TRUNK = ("(multiprocessing/", "(server/", "(click/", "(cli/main.py)", "(bench/server.py)", "(<frozen runpy>)", "(flashsale)")
 RUNTIME = "(native: granian's Rust runtime, sockets, waiting outside Python frames)"
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+class FrameShare(TypedDict):
+    """A frame (``func (dir/file.py)``) and its share of all samples (0-1)."""
+
+    frame: str
+    share: float
+
+
+class ProfileSummary(TypedDict):
+    """One row's profile: all ``samples``, the top frames by ``own`` and by ``inclusive`` time."""
+
+    samples: int
+    own: list[FrameShare]
+    inclusive: list[FrameShare]
 
 
 class ProfilerMissing(RuntimeError):
@@ -52,7 +68,7 @@ def _frame(raw: str) -> str:
     return f"{match['func']} ({path})"
 
 
-def summarize(stacks: Path, top: int = 10) -> dict[str, object]:
+def summarize(stacks: Path, top: int = 10) -> ProfileSummary:
     """Top ``top`` frames by own samples and by inclusive samples, as shares of all samples."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
@@ -70,16 +86,16 @@ def summarize(stacks: Path, top: int = 10) -> dict[str, object]:
         for frame in set(frames):
             inclusive[frame] += n
 
-    def shares(counter: Counter[str]) -> list[dict[str, object]]:
-        return [{"frame": f, "share": round(n / total, 3)} for f, n in counter.most_common(top)] if total else []
+    def shares(counter: Counter[str]) -> list[FrameShare]:
+        return [FrameShare(frame=f, share=round(n / total, 3)) for f, n in counter.most_common(top)] if total else []
 
-    return {"samples": total, "own": shares(own), "inclusive": shares(inclusive)}
+    return ProfileSummary(samples=total, own=shares(own), inclusive=shares(inclusive))
 
 
-def render(name: str, summary: dict[str, object]) -> str:
+def render(name: str, summary: ProfileSummary) -> str:
     """Plain-text summary of one row's profile."""
     lines = [f"{name}: {summary['samples']} samples"]
-    for kind in ("own", "inclusive"):
+    for kind, frames in (("own", summary["own"]), ("inclusive", summary["inclusive"])):
         lines.append(f"  top by {kind} time:")
-        lines += [f"    {e['share']:6.1%}  {e['frame']}" for e in summary[kind]]  # type: ignore[attr-defined]
+        lines += [f"    {e['share']:6.1%}  {e['frame']}" for e in frames]
     return "\n".join(lines)

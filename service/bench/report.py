@@ -12,11 +12,47 @@ than the rate when other jobs take CPU away.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 
 from service.bench import profile
-from service.bench.rows import DESCRIPTIONS
+from service.bench.context import Options
+from service.bench.procstat import MachineInfo
+from service.bench.profile import ProfileSummary
+from service.bench.rows import DESCRIPTIONS, Row, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One run: its id and start (ISO 8601, UTC), the machine, the options, the measured rows
+    (ratios filled), the targets' verdicts, the profile summaries by row (``--profile``) and the
+    directory of the subprocess logs when they were kept (something unexpected happened)."""
+
+    run_id: str
+    started_at: str
+    machine: MachineInfo
+    options: Options
+    rows: list[Row]
+    targets: list[Verdict]
+    profiles: dict[str, ProfileSummary]
+    logs: str | None
+
+    def as_json(self) -> dict[str, object]:
+        """The report as plain JSON values (``--json``): dataclasses as objects, paths as strings."""
+        options = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.options).items()}
+        return {
+            "run_id": self.run_id,
+            "started_at": self.started_at,
+            "machine": self.machine,
+            "options": options,
+            "rows": [asdict(r) for r in self.rows],
+            "targets": self.targets,
+            "profiles": self.profiles,
+            "logs": self.logs,
+        }
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -27,30 +63,28 @@ def _cores(cpu: dict[str, float], key: str) -> str:
     return "-" if key not in cpu else f"{cpu[key]:.2f}"
 
 
-def _header(report: dict, console: Console) -> None:
-    m = report["machine"]
-    console.print(
-        f"[bold]flashsale bench[/] {report['run_id']} at {report['started_at']}", soft_wrap=True
-    )
+def _header(report: Report, console: Console) -> None:
+    m = report.machine
+    console.print(f"[bold]flashsale bench[/] {report.run_id} at {report.started_at}", soft_wrap=True)
     console.print(
         f"machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB RAM, Linux {m['kernel']}, "
         f"Python {m['python']}, load average at start {' '.join(str(x) for x in m['load_average'])}",
         soft_wrap=True,
     )
     console.print(", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items()), soft_wrap=True)
-    o = report["options"]
+    o = report.options
     console.print(
-        f"wrk -t{o['threads']} -c{o['connections']} -d{o['duration']:g}s after a 1 s warm-up; granian workers "
-        f"{o['workers']}; backlog {o['backlog']} orders; batch {o['batch']}; rounds {o['rounds']} (interleaved)",
+        f"wrk -t{o.threads} -c{o.connections} -d{o.duration:g}s after a 1 s warm-up; granian workers "
+        f"{o.workers}; backlog {o.backlog} orders; batch {o.batch}; rounds {o.rounds} (interleaved)",
         soft_wrap=True,
     )
 
 
-def render(report: dict, console: Console) -> None:
+def render(report: Report, console: Console) -> None:
     """Print the machine, the rows (throughput, then CPU), the targets and any profile summaries."""
     _header(report, console)
-    by_key = {row["key"]: row for row in report["rows"]}
-    rounds = report["options"]["rounds"]
+    by_key = {row.key: row for row in report.rows}
+    rounds = report.options.rounds
     rates = Table(title="throughput (requests or orders per second; successes only)")
     columns = ["row", "per s", "ratio", "of", "p50 ms", "p99 ms", "unexpected"]
     if rounds > 1:
@@ -58,39 +92,40 @@ def render(report: dict, console: Console) -> None:
     for name in columns:
         rates.add_column(name, justify="left" if name in ("row", "of") else "right")
     cpu_table = Table(title="CPU (cores over the measured window)")
-    for name in ("row", "client", "server", "redis", "mysql", "rabbitmq", "others", "machine busy", "per server CPU-s", "ratio"):
+    cpu_columns = ("row", "client", "server", "redis", "mysql", "rabbitmq", "others", "machine busy")
+    for name in (*cpu_columns, "per server CPU-s", "ratio"):
         cpu_table.add_column(name, justify="left" if name == "row" else "right")
-    for row in report["rows"]:
-        reference = by_key.get(row["reference"] or "", {}).get("label", "")
-        unexpected = row["unexpected"] + row["socket_errors"]
+    for row in report.rows:
+        ref = by_key.get(row.reference or "")
+        unexpected = row.unexpected + row.socket_errors
         cells = [
-            row["label"], _num(row["rate"]), _num(row["ratio"], 2), reference,
-            _num(row["p50_ms"], 2), _num(row["p99_ms"], 2), "0" if not unexpected else f"{unexpected} {row['statuses']}",
+            row.label, _num(row.rate), _num(row.ratio, 2), "" if ref is None else ref.label,
+            _num(row.p50_ms, 2), _num(row.p99_ms, 2), "0" if not unexpected else f"{unexpected} {row.statuses}",
         ]
         if rounds > 1:
-            cells.insert(2, f"{_num(min(row['rounds']), 0)}-{_num(max(row['rounds']), 0)}")
+            cells.insert(2, f"{_num(min(row.rounds), 0)}-{_num(max(row.rounds), 0)}")
         rates.add_row(*cells)
-        cpu = row["cpu"]
+        cpu = row.cpu
         ours = ("client", "server", "redis", "mysql", "rabbitmq")
-        others = cpu.get("machine", 0) * report["machine"].get("cpus_online", 1) - sum(cpu.get(k, 0) for k in ours)
+        others = cpu.get("machine", 0) * report.machine["cpus_online"] - sum(cpu.get(k, 0) for k in ours)
         cpu_table.add_row(
-            row["label"], *(_cores(cpu, k) for k in ours), f"{max(others, 0):.2f}", f"{cpu.get('machine', 0):.0%}",
-            _num(row.get("per_server_cpu"), 0), _num(row.get("cpu_ratio"), 2),
+            row.label, *(_cores(cpu, k) for k in ours), f"{max(others, 0):.2f}", f"{cpu.get('machine', 0):.0%}",
+            _num(row.per_server_cpu, 0), _num(row.cpu_ratio, 2),
         )
     console.print(rates)
     console.print(cpu_table)
-    for row in report["rows"]:
-        note = f" ({row['note']})" if row["note"] else ""
-        console.print(f"  {row['label']}: {DESCRIPTIONS.get(row['key'], '')}{note}", highlight=False, soft_wrap=True)
+    for row in report.rows:
+        note = f" ({row.note})" if row.note else ""
+        console.print(f"  {row.label}: {DESCRIPTIONS.get(row.key, '')}{note}", highlight=False, soft_wrap=True)
     targets = Table(title="targets (issue 7; reported, not enforced)")
     targets.add_column("target")
     targets.add_column("measured", justify="right")
     targets.add_column("verdict")
-    for t in report["targets"]:
+    for t in report.targets:
         verdict = "n/a" if t["pass"] is None else ("[green]PASS[/]" if t["pass"] else "[red]FAIL[/]")
         targets.add_row(t["target"], _num(t["ratio"], 2), verdict)
     console.print(targets)
-    if report.get("logs"):
-        console.print(f"subprocess logs kept (something unexpected happened): {report['logs']}", soft_wrap=True)
-    for name, summary in report.get("profiles", {}).items():
+    if report.logs:
+        console.print(f"subprocess logs kept (something unexpected happened): {report.logs}", soft_wrap=True)
+    for name, summary in report.profiles.items():
         console.print(profile.render(name, summary), highlight=False, soft_wrap=True)

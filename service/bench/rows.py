@@ -9,6 +9,7 @@ server ``api-async`` with ``env={"FLASHSALE_ORDERS__PUBLISH_MODE": "async"}`` an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, TypedDict
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +125,13 @@ class Target:
     label: str
     row: str
     reference: str
-    metric: str = "rate"
+    metric: Literal["rate", "p99_ms"] = "rate"
     minimum: float | None = None
     maximum: float | None = None
+
+    def value(self, row: Row) -> float | None:
+        """``row``'s measured :attr:`metric`."""
+        return row.rate if self.metric == "rate" else row.p99_ms
 
 
 TARGETS = [
@@ -136,6 +141,10 @@ TARGETS = [
     Target("consumer >= 3 x raw 1 order/tx", "consumer", "raw_one", minimum=3.0),
     Target("sold-out p99 <= 2 x product no-op p99", "sold_out", "product_noop", "p99_ms", maximum=2.0),
 ]
+
+
+Verdict = TypedDict("Verdict", {"target": str, "ratio": float | None, "pass": bool | None})
+"""A target's label, the measured ratio and whether it passed (None: a row was not measured)."""
 
 
 def fill_ratios(rows: list[Row]) -> None:
@@ -155,20 +164,21 @@ def fill_ratios(rows: list[Row]) -> None:
             row.cpu_ratio = round(row.per_server_cpu / ref.per_server_cpu, 3)
 
 
-def judge(rows: list[Row]) -> list[dict[str, object]]:
+def judge(rows: list[Row]) -> list[Verdict]:
     """Every target with its measured ratio and ``pass`` (None when a row is missing)."""
     by_key = {r.key: r for r in rows}
-    verdicts = []
+    verdicts: list[Verdict] = []
     for target in TARGETS:
         row, ref = by_key.get(target.row), by_key.get(target.reference)
-        value = ref_value = None
+        value: float | None = None
+        ref_value: float | None = None
         if row is not None and ref is not None:
-            value, ref_value = getattr(row, target.metric), getattr(ref, target.metric)
+            value, ref_value = target.value(row), target.value(ref)
         ratio = round(value / ref_value, 3) if value is not None and ref_value else None
         passed = None
         if ratio is not None:
             passed = (target.minimum is None or ratio >= target.minimum) and (
                 target.maximum is None or ratio <= target.maximum
             )
-        verdicts.append({"target": target.label, "ratio": ratio, "pass": passed})
+        verdicts.append(Verdict({"target": target.label, "ratio": ratio, "pass": passed}))
     return verdicts

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 from contextlib import AsyncExitStack
-from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from service.bench.context import ACCEPT_USERS, BenchError, Context, Options
 from service.bench.drain import drain_rows
 from service.bench.http_rows import http_rows
 from service.bench.procstat import machine_info, store_pids
-from service.bench.report import render
+from service.bench.report import Report, render
 from service.bench.rows import fill_ratios, judge
 from service.bench.server import ServerFailed
 from service.bench.wrk import WrkMissing, require_wrk
@@ -74,8 +73,8 @@ async def _versions(settings: Settings, engine: AsyncEngine) -> dict[str, str]:
     return versions
 
 
-async def measure(base: Settings, options: Options, console: Console) -> dict:
-    """Run every row; the report (see :func:`service.bench.report.render`).
+async def measure(base: Settings, options: Options, console: Console) -> Report:
+    """Run every row; the report (:class:`service.bench.report.Report`).
 
     Raises:
         WrkMissing, ProfilerMissing, BenchError, ServerFailed: the run could not be completed
@@ -109,16 +108,16 @@ async def measure(base: Settings, options: Options, console: Console) -> dict:
     if not suspicious:
         shutil.rmtree(log_dir, ignore_errors=True)
     fill_ratios(rows)
-    return {
-        "run_id": run_id,
-        "started_at": started_at,
-        "machine": machine,
-        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
-        "rows": [asdict(r) for r in rows],
-        "targets": judge(rows),
-        "profiles": ctx.profiles,
-        "logs": str(log_dir) if suspicious else None,
-    }
+    return Report(
+        run_id=run_id,
+        started_at=started_at,
+        machine=machine,
+        options=options,
+        rows=rows,
+        targets=judge(rows),
+        profiles=ctx.profiles,
+        logs=str(log_dir) if suspicious else None,
+    )
 
 
 async def run_bench(base: Settings, options: Options, as_json: bool) -> int:
@@ -132,7 +131,7 @@ async def run_bench(base: Settings, options: Options, as_json: bool) -> int:
         Console(stderr=True).print(f"flashsale bench: {exc}", soft_wrap=True, highlight=False)
         return 2
     if as_json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report.as_json(), indent=2))
     else:
         render(report, console)
     return 0

@@ -16,6 +16,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
+
+import msgspec
 
 MARKER = "FLASHSALE_WRK "
 TIMEOUT = "10s"  # per-request timeout; a slower answer counts as a timeout error
@@ -104,12 +107,42 @@ def write_script(path: Path, body: bytes, tokens: list[str]) -> Path:
     return path
 
 
+class WrkErrors(TypedDict):
+    """wrk's socket error counts (``status``: non-2xx/3xx answers, also in the status counts)."""
+
+    connect: int
+    read: int
+    write: int
+    status: int
+    timeout: int
+
+
+class WrkLatency(TypedDict):
+    """Latency in µs: the mean, percentiles and the maximum."""
+
+    mean: float
+    p50: int
+    p90: int
+    p99: int
+    max: int
+
+
+class WrkSummary(TypedDict):
+    """The script's ``FLASHSALE_WRK`` line: measured µs, requests, errors, latency, answers by status."""
+
+    duration_us: int
+    requests: int
+    errors: WrkErrors
+    latency_us: WrkLatency
+    statuses: dict[str, int]
+
+
 @dataclass(frozen=True, slots=True)
 class WrkResult:
     """One wrk run: ``summary`` as the script printed it; ``wall`` seconds; ``cpu`` = wrk's user
     + system CPU seconds (so ``cpu / wall`` is the client's share in cores)."""
 
-    summary: dict
+    summary: WrkSummary
     wall: float
     cpu: float
 
@@ -135,4 +168,8 @@ def run_wrk(url: str, script: Path, duration: float, connections: int, threads: 
     line = next((x for x in output.splitlines() if x.startswith(MARKER)), None)
     if process.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed (exit {process.returncode}): {output.strip()[-800:]}")
-    return WrkResult(json.loads(line[len(MARKER) :]), wall, usage.ru_utime + usage.ru_stime)
+    try:
+        summary = msgspec.json.decode(line[len(MARKER) :], type=WrkSummary)
+    except msgspec.ValidationError as exc:
+        raise RuntimeError(f"wrk's summary line is not what the script writes ({exc}): {line}") from None
+    return WrkResult(summary, wall, usage.ru_utime + usage.ru_stime)

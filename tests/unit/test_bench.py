@@ -3,10 +3,17 @@ pieces agree (ratios, targets, the wrk script, profile summaries)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from click.testing import CliRunner
+from rich.console import Console
 
 from service.bench import server
+from service.bench.context import Options
+from service.bench.procstat import machine_info
 from service.bench.profile import RUNTIME, summarize
+from service.bench.report import Report, render
 from service.bench.rows import TARGETS, Row, fill_ratios, judge
 from service.bench.wrk import write_script
 from service.cli.main import main
@@ -72,3 +79,24 @@ def test_profile_summary_drops_the_process_trunk(tmp_path):
     assert summary["samples"] == 8
     assert summary["own"][0] == {"frame": RUNTIME, "share": 0.5}
     assert {"frame": "handler (app/x.py)", "share": 0.5} in summary["inclusive"]
+
+
+def test_the_report_renders_and_serializes(tmp_path):
+    rows = [
+        Row("bare_noop", "bare no-op", "req/s", 1000.0, 1, 1.0, p99_ms=10.0, cpu={"server": 1.0, "machine": 0.5}),
+        Row("product_noop", "product no-op", "req/s", 800.0, 1, 1.0, "bare_noop", statuses={"202": 1}, rounds=[800.0]),
+    ]
+    fill_ratios(rows)
+    summary = {"samples": 1, "own": [{"frame": RUNTIME, "share": 1.0}], "inclusive": []}
+    report = Report(
+        "bench_x", "2026-11-30T00:00:00+00:00", machine_info(), Options(profile_dir=tmp_path), rows, judge(rows),
+        {"product_noop": summary}, None,
+    )
+    console = Console(record=True, width=200)
+    render(report, console)
+    text = console.export_text()
+    assert "product no-op" in text and "0.80" in text and "top by own time" in text
+    loaded = json.loads(json.dumps(report.as_json()))
+    assert loaded["options"]["profile_dir"] == str(tmp_path) and Path(loaded["options"]["profile_dir"]).is_dir()
+    assert [r["key"] for r in loaded["rows"]] == ["bare_noop", "product_noop"] and loaded["rows"][1]["ratio"] == 0.8
+    assert loaded["targets"] == report.targets and loaded["profiles"]["product_noop"] == summary
