@@ -79,7 +79,9 @@ class Resources:
             if purchase and publisher is not None:
                 lease = ShardLease(store, settings.orders.shard_lease_seconds)
                 await lease.start()
-                minter = OrderNumberMinter(store, lease, settings.orders.order_no_prefix)
+                minter = OrderNumberMinter(
+                    store, lease, settings.orders.order_no_prefix, block=settings.orders.sequence_block
+                )
                 purchases = PurchaseService(store, minter, publisher, engine=engine)
         except BaseException:
             await _close(engine, store, publisher, lease)

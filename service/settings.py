@@ -7,6 +7,7 @@ Nested groups use ``__``: ``FLASHSALE_DB__URL``, ``FLASHSALE_REDIS__URL``, ``FLA
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -54,6 +55,11 @@ class OrderSettings(BaseModel):
     order_no_prefix: str = Field("FS", pattern=r"^[A-Z]{2}$")
     replay_ttl_seconds: int = Field(86_400, ge=60)
     shard_lease_seconds: int = Field(30, ge=3)
+    sequence_block: int = Field(100, ge=1, le=999_999)
+    """Order-number sequence numbers one Redis call takes (per shard and second)."""
+    publish_mode: Literal["confirm", "async"] = "confirm"
+    """``confirm``: 202 only after the broker confirmed the order message. ``async``: 202 once
+    the reservation is in Redis; published in the background (see the README for the guarantee)."""
 
 
 class RealignSettings(BaseModel):
