@@ -40,6 +40,8 @@ class AMQPSettings(BaseModel):
     confirm_timeout: float = Field(5.0, gt=0)
     delivery_limit: int = Field(5, ge=1)
     prefetch: int = Field(64, ge=1)
+    publish_channels: int = Field(4, ge=1, le=64)
+    """Confirming channels of the API's publisher (used in turn)."""
 
 
 class AuthSettings(BaseModel):

@@ -1,4 +1,5 @@
-"""The purchase path: reserve in Redis (one Lua call), publish with confirm, or give it back.
+"""The purchase path: reserve in Redis (one Lua call), publish with confirm, or give it back
+(publish mode ``confirm``); or reserve, mark queued and publish in the background (``async``).
 
 ``PurchaseService.purchase`` is the whole hot path; the HTTP controller only authenticates,
 validates and maps the outcome to a status code.
@@ -79,7 +80,8 @@ class PurchaseService:
     async def purchase(self, user_id: str, product_id: int, quantity: int, request_id: str) -> Accepted:
         """Reserve ``quantity`` units of ``product_id`` for ``user_id`` and queue the order.
 
-        Returns the accepted order, or the earlier answer for a replayed request id.
+        Returns the accepted order (once the broker confirmed it, or in publish mode ``async``
+        once it is reserved and marked queued), or the earlier answer for a replayed request id.
 
         Raises:
             PurchaseRejected: a business rejection (nothing was written) or ``unavailable``
