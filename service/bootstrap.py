@@ -13,6 +13,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import make_engine
+from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher
 from service.adapters.redis.stock_store import StockStore
 from service.domain.catalog import CatalogService
@@ -47,7 +48,8 @@ class Resources:
     """Everything one process holds: connections and the use cases built on them.
 
     ``publisher`` is None when opened with ``publish=False``; ``lease`` and ``purchases`` are None
-    unless opened with ``purchase=True`` (only the API mints order numbers).
+    unless opened with ``purchase=True`` (only the API mints order numbers); ``background`` is set
+    only for purchases in publish mode ``async``.
     """
 
     settings: Settings
@@ -56,6 +58,7 @@ class Resources:
     publisher: Publisher | None
     lease: ShardLease | None
     purchases: PurchaseService | None
+    background: BackgroundPublisher | None
     realigner: Realigner
     orders: OrderService
     catalog: CatalogService
@@ -70,7 +73,7 @@ class Resources:
         """
         engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
         store = make_store(settings)
-        publisher = lease = purchases = None
+        publisher = lease = purchases = background = None
         try:
             await store.load()
             if publish:
@@ -79,10 +82,15 @@ class Resources:
             if purchase and publisher is not None:
                 lease = ShardLease(store, settings.orders.shard_lease_seconds)
                 await lease.start()
-                minter = OrderNumberMinter(store, lease, settings.orders.order_no_prefix)
-                purchases = PurchaseService(store, minter, publisher, engine=engine)
+                minter = OrderNumberMinter(
+                    store, lease, settings.orders.order_no_prefix, block=settings.orders.sequence_block
+                )
+                if settings.orders.publish_mode == "async":
+                    background = BackgroundPublisher(publisher)
+                    background.start()
+                purchases = PurchaseService(store, minter, publisher, engine=engine, background=background)
         except BaseException:
-            await _close(engine, store, publisher, lease)
+            await _close(settings, engine, store, publisher, lease, background)
             raise
         realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
         payment = settings.payment
@@ -93,6 +101,7 @@ class Resources:
             publisher=publisher,
             lease=lease,
             purchases=purchases,
+            background=background,
             realigner=realigner,
             orders=OrderService(engine, store),
             catalog=CatalogService(engine, store, realigner),
@@ -111,11 +120,21 @@ class Resources:
         return self.purchases
 
     async def close(self) -> None:
-        """Release the shard lease and close every connection."""
-        await _close(self.engine, self.store, self.publisher, self.lease)
+        """Publish what the background publisher holds (up to ``confirm_timeout`` seconds; the
+        rest is left to realignment), release the shard lease and close every connection."""
+        await _close(self.settings, self.engine, self.store, self.publisher, self.lease, self.background)
 
 
-async def _close(engine: AsyncEngine, store: StockStore, publisher: Publisher | None, lease: ShardLease | None) -> None:
+async def _close(
+    settings: Settings,
+    engine: AsyncEngine,
+    store: StockStore,
+    publisher: Publisher | None,
+    lease: ShardLease | None,
+    background: BackgroundPublisher | None,
+) -> None:
+    if background is not None:
+        await background.close(settings.amqp.confirm_timeout)
     if lease is not None:
         await lease.stop()
     if publisher is not None:

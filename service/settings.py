@@ -7,6 +7,7 @@ Nested groups use ``__``: ``FLASHSALE_DB__URL``, ``FLASHSALE_REDIS__URL``, ``FLA
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +40,8 @@ class AMQPSettings(BaseModel):
     confirm_timeout: float = Field(5.0, gt=0)
     delivery_limit: int = Field(5, ge=1)
     prefetch: int = Field(64, ge=1)
+    publish_channels: int = Field(4, ge=1, le=64)
+    """Confirming channels of the API's publisher (used in turn)."""
 
 
 class AuthSettings(BaseModel):
@@ -54,6 +57,11 @@ class OrderSettings(BaseModel):
     order_no_prefix: str = Field("FS", pattern=r"^[A-Z]{2}$")
     replay_ttl_seconds: int = Field(86_400, ge=60)
     shard_lease_seconds: int = Field(30, ge=3)
+    sequence_block: int = Field(100, ge=1, le=999_999)
+    """Order-number sequence numbers one Redis call takes (per shard and second)."""
+    publish_mode: Literal["confirm", "async"] = "confirm"
+    """``confirm``: 202 only after the broker confirmed the order message. ``async``: 202 once
+    the reservation is in Redis; published in the background (see the README for the guarantee)."""
 
 
 class RealignSettings(BaseModel):

@@ -86,7 +86,9 @@ async def queue_depth(channel: AbstractChannel, name: str) -> int:
 
 
 class Publisher:
-    """One robust connection and one confirming channel per process.
+    """One robust connection and ``settings.publish_channels`` confirming channels per process,
+    used in turn (confirms on one channel come back in order; several channels let the broker
+    confirm concurrent publishes side by side).
 
     ``publish`` returns only after the broker confirmed the message (persistent, mandatory).
     """
@@ -94,28 +96,35 @@ class Publisher:
     def __init__(self, settings: AMQPSettings) -> None:
         self._settings = settings
         self._connection: AbstractRobustConnection | None = None
-        self._channel: AbstractChannel | None = None
-        self._exchange: AbstractExchange | None = None
+        self._channels: list[AbstractChannel] = []
+        self._exchanges: list[AbstractExchange] = []
+        self._turn = 0
 
     async def connect(self) -> None:
-        """Open the robust connection and confirming channel; declare the topology."""
+        """Open the robust connection and the confirming channels; declare the topology."""
         self._connection = await aio_pika.connect_robust(self._settings.url)
-        self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
-        self._exchange, _ = await declare_topology(self._channel, self._settings)
+        for _ in range(self._settings.publish_channels):
+            channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+            if not self._exchanges:
+                exchange, _ = await declare_topology(channel, self._settings)
+            else:
+                exchange = await channel.get_exchange(self._settings.exchange)
+            self._channels.append(channel)
+            self._exchanges.append(exchange)
 
     async def close(self) -> None:
-        """Close the connection (and its channel)."""
+        """Close the connection (and its channels)."""
         if self._connection is not None:
             await self._connection.close()
 
     @property
     def ready(self) -> bool:
-        """True when the connection and channel are open."""
+        """True when the connection and every channel are open."""
         return (
             self._connection is not None
             and not self._connection.is_closed
-            and self._channel is not None
-            and not self._channel.is_closed
+            and bool(self._channels)
+            and not any(channel.is_closed for channel in self._channels)
         )
 
     async def publish(self, order: OrderMessage) -> None:
@@ -126,8 +135,10 @@ class Publisher:
                 seconds, or the connection is down. The message may still have reached the
                 broker after a timeout; the consumer's claim on the reservation settles that.
         """
-        if self._exchange is None or not self.ready:
+        if not self.ready:
             raise PublishFailed("broker connection is down")
+        self._turn = (self._turn + 1) % len(self._exchanges)
+        exchange = self._exchanges[self._turn]
         message = aio_pika.Message(
             encode_order(order),
             content_type="application/json",
@@ -135,7 +146,7 @@ class Publisher:
             message_id=order.request_id,
         )
         try:
-            await self._exchange.publish(
+            await exchange.publish(
                 message, routing_key=self._settings.queue, mandatory=True, timeout=self._settings.confirm_timeout
             )
         except (TimeoutError, *CONNECTION_EXCEPTIONS) as exc:

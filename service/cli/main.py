@@ -95,6 +95,10 @@ def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json:
     "--payment-window", default=5, show_default=True, type=click.IntRange(1), metavar="SECONDS",
     help="Payment window of the run's API and sweep, with --pay-share.",
 )
+@click.option(
+    "--publish-mode", type=click.Choice(["confirm", "async"]), default=None,
+    help="FLASHSALE_ORDERS__PUBLISH_MODE of the API processes it starts (default: from settings).",
+)
 def sale(**options: Any) -> None:
     """Run a whole flash sale end to end on the real services and check every invariant."""
     from service.sale.job import run_sale

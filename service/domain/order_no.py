@@ -5,10 +5,13 @@ Layout, 26 characters: prefix (2 letters) + UTC ``yyyyMMddHHmmss`` (14) + shard 
 24 characters with letters counted A=10 ... Z=35 as in IBAN (ISO 13616), so an order number is
 valid when ``int(digits(all 26)) % 97 == 1``.
 
-The sequence is a Redis INCR on a key per shard and second (with an expiry); the shard is a
-number 00-99 that one running process holds exclusively through a lease in Redis
-(:class:`ShardLease`). Past 999,999 in one second the minter waits for the next second: the
-sequence never wraps. ``UNIQUE(order_no)`` in MySQL is the backstop.
+The sequence comes from a Redis counter per shard and second (with an expiry), taken in blocks:
+one ``INCRBY n`` hands the process ``n`` numbers, given out locally until the block is used or
+the second changes (a block's unused rest is a gap, never reused). The shard is a number 00-99
+that one running process holds exclusively through a lease in Redis (:class:`ShardLease`); the
+counter still guards uniqueness when a shard changes hands within a second. Past 999,999 in one
+second the minter waits for the next second: the sequence never wraps. ``UNIQUE(order_no)`` in
+MySQL is the backstop.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import re
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import structlog
@@ -36,9 +40,12 @@ _ORDER_NO = re.compile(r"[A-Z]{2}[0-9]{24}")
 _SPARE_MAX_AGE_SECONDS = 5.0
 
 
+_IBAN_LETTERS = str.maketrans({chr(ord("A") + i): str(10 + i) for i in range(26)})
+
+
 def _digits(text: str) -> str:
-    """Letters to numbers as in IBAN (A=10 ... Z=35); digits stay."""
-    return "".join(str(int(ch, 36)) for ch in text)
+    """Letters to numbers as in IBAN (A=10 ... Z=35); digits stay (``text`` is ``[A-Z0-9]*``)."""
+    return text.translate(_IBAN_LETTERS)
 
 
 def check_digits(body: str) -> str:
@@ -137,23 +144,50 @@ class ShardLease:
             self.shard = None
 
 
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 class OrderNumberMinter:
     """Mints order numbers for this process from its leased shard.
 
     ``take()`` returns a number that no other caller has; ``give_back()`` returns one that was
     never handed to a client (a rejected purchase), so the reject path costs no Redis call beyond
     the reservation itself. Spares older than five seconds are dropped, so the embedded time
-    stays close to the purchase time.
+    stays close to the purchase time. ``block`` is how many sequence numbers one Redis call
+    takes (1 to 999,999); ``clock`` returns the current UTC time (tests move it).
     """
 
-    def __init__(self, store: StockStore, lease: ShardLease, order_no_prefix: str) -> None:
+    def __init__(
+        self,
+        store: StockStore,
+        lease: ShardLease,
+        order_no_prefix: str,
+        *,
+        block: int = 100,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
         self._store = store
         self._lease = lease
         self._order_prefix = order_no_prefix
+        self._block_size = block
+        self._clock = clock
         self._spares: deque[tuple[float, str]] = deque()
+        self._block: tuple[int, str, int, int] = (-1, "", 1, 0)
+        """(shard, second, next sequence, last sequence) of the block being given out."""
+        self._refill = asyncio.Lock()
+
+    def _from_block(self, shard: int, second: str) -> str | None:
+        """The next number of the current block if it is for ``shard`` and ``second`` and not used up."""
+        block_shard, block_second, sequence, last = self._block
+        if block_shard != shard or block_second != second or sequence > last:
+            return None
+        self._block = (shard, second, sequence + 1, last)
+        return compose_order_no(self._order_prefix, second, shard, sequence)
 
     async def mint(self) -> str:
-        """A fresh order number: INCR of this shard's counter for the current UTC second.
+        """A fresh order number: the next of this process's block for its shard and the current
+        UTC second; a new block (one ``INCRBY``) when that is used up or the second changed.
 
         Raises:
             ShardLost: the process does not hold a shard right now.
@@ -164,11 +198,21 @@ class OrderNumberMinter:
                 raise ShardLost("order-number shard lease not held")
             shard = self._lease.shard
             assert shard is not None
-            now = datetime.now(UTC)
+            now = self._clock()
             second = now.strftime("%Y%m%d%H%M%S")
-            sequence = await self._store.next_sequence(shard, second)
-            if sequence <= SEQUENCE_MAX:
-                return compose_order_no(self._order_prefix, second, shard, sequence)
+            if (order_no := self._from_block(shard, second)) is not None:
+                return order_no
+            async with self._refill:
+                # Another caller may have fetched a block for this second while we waited.
+                if (order_no := self._from_block(shard, second)) is not None:
+                    return order_no
+                last = await self._store.next_sequence(shard, second, self._block_size)
+                first = last - self._block_size + 1
+                if first <= SEQUENCE_MAX:
+                    self._block = (shard, second, first, min(last, SEQUENCE_MAX))
+                    order_no = self._from_block(shard, second)
+                    assert order_no is not None
+                    return order_no
             # This second is used up: never wrap, wait for the next one.
             await asyncio.sleep(1.0 - now.microsecond / 1_000_000 + 0.001)
 

@@ -1,4 +1,5 @@
-"""The purchase path: reserve in Redis (one Lua call), publish with confirm, or give it back.
+"""The purchase path: reserve in Redis (one Lua call), publish with confirm, or give it back
+(publish mode ``confirm``); or reserve, mark queued and publish in the background (``async``).
 
 ``PurchaseService.purchase`` is the whole hot path; the HTTP controller only authenticates,
 validates and maps the outcome to a status code.
@@ -12,6 +13,7 @@ import structlog
 from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
 from service.adapters.redis.stock_store import StockStore
@@ -54,20 +56,32 @@ _REJECTIONS = {
 
 
 class PurchaseService:
-    """Runs purchases for one process; holds its stock store, minter and publisher."""
+    """Runs purchases for one process; holds its stock store, minter and publisher.
+
+    With ``background`` (publish mode ``async``) an accepted purchase is answered once it is
+    reserved and marked queued in Redis, and published by ``background``; without it (mode
+    ``confirm``) only after the broker confirmed.
+    """
 
     def __init__(
-        self, store: StockStore, minter: OrderNumberMinter, publisher: Publisher, engine: AsyncEngine | None = None
+        self,
+        store: StockStore,
+        minter: OrderNumberMinter,
+        publisher: Publisher,
+        engine: AsyncEngine | None = None,
+        background: BackgroundPublisher | None = None,
     ) -> None:
         self._store = store
         self._engine = engine
         self._minter = minter
         self._publisher = publisher
+        self._background = background
 
     async def purchase(self, user_id: str, product_id: int, quantity: int, request_id: str) -> Accepted:
         """Reserve ``quantity`` units of ``product_id`` for ``user_id`` and queue the order.
 
-        Returns the accepted order, or the earlier answer for a replayed request id.
+        Returns the accepted order (once the broker confirmed it, or in publish mode ``async``
+        once it is reserved and marked queued), or the earlier answer for a replayed request id.
 
         Raises:
             PurchaseRejected: a business rejection (nothing was written) or ``unavailable``
@@ -106,19 +120,30 @@ class PurchaseService:
         message = OrderMessage(
             request_id, order_no, user_id, product_id, quantity, reservation.reserved_at_ms, reservation.unit_price * quantity
         )
+        if self._background is not None:
+            # The journal entry is the outbox: marked queued first, a retry is answered as a replay.
+            await self._mark_queued(message)
+            self._background.submit(message)
+            return accepted
         try:
             await self._publisher.publish(message)
         except PublishFailed as exc:
             if await self._give_back(product_id, request_id) is not ReleaseOutcome.CLAIMED:
                 raise PurchaseRejected("unavailable", "Order queue unavailable, retry shortly.") from exc
             # A consumer already holds the message: the confirm was lost, the order was not.
+        await self._mark_queued(message)
+        return accepted
+
+    async def _mark_queued(self, message: OrderMessage) -> None:
+        """Replay record -> ``queued`` and the order's Redis view; a Redis failure is logged only."""
         try:
-            await self._store.mark_queued(product_id, request_id, order_no, user_id, quantity)
-        except RedisError as exc:
+            await self._store.mark_queued(
+                message.product_id, message.request_id, message.order_no, message.user_id, message.quantity
+            )
+        except (RedisError, OSError) as exc:
             # The order is queued all the same; a replay answers 409 until realignment resolves
             # its journal entry, then it is answered as a replay (reserve.lua).
-            log.warning("mark_queued_failed", request_id=request_id, error=repr(exc))
-        return accepted
+            log.warning("mark_queued_failed", request_id=message.request_id, error=repr(exc))
 
     async def _give_back(self, product_id: int, request_id: str) -> ReleaseOutcome | None:
         """Release the reservation of ``request_id``; None when Redis failed."""

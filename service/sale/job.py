@@ -144,12 +144,14 @@ async def run_sale(
     noop_requests: int,
     pay_share: float,
     payment_window: int,
+    publish_mode: str | None = None,
 ) -> int:
     """``flashsale sale`` (see the module docstring); returns the exit status: 0 every invariant
     holds, 1 one failed, 2 set-up failed, 130 interrupted. Prints the report to stdout (rich tables, or exactly one
     JSON document with ``as_json``); progress and errors go to stderr. ``pay_share`` > 0 needs
     ``url`` None (the sweep cancels every unpaid order of the database past the window);
-    ``payment_window`` in seconds applies only then."""
+    ``payment_window`` in seconds applies only then. ``publish_mode`` (``confirm``/``async``)
+    overrides the setting for the API processes the sale starts (not for a ``url``)."""
     began = time.perf_counter()
     _quiet_logs()
     main_task = asyncio.current_task()
@@ -157,6 +159,10 @@ async def run_sale(
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)  # clean up as on Ctrl-C
     console = Console(stderr=True, quiet=as_json)
     window = payment_window if pay_share else None
+    if publish_mode is not None:
+        settings = settings.model_copy(
+            update={"orders": settings.orders.model_copy(update={"publish_mode": publish_mode})}
+        )
     sale = new_sale(settings, url, stock, per_user_limit, window)
     processes = Processes(child_env(sale.settings), Path(tempfile.mkdtemp(prefix=f"flashsale-{sale.run_id}-")))
     try:
@@ -184,6 +190,7 @@ async def run_sale(
         "noop_requests": noop_requests,
         "pay_share": pay_share,
         "payment_window_seconds": window,
+        "publish_mode": sale.settings.orders.publish_mode if sale.isolated else None,
     }
     report = build_report(run, measured, time.perf_counter() - began, processes.exit_codes)
     if report["ok"] and not any(processes.exit_codes.values()):

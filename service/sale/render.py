@@ -97,7 +97,8 @@ def _invariants_table(invariants: dict[str, dict[str, Any]]) -> Table:
 
 
 def _headline(run: dict[str, Any]) -> str:
-    where = f"{run['workers']} API workers" if run["isolated"] else f"API at {run['url']}"
+    workers = f"{run['workers']} API workers ({run['publish_mode']} publish)"
+    where = workers if run["isolated"] else f"API at {run['url']}"
     lifecycle = f", pay share {run['pay_share']} (window {run['payment_window_seconds']}s)" if run["pay_share"] else ""
     return (
         f"[bold]flash sale {run['run_id']}[/]: product {run['product_id']}, stock {run['stock']}, "

@@ -49,9 +49,12 @@ def _unlike_the_defaults() -> Settings:
             confirm_timeout=2.5,
             delivery_limit=9,
             prefetch=11,
+            publish_channels=3,
         ),
         auth=AuthSettings(jwt_secret="s" * 40, token_ttl_seconds=120),
-        orders=OrderSettings(order_no_prefix="QX", replay_ttl_seconds=600, shard_lease_seconds=12),
+        orders=OrderSettings(
+            order_no_prefix="QX", replay_ttl_seconds=600, shard_lease_seconds=12, sequence_block=7, publish_mode="async"
+        ),
         realign=RealignSettings(grace_seconds=1.5),
         payment=PaymentSettings(
             channel_secrets={"a": "secret-a", "b": 'quote " and \\ backslash'}, window_seconds=33, currency="EUR"

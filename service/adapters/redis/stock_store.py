@@ -17,7 +17,9 @@ from typing import cast
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
+from service.adapters.redis.batcher import CommandBatcher
 from service.adapters.redis.keys import (
     ProductKeys,
     order_key,
@@ -73,6 +75,7 @@ class StockStore:
         self._prefix = key_prefix
         self._replay_ttl = replay_ttl_seconds
         self._returned_ttl = returned_marker_ttl_seconds
+        self._batcher = CommandBatcher(redis)
         self._reserve = _script(redis, "reserve")
         self._release = _script(redis, "release")
         self._claim = _script(redis, "claim")
@@ -119,12 +122,18 @@ class StockStore:
         """``lua/reserve.lua``, one round trip: replay check for ``request_id``, sale loaded and
         open, per-user limit and quota, numeric stock check, then decrement ``quantity`` units,
         add the journal entry and the replay record (state ``pending``). ``order_no`` is the
-        candidate order number for a new reservation. Only ``RESERVED`` writes anything."""
+        candidate order number for a new reservation. Only ``RESERVED`` writes anything.
+        Concurrent calls share a pipeline (:class:`CommandBatcher`)."""
         keys = ProductKeys(self._prefix, product_id)
-        reply = await self._reserve(
-            keys=[keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id)],
-            args=[request_id, user_id, quantity, order_no, self._replay_ttl],
+        command = (
+            "EVALSHA", self._reserve.sha, 5, keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id),
+            request_id, user_id, quantity, order_no, self._replay_ttl,
         )
+        try:
+            reply = await self._batcher.call(*command)
+        except NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH): load, once more
+            await self._reserve.registered_client.script_load(self._reserve.script)
+            reply = await self._batcher.call(*command)
         return parse_reservation(reply)
 
     async def release(self, product_id: int, request_id: str) -> ReleaseOutcome:
@@ -138,24 +147,27 @@ class StockStore:
         return ReleaseOutcome(reply)
 
     async def mark_queued(self, product_id: int, request_id: str, order_no: str, user_id: str, quantity: int) -> None:
-        """One pipeline round trip once the broker confirmed: the replay record's state becomes
-        ``queued`` and the order's view (read while only Redis knows the order) is written; both
-        live ``replay_ttl_seconds``."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hset(ProductKeys(self._prefix, product_id).replay(request_id), "state", "queued")
-            pipe.set(
+        """Once the broker confirmed: the replay record's state becomes ``queued`` and the
+        order's view (read while only Redis knows the order) is written; both live
+        ``replay_ttl_seconds``. One round trip, shared with concurrent calls (:class:`CommandBatcher`)."""
+        await self._batcher.call_many(
+            ("HSET", ProductKeys(self._prefix, product_id).replay(request_id), "state", "queued"),
+            (
+                "SET",
                 order_key(self._prefix, order_no),
                 format_queued_order(user_id, product_id, request_id, quantity),
-                ex=self._replay_ttl,
-            )
-            await pipe.execute()
+                "EX",
+                self._replay_ttl,
+            ),
+        )
 
-    async def next_sequence(self, shard: int, second: str) -> int:
-        """One pipeline round trip: INCR the sequence counter of ``shard`` in UTC ``second``
-        (``yyyyMMddHHmmss``) and (re)set its expiry; returns the new value (1 for the first)."""
+    async def next_sequence(self, shard: int, second: str, count: int = 1) -> int:
+        """One pipeline round trip: INCRBY ``count`` the sequence counter of ``shard`` in UTC
+        ``second`` (``yyyyMMddHHmmss``) and (re)set its expiry. Returns the new value: the caller
+        owns the ``count`` numbers ending there (``value - count + 1 .. value``; 1 is the first)."""
         key = sequence_key(self._prefix, shard, second)
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.incr(key)
+            pipe.incrby(key, count)
             pipe.expire(key, SEQUENCE_KEY_TTL_SECONDS)
             sequence, _ = await pipe.execute()
         return int(sequence)

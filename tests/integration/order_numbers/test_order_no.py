@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -33,6 +33,77 @@ async def test_a_used_up_second_waits_for_the_next_instead_of_wrapping(redis, se
         assert is_valid_order_no(order_no)
         assert order_no[2:16] > second
         assert int(order_no[18:24]) <= SEQUENCE_MAX
+    finally:
+        await lease.stop()
+
+
+class _Clock:
+    """A UTC clock the test moves by hand."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _sequence(order_no: str) -> int:
+    return int(order_no[18:24])
+
+
+async def test_a_block_is_given_out_locally_and_a_new_second_takes_a_new_block(redis, settings):
+    store = StockStore(redis, f"{settings.redis.key_prefix}-block")
+    lease = ShardLease(store, 30)
+    shard = await lease.acquire()
+    clock = _Clock(datetime(2026, 11, 30, 12, 0, 0, 250_000, tzinfo=UTC))
+    try:
+        minter = OrderNumberMinter(store, lease, "FS", block=3, clock=clock)
+        first_second = [await minter.mint() for _ in range(4)]
+        assert [_sequence(n) for n in first_second] == [1, 2, 3, 4]
+        assert await redis.get(store.sequence_key(shard, "20261130120000")) == "6"  # two blocks of 3
+
+        clock.now += timedelta(seconds=1)
+        next_second = await minter.mint()
+        assert next_second[2:16] == "20261130120001" and _sequence(next_second) == 1
+        assert await redis.get(store.sequence_key(shard, "20261130120001")) == "3"
+
+        # Another process that takes the shard over within the same second continues after
+        # this process's blocks; the first keeps giving out its own block: no number twice.
+        successor = OrderNumberMinter(store, lease, "FS", block=3, clock=clock)
+        taken_over = [await successor.mint(), await minter.mint(), await successor.mint(), await minter.mint()]
+        assert [_sequence(n) for n in taken_over] == [4, 2, 5, 3]
+        numbers = [*first_second, next_second, *taken_over]
+        assert len(set(numbers)) == len(numbers) and all(is_valid_order_no(n) for n in numbers)
+    finally:
+        await lease.stop()
+
+
+async def test_concurrent_mints_share_blocks_without_repeats(redis, settings):
+    store = StockStore(redis, f"{settings.redis.key_prefix}-blocks")
+    lease = ShardLease(store, 30)
+    shard = await lease.acquire()
+    clock = _Clock(datetime(2026, 11, 30, 12, 0, 1, tzinfo=UTC))
+    try:
+        minter = OrderNumberMinter(store, lease, "FS", block=100, clock=clock)
+        numbers = await asyncio.gather(*(minter.mint() for _ in range(500)))
+        assert sorted(_sequence(n) for n in numbers) == list(range(1, 501))
+        assert await redis.get(store.sequence_key(shard, "20261130120001")) == "500"  # five INCRBY, no waste
+    finally:
+        await lease.stop()
+
+
+async def test_a_block_that_reaches_the_end_of_a_second_stops_there(redis, settings):
+    store = StockStore(redis, f"{settings.redis.key_prefix}-block-end")
+    lease = ShardLease(store, 30)
+    shard = await lease.acquire()
+    try:
+        second = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
+        await redis.set(store.sequence_key(shard, second), SEQUENCE_MAX - 1, ex=30)
+        minter = OrderNumberMinter(store, lease, "FS", block=5)
+        last, after = await minter.mint(), await minter.mint()
+        if last[2:16] == second:  # the clock did not tick over between the set-up and the mint
+            assert _sequence(last) == SEQUENCE_MAX
+        assert after[2:16] > last[2:16] and _sequence(after) <= SEQUENCE_MAX
     finally:
         await lease.stop()
 
