@@ -49,6 +49,7 @@ def _unlike_the_defaults() -> Settings:
             confirm_timeout=2.5,
             delivery_limit=9,
             prefetch=11,
+            batch_size=13,
         ),
         auth=AuthSettings(jwt_secret="s" * 40, token_ttl_seconds=120),
         orders=OrderSettings(order_no_prefix="QX", replay_ttl_seconds=600, shard_lease_seconds=12),
