@@ -4,11 +4,13 @@ Every delivery runs in its own task (aio-pika's): it is decoded, then waits in t
 gathered. One writer task per consumer takes up to ``batch_size`` waiting orders (whatever
 arrived, lingering ``linger_seconds`` for more while fewer wait) and hands them to
 :class:`service.domain.order_writer.OrderWriter`: one Redis claim round trip, one MySQL
-transaction. Each delivery's task then settles its message from its own outcome, in one place
-(:meth:`OrderConsumer._settle`): ack after commit, requeue with backoff what may succeed later,
-dead-letter what can never be applied. A poison message never holds up the rest of its batch:
-an undecodable one is dead-lettered before it joins a batch, an unknown product or a taken order
-number gets its own outcome while the others commit.
+transaction. After the commit the outcomes become acks in one place
+(:meth:`OrderConsumer._settle`): the batch is acked (one ``multiple`` ack where the window
+allows); what may succeed later is requeued with backoff by its delivery's own task (and
+dead-lettered by the queue past the delivery limit). A poison message never holds up the rest
+of its batch: an undecodable one is dead-lettered before it joins a batch, an unknown product or
+a taken order number gets its own outcome while the others commit. A failed batch (database
+down, retries exhausted) is requeued with backoff, delivery by delivery.
 """
 
 from __future__ import annotations
