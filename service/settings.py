@@ -39,7 +39,8 @@ class AMQPSettings(BaseModel):
     dead_letter_queue: str = "flashsale.orders.dead"
     confirm_timeout: float = Field(5.0, gt=0)
     delivery_limit: int = Field(5, ge=1)
-    prefetch: int = Field(64, ge=1)
+    prefetch: int = Field(256, ge=1)
+    batch_size: int = Field(100, ge=1)  # orders one consumer writes in one MySQL transaction, at most
     publish_channels: int = Field(4, ge=1, le=64)
     """Confirming channels of the API's publisher (used in turn)."""
 

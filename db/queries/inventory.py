@@ -12,6 +12,10 @@ TAKE = text(
 """The conditional decrement: matches no row when fewer than ``:quantity`` units are left
 (MySQL dialects report matched rows, so rowcount 1 means the units were taken)."""
 
+STOCK_LOCKED = text("SELECT stock FROM inventory WHERE product_id = :p FOR UPDATE")
+"""Units left of product ``:p``, the row locked until the transaction ends (decide which of many
+orders fit, then :data:`TAKE` exactly those)."""
+
 GIVE_BACK = text(
     "UPDATE inventory SET stock = stock + :q, sold = sold - :q, version = version + 1 WHERE product_id = :p"
 )

@@ -6,19 +6,47 @@ from sqlalchemy import TextClause, bindparam, text
 
 _VIEW_COLUMNS = "id, order_no, request_id, user_id, product_id, quantity, amount, status, reason, created_at"
 
-INSERT = text(
-    "INSERT INTO orders (order_no, request_id, user_id, product_id, quantity, amount, status)"
-    " SELECT :order_no, :request_id, :user_id, p.id, :quantity, :amount, :status"
-    " FROM products p WHERE p.id = :product_id"
-)
-"""One order under ``UNIQUE(request_id)`` and ``UNIQUE(order_no)``; inserts nothing (rowcount 0)
-for an unknown product. ``amount`` in minor units."""
 
-LOG_CREATED = text(
-    "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
-    " VALUES (:order_id, :from_status, :to_status, :reason)"
+INSERT_MANY = text(
+    "INSERT INTO orders (order_no, request_id, user_id, product_id, quantity, amount, status)"
+    " SELECT j.order_no, j.request_id, j.user_id, p.id, j.quantity, j.amount, :status"
+    " FROM JSON_TABLE(:rows, '$[*]' COLUMNS (seq FOR ORDINALITY, order_no VARCHAR(26) PATH '$[0]',"
+    " request_id VARCHAR(32) PATH '$[1]', user_id VARCHAR(64) PATH '$[2]', product_id BIGINT PATH '$[3]',"
+    " quantity INT PATH '$[4]', amount BIGINT PATH '$[5]')) j"
+    " JOIN products p ON p.id = j.product_id ORDER BY j.seq"
 )
-"""The first history entry of an order, by its row id."""
+"""Many orders in one statement, all ``:status``: ``:rows`` is a JSON array of
+``[order_no, request_id, user_id, product_id, quantity, amount]`` (amount in minor units), rows
+written in array order. A row naming an unknown product inserts nothing
+(rowcount counts the rows written); under ``UNIQUE(request_id)`` and ``UNIQUE(order_no)`` one
+taken key fails the whole statement with 1062 (MySQL 8 / MariaDB 10.6+: ``JSON_TABLE``)."""
+
+TAKEN = text(
+    "SELECT order_no, request_id, created_at > NOW() - INTERVAL :s SECOND AS recent FROM orders"
+    " WHERE order_no IN :o OR request_id IN :r LOCK IN SHARE MODE"
+).bindparams(bindparam("o", expanding=True), bindparam("r", expanding=True))
+"""Which of order numbers ``:o`` and request ids ``:r`` have a row, and whether that row is less
+than ``:s`` seconds old: a locking read, so it sees the latest committed rows (the ones a 1062
+collided with) even inside a transaction whose snapshot is older."""
+
+PRESENT_REQUEST_IDS = text("SELECT request_id FROM orders WHERE request_id IN :r").bindparams(
+    bindparam("r", expanding=True)
+)
+"""Which of request ids ``:r`` have a row."""
+
+LOG_MANY = text(
+    "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
+    " SELECT id, :from_, :to, :reason FROM orders WHERE request_id IN :r ORDER BY id"
+).bindparams(bindparam("r", expanding=True))
+"""One history entry (``:from_`` -> ``:to``, ``:reason``; ``:from_`` NULL when the order is
+created) for each order in request ids ``:r``, written in the change's transaction."""
+
+REJECT_MANY = text(
+    "UPDATE orders SET status = :to, reason = :reason WHERE request_id IN :r AND status = :from_"
+).bindparams(bindparam("r", expanding=True))
+"""The conditional status change of many orders by request id (rowcount: the ones still in
+``:from_``); :data:`LOG_MANY` writes their history."""
+
 
 LOG_TRANSITION = text(
     "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
@@ -31,9 +59,6 @@ TRANSITION = text("UPDATE orders SET status = :to, reason = :reason WHERE order_
 
 STATUS = text("SELECT status FROM orders WHERE order_no = :o")
 AMOUNT = text("SELECT amount FROM orders WHERE order_no = :o")
-REQUEST_ID = text("SELECT request_id FROM orders WHERE order_no = :o")
-TAKEN_WITHIN = text("SELECT created_at > NOW() - INTERVAL :s SECOND FROM orders WHERE request_id = :r")
-"""Whether request id ``:r`` was written less than ``:s`` seconds ago (NULL when never)."""
 
 VIEW_BY_ORDER_NO = text(f"SELECT {_VIEW_COLUMNS} FROM orders WHERE order_no = :o")
 HISTORY = text(

@@ -1,32 +1,55 @@
-"""The authoritative write of one queued order into MySQL (the consumer's transaction).
+"""The authoritative write of queued orders into MySQL: a batch of deliveries in one transaction.
 
-Per message, one transaction: INSERT the order (``pending_payment``) under ``UNIQUE(request_id)``,
-then ``UPDATE inventory SET stock = stock - q, sold = sold + q WHERE product_id = p AND stock >= q``.
-A duplicate (1062 on the insert) whose order number is already written means the message was
-applied before: roll back and ack, no second decrement. (A taken request id with a new order number
-is a key reused after its replay record expired: the order is written under a reissued request id.)
-An UPDATE that matches no row means MySQL has no stock: the order is recorded ``rejected`` (reason
-``sold_out``) so the buyer sees a final answer. Deadlocks (1213) and lock wait timeouts (1205)
-retry the whole transaction with backoff.
+The brief's per-message rules ("Consumer (authoritative write)"), applied to a batch at once:
+
+1. Claim (:class:`OrderWriter`): one ``lua/claim.lua`` call per product in the batch (its keys
+   live in that product's ``{p:ID}`` slot), run concurrently: one round trip. A ``released``
+   reservation (the API gave it back and answered 503) is dropped, nothing written. Without
+   Redis, MySQL's unique request id still decides.
+2. One transaction (:func:`write_orders`):
+   - one multi-row ``INSERT ... SELECT`` of the orders (``pending_payment``) under
+     ``UNIQUE(request_id)`` and ``UNIQUE(order_no)``; a row naming an unknown product inserts
+     nothing. A 1062 fails the statement: one locking SELECT finds which rows collided, those
+     are settled, the rest inserted again (the duplicate is caught on the insert, never looked
+     for first). A collided order whose order number is already written under its request id
+     was applied before: ``DUPLICATE``, no second decrement. A request id taken with a new order
+     number is a key reused after its replay record expired: the order is written under a
+     reissued request id, and recorded ``rejected``/``duplicate_request`` when the first order
+     is younger than the replay window (Redis lost the record: never a second purchase).
+   - the ``order_status_log`` rows of the batch (one multi-row insert);
+   - per product, in product id order (one lock order for every consumer), one
+     ``UPDATE inventory ... WHERE stock >= <batch total>``; when that matches no row, the
+     inventory row is locked and read, and the orders are decided one by one in delivery order
+     (an order that fits takes its units, one that does not is recorded ``rejected``/``sold_out``,
+     no decrement), then one ``UPDATE`` takes exactly the units that fit;
+   - deadlock (1213) or lock wait timeout (1205): the whole transaction is retried, bounded,
+     with backoff.
+   Repeats inside one batch (the same request id or order number twice) are written in a later
+   round of the same transaction, where they meet the first copy's row like any other repeat.
 """
+
 from __future__ import annotations
 
 import asyncio
 import random
 import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
 
 import msgspec
 import structlog
-from sqlalchemy.engine import CursorResult
+from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from db.engine import DuplicateKeyError, as_duplicate_key, is_retryable
+from db.engine import as_duplicate_key, is_retryable
 from db.models import MAX_AMOUNT, OrderStatus
 from db.queries import inventory, orders
 from service.adapters.broker import OrderMessage, decode_order
-from service.domain.lifecycle import transition
+from service.adapters.redis.results import ClaimOutcome
+from service.adapters.redis.stock_store import StockStore
 from service.domain.order_no import is_valid_order_no
 from service.domain.request_id import USER_ID, reissued_request_id
 
@@ -34,29 +57,29 @@ log = structlog.get_logger(__name__)
 
 MAX_TRANSACTION_ATTEMPTS = 6
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
-
+_MAX_QUANTITY = 2**31 - 1  # orders.quantity is INT
+_MAX_PRODUCT_ID = 2**63 - 1  # products.id is BIGINT
+_rows_encoder = msgspec.json.Encoder()
 
 
 class Outcome(Enum):
-    """What one message did to MySQL."""
+    """What one message did (the consumer acks, requeues or drops it by this)."""
 
     APPLIED = "applied"  # order pending_payment, stock taken
-    REJECTED = "rejected"  # order rejected/sold_out, no stock taken
+    REJECTED = "rejected"  # order rejected (sold_out or duplicate_request), no stock taken
     DUPLICATE = "duplicate"  # already applied before; nothing written
     UNKNOWN_PRODUCT = "unknown_product"  # nothing written
+    CONFLICT = "conflict"  # its order number is taken by another request; nothing written
+    RELEASED = "released"  # the API gave the reservation back; nothing written
 
 
 class InvalidOrder(ValueError):
     """A message that is not a well-formed order; it is dead-lettered at once."""
 
 
-class _Rollback(Exception):
-    def __init__(self, outcome: Outcome) -> None:
-        self.outcome = outcome
-
-
 def parse_order(body: bytes) -> OrderMessage:
-    """Decode and check a message body.
+    """Decode and check a message body: every field within its column's domain, so no single
+    message can fail a batch's statements.
 
     Raises:
         InvalidOrder: not JSON of the order shape, or a field out of its domain.
@@ -69,16 +92,68 @@ def parse_order(body: bytes) -> OrderMessage:
         _REQUEST_ID.fullmatch(order.request_id)
         and is_valid_order_no(order.order_no)
         and USER_ID.fullmatch(order.user_id)
-        and order.product_id > 0
-        and order.quantity > 0
+        and 0 < order.product_id <= _MAX_PRODUCT_ID
+        and 0 < order.quantity <= _MAX_QUANTITY
         and 0 <= order.amount <= MAX_AMOUNT
     ):
         raise InvalidOrder("field out of domain")
     return order
 
 
+class OrderWriter:
+    """Claims a batch of orders in Redis, then writes it to MySQL in one transaction."""
+
+    def __init__(self, engine: AsyncEngine, store: StockStore, replay_window_seconds: int = 86_400) -> None:
+        self._engine = engine
+        self._store = store
+        self._replay_window = replay_window_seconds
+
+    async def write(self, batch: Sequence[OrderMessage]) -> list[Outcome]:
+        """One outcome per order of ``batch`` (delivery order), after the commit.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted
+                (nothing of the batch is written).
+        """
+        released = await self._released(batch)
+        kept = [order for order, gone in zip(batch, released, strict=True) if not gone]
+        written = iter(await write_orders(self._engine, kept, self._replay_window) if kept else [])
+        return [Outcome.RELEASED if gone else next(written) for gone in released]
+
+    async def _released(self, batch: Sequence[OrderMessage]) -> list[bool]:
+        """Claim every reservation of ``batch`` (one script call per product, concurrently);
+        True for the ones the API released."""
+        by_product: dict[int, list[int]] = defaultdict(list)
+        for index, order in enumerate(batch):
+            by_product[order.product_id].append(index)
+        try:
+            answers = await asyncio.gather(
+                *(
+                    self._store.claim_many(product_id, [batch[i].request_id for i in indexes])
+                    for product_id, indexes in by_product.items()
+                )
+            )
+        except RedisError as exc:
+            # Without Redis, MySQL's unique request id still decides: never drop an order for it.
+            log.warning("claim_failed", orders=len(batch), error=repr(exc))
+            return [False] * len(batch)
+        released = [False] * len(batch)
+        for indexes, outcomes in zip(by_product.values(), answers, strict=True):
+            for index, outcome in zip(indexes, outcomes, strict=True):
+                released[index] = outcome is ClaimOutcome.RELEASED
+        return released
+
+
 async def apply_order(engine: AsyncEngine, order: OrderMessage, replay_window_seconds: int = 86_400) -> Outcome:
-    """Write one order in one transaction (see the module docstring); retried on 1213/1205.
+    """:func:`write_orders` for one order (no Redis claim)."""
+    return (await write_orders(engine, [order], replay_window_seconds))[0]
+
+
+async def write_orders(
+    engine: AsyncEngine, batch: Sequence[OrderMessage], replay_window_seconds: int = 86_400
+) -> list[Outcome]:
+    """Write ``batch`` in one transaction (see the module docstring); one outcome per order, in
+    order. The whole transaction is retried on 1213/1205 (at most ``MAX_TRANSACTION_ATTEMPTS``).
 
     ``replay_window_seconds`` is how long the API keeps replay records
     (``FLASHSALE_ORDERS__REPLAY_TTL_SECONDS``): a request id taken by an order younger than that,
@@ -87,97 +162,182 @@ async def apply_order(engine: AsyncEngine, order: OrderMessage, replay_window_se
 
     Raises:
         sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted.
-        db.engine.DuplicateKeyError: the order number exists under another request id (a real
-            collision, which the shard lease should make impossible; the UNIQUE index stops it).
     """
     for attempt in range(1, MAX_TRANSACTION_ATTEMPTS + 1):
         try:
-            return await _apply_once(engine, order, replay_window_seconds)
+            async with engine.begin() as conn:
+                return await _write(conn, batch, replay_window_seconds)
         except DBAPIError as exc:
             if not is_retryable(exc) or attempt == MAX_TRANSACTION_ATTEMPTS:
                 raise
             delay = min(0.02 * 2**attempt, 1.0) * (0.5 + random.random())
-            log.info("transaction_retry", request_id=order.request_id, attempt=attempt, delay=round(delay, 3))
+            log.info("transaction_retry", orders=len(batch), attempt=attempt, delay=round(delay, 3))
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")
 
 
-async def _apply_once(engine: AsyncEngine, order: OrderMessage, replay_window_seconds: int) -> Outcome:
-    try:
-        async with engine.begin() as conn:
-            inserted = await _insert(conn, order, order.request_id)
-            if inserted is None:
-                stored = await _request_id_of(conn, order.order_no)
-                if stored in (order.request_id, reissued_request_id(order.request_id, order.order_no)):
-                    raise _Rollback(Outcome.DUPLICATE)
-                if stored is not None:
-                    # Another request holds this order number: the UNIQUE index stops a collision
-                    # the shard lease should make impossible.
-                    raise DuplicateKeyError("uq_orders_order_no", f"order number {order.order_no} is taken")
-                # The request id is taken but this order number is new: the API took the request
-                # for a new one because its replay record was gone. Every 202 gets its row, under a
-                # reissued request id; whether it is a purchase depends on why the record was gone.
-                retry_of_live_order = await _taken_within(conn, order.request_id, replay_window_seconds)
-                inserted = await _insert(conn, order, reissued_request_id(order.request_id, order.order_no))
-                if inserted is None:
-                    raise DuplicateKeyError(None, f"request {order.request_id} cannot be written")
-                if retry_of_live_order and inserted.rowcount == 1:
-                    # The record should still have been there: Redis lost it, and this is a retry of
-                    # an order that exists. Never a second purchase for one request.
-                    await _log_created(conn, inserted.lastrowid)
-                    await transition(
-                        conn, order.order_no, OrderStatus.PENDING_PAYMENT, OrderStatus.REJECTED, "duplicate_request"
-                    )
-                    return Outcome.REJECTED
-                # Older than the replay window: the key was reused after it expired, a new purchase.
-            if inserted.rowcount == 0:
-                raise _Rollback(Outcome.UNKNOWN_PRODUCT)
-            await _log_created(conn, inserted.lastrowid)
-            # rowcount is matched rows on MySQL dialects; matched is what "had stock" means here.
-            if (await conn.execute(inventory.TAKE, {"product_id": order.product_id, "quantity": order.quantity})).rowcount == 1:
-                return Outcome.APPLIED
-            await transition(conn, order.order_no, OrderStatus.PENDING_PAYMENT, OrderStatus.REJECTED, "sold_out")
-            return Outcome.REJECTED
-    except _Rollback as rollback:
-        return rollback.outcome
+@dataclass(slots=True)
+class _Row:
+    """One order on its way into ``orders``: its place in the batch, the request id it is written
+    under (its own, or reissued), and the reason it is rejected without taking stock, if any."""
+
+    index: int
+    order: OrderMessage
+    request_id: str
+    rejected_as: str | None = None
 
 
-async def _insert(conn: AsyncConnection, order: OrderMessage, request_id: str) -> CursorResult | None:
-    """INSERT the order (``pending_payment``); None when a UNIQUE index refused it (1062)."""
+async def _write(conn: AsyncConnection, batch: Sequence[OrderMessage], replay_window: int) -> list[Outcome]:
+    """The transaction's work, in rounds of orders that repeat no request id nor order number."""
+    outcomes: list[Outcome | None] = [None] * len(batch)
+    todo = list(range(len(batch)))
+    while todo:
+        seen: set[str] = set()
+        now: list[_Row] = []
+        later: list[int] = []
+        for index in todo:
+            order = batch[index]
+            if order.request_id in seen or order.order_no in seen:
+                later.append(index)
+            else:
+                seen.update((order.request_id, order.order_no))
+                now.append(_Row(index, order, order.request_id))
+        await _write_round(conn, now, outcomes, replay_window)
+        todo = later
+    assert all(outcome is not None for outcome in outcomes)
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+async def _write_round(
+    conn: AsyncConnection, rows: list[_Row], outcomes: list[Outcome | None], replay_window: int
+) -> None:
+    """Insert ``rows`` (no two share a request id or order number), log them, take their stock
+    or reject them; every row gets its outcome."""
+    written = await _insert(conn, rows, outcomes, replay_window)
+    if not written:
+        return
+    request_ids = [row.request_id for row in written]
+    created = {"from_": None, "to": OrderStatus.PENDING_PAYMENT, "reason": None, "r": request_ids}
+    await conn.execute(orders.LOG_MANY, created)
+    rejected: dict[str, list[_Row]] = defaultdict(list)
+    by_product: dict[int, list[_Row]] = defaultdict(list)
+    for row in written:
+        if row.rejected_as is not None:
+            rejected[row.rejected_as].append(row)
+        else:
+            by_product[row.order.product_id].append(row)
+    for product_id in sorted(by_product):
+        fit, sold_out = await _take_stock(conn, product_id, by_product[product_id])
+        for row in fit:
+            outcomes[row.index] = Outcome.APPLIED
+        rejected["sold_out"].extend(sold_out)
+    for reason, rows_rejected in rejected.items():
+        if rows_rejected:
+            await _reject(conn, rows_rejected, reason)
+            for row in rows_rejected:
+                outcomes[row.index] = Outcome.REJECTED
+
+
+async def _insert(
+    conn: AsyncConnection, rows: list[_Row], outcomes: list[Outcome | None], replay_window: int
+) -> list[_Row]:
+    """INSERT ``rows`` (one statement); returns the rows written. Rows that collided with an
+    existing order, and rows of unknown products, get their outcome and are not returned."""
+    while rows:
+        payload = _rows_encoder.encode(
+            [[r.order.order_no, r.request_id, r.order.user_id, r.order.product_id, r.order.quantity, r.order.amount]
+             for r in rows]
+        )
+        try:
+            inserted = await conn.execute(orders.INSERT_MANY, {"rows": payload, "status": OrderStatus.PENDING_PAYMENT})
+        except IntegrityError as exc:
+            if as_duplicate_key(exc) is None:
+                raise
+            before = [(row.index, row.request_id) for row in rows]
+            rows = await _settle_collisions(conn, rows, outcomes, replay_window)
+            if [(row.index, row.request_id) for row in rows] == before:
+                raise  # no row of ours collided with a written order: not a repeat, let it fail
+            continue
+        if inserted.rowcount == len(rows):
+            return rows
+        present = set((await conn.execute(orders.PRESENT_REQUEST_IDS, {"r": [r.request_id for r in rows]})).scalars())
+        for row in rows:
+            if row.request_id not in present:
+                outcomes[row.index] = Outcome.UNKNOWN_PRODUCT
+        return [row for row in rows if row.request_id in present]
+    return []
+
+
+async def _settle_collisions(
+    conn: AsyncConnection, rows: list[_Row], outcomes: list[Outcome | None], replay_window: int
+) -> list[_Row]:
+    """After a 1062: give the rows whose key is taken their outcome (or their reissued request
+    id); returns the rows to insert again."""
+    taken = list(
+        await conn.execute(
+            orders.TAKEN,
+            {"s": replay_window, "o": [r.order.order_no for r in rows], "r": [r.request_id for r in rows]},
+        )
+    )
+    request_of_order_no = {found.order_no: found.request_id for found in taken}
+    recent_by_request_id = {found.request_id: bool(found.recent) for found in taken}
+    left: list[_Row] = []
+    for row in rows:
+        order = row.order
+        stored = request_of_order_no.get(order.order_no)
+        if stored is not None:
+            # Written under its own (or its reissued) request id: applied before. Under another
+            # request's: a collision the shard lease should make impossible; UNIQUE stops it.
+            repeat = stored in (order.request_id, reissued_request_id(order.request_id, order.order_no))
+            outcomes[row.index] = Outcome.DUPLICATE if repeat else Outcome.CONFLICT
+        elif row.request_id in recent_by_request_id and row.request_id != order.request_id:
+            outcomes[row.index] = Outcome.CONFLICT  # even the reissued request id is taken
+        elif row.request_id in recent_by_request_id:
+            # The request id is taken but this order number is new: the API took the request for
+            # a new one because its replay record was gone. Every 202 gets its row, under a
+            # reissued request id; whether it is a purchase depends on why the record was gone.
+            row.request_id = reissued_request_id(order.request_id, order.order_no)
+            if recent_by_request_id[order.request_id]:
+                row.rejected_as = "duplicate_request"  # Redis lost a live record: never a second purchase
+            left.append(row)
+        else:
+            left.append(row)
+    return left
+
+
+async def _take_stock(conn: AsyncConnection, product_id: int, rows: list[_Row]) -> tuple[list[_Row], list[_Row]]:
+    """Take the units of ``rows`` (one product, delivery order); returns (rows that fit, rows
+    sold out). One UPDATE when all fit; else lock the row, decide order by order, and take
+    exactly the units that fit. (rowcount is matched rows on MySQL dialects; with ``stock >= q``
+    in the WHERE clause a matched row is a decrement.)"""
+    total = sum(row.order.quantity for row in rows)
+    if (await conn.execute(inventory.TAKE, {"product_id": product_id, "quantity": total})).rowcount == 1:
+        return rows, []
+    left = (await conn.execute(inventory.STOCK_LOCKED, {"p": product_id})).scalar() or 0
+    fit: list[_Row] = []
+    sold_out: list[_Row] = []
+    for row in rows:
+        if row.order.quantity <= left:
+            left -= row.order.quantity
+            fit.append(row)
+        else:
+            sold_out.append(row)
+    if fit:
+        units = sum(row.order.quantity for row in fit)
+        taken = await conn.execute(inventory.TAKE, {"product_id": product_id, "quantity": units})
+        assert taken.rowcount == 1, "the locked inventory row changed"
+    return fit, sold_out
+
+
+async def _reject(conn: AsyncConnection, rows: list[_Row], reason: str) -> None:
+    """``pending_payment -> rejected`` (a whitelisted change, :data:`service.domain.lifecycle.ALLOWED`)
+    for ``rows`` written in this transaction, with their history rows."""
     params = {
-        "order_no": order.order_no,
-        "request_id": request_id,
-        "user_id": order.user_id,
-        "product_id": order.product_id,
-        "quantity": order.quantity,
-        "amount": order.amount,
-        "status": OrderStatus.PENDING_PAYMENT,
+        "from_": OrderStatus.PENDING_PAYMENT,
+        "to": OrderStatus.REJECTED,
+        "reason": reason,
+        "r": [row.request_id for row in rows],
     }
-    try:
-        return await conn.execute(orders.INSERT, params)
-    except IntegrityError as exc:
-        if as_duplicate_key(exc) is None:
-            raise
-        return None
-
-
-async def _log_created(conn: AsyncConnection, order_id: int) -> None:
-    await conn.execute(
-        orders.LOG_CREATED, {"order_id": order_id, "from_status": None, "to_status": OrderStatus.PENDING_PAYMENT, "reason": None}
-    )
-
-
-async def _taken_within(conn: AsyncConnection, request_id: str, seconds: int) -> bool:
-    """True when the order holding ``request_id`` was created less than ``seconds`` ago."""
-    recent = await conn.execute(
-        orders.TAKEN_WITHIN,
-        {"s": seconds, "r": request_id},
-    )
-    return bool(recent.scalar())
-
-
-async def _request_id_of(conn: AsyncConnection, order_no: str) -> str | None:
-    stored = await conn.execute(orders.REQUEST_ID, {"o": order_no})
-    return stored.scalar()
-
-
+    changed = await conn.execute(orders.REJECT_MANY, params)
+    assert changed.rowcount == len(rows), "an order written in this transaction changed status"
+    await conn.execute(orders.LOG_MANY, params)

@@ -50,6 +50,7 @@ def _unlike_the_defaults() -> Settings:
             delivery_limit=9,
             prefetch=11,
             publish_channels=3,
+            batch_size=13,
         ),
         auth=AuthSettings(jwt_secret="s" * 40, token_ttl_seconds=120),
         orders=OrderSettings(

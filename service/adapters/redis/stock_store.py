@@ -11,7 +11,7 @@ through; callers decide what a Redis failure means for them.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from importlib.resources import files
 from typing import cast
 
@@ -191,10 +191,18 @@ class StockStore:
     # -- consumers and the order lifecycle -----------------------------------------------------
 
     async def claim(self, product_id: int, request_id: str) -> ClaimOutcome:
-        """``lua/claim.lua``: mark the reservation of ``request_id`` as taken by a consumer, so a
-        late release does not give it back."""
+        """:meth:`claim_many` for one request id."""
+        return (await self.claim_many(product_id, [request_id]))[0]
+
+    async def claim_many(self, product_id: int, request_ids: Sequence[str]) -> list[ClaimOutcome]:
+        """``lua/claim.lua``, one round trip for any number of one product's reservations: mark
+        each of ``request_ids`` as taken by a consumer, so a late release does not give it back.
+        One answer per request id, in order. Every key lives in the product's slot."""
         keys = ProductKeys(self._prefix, product_id)
-        return ClaimOutcome(await self._claim(keys=[keys.journal, keys.replay(request_id)], args=[request_id]))
+        reply = await self._claim(
+            keys=[keys.journal, *(keys.replay(request_id) for request_id in request_ids)], args=list(request_ids)
+        )
+        return [ClaimOutcome(status) for status in reply]
 
     async def restock(
         self,

@@ -68,7 +68,8 @@ async def test_no_mysql_stock_records_rejected_sold_out_and_realign_returns_quot
     await put_product(product_id, stock=5, limit=1)
     async with engine.begin() as conn:  # MySQL has nothing left, Redis still thinks it has 5
         await conn.execute(text("UPDATE inventory SET stock = 0 WHERE product_id = :p"), {"p": product_id})
-    response = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token("late"))
+    body = {"product_id": product_id, "quantity": 1}
+    response = await client.post("/api/v1/orders", json=body, headers=token("late"))
     assert response.status_code == 202
 
     rows = await eventually(lambda: order_rows(engine, product_id))
@@ -83,7 +84,8 @@ async def test_no_mysql_stock_records_rejected_sold_out_and_realign_returns_quot
     order = await client.get(f"/api/v1/orders/{response.json()['order_no']}", headers=token("late"))
     assert order.json()["status"] == "rejected" and order.json()["reason"] == "sold_out"
 
-    report = (await client.post(f"/api/v1/admin/realign?product_id={product_id}", headers=token("a", admin=True))).json()[0]
+    realigned = await client.post(f"/api/v1/admin/realign?product_id={product_id}", headers=token("a", admin=True))
+    report = realigned.json()[0]
     assert report["redis_stock_after"] == 0 and report["resolved_dropped"] == 1
     keys = store.product_keys(product_id)
     assert await redis.hgetall(keys.quota) == {}

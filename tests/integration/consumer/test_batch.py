@@ -1,0 +1,177 @@
+"""The batched writer: many deliveries in one transaction, with the per-order rules intact."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aio_pika
+from sqlalchemy import text
+
+from consumers.order_consumer import OrderConsumer
+from service.adapters.broker import OrderMessage, declare_topology, encode_order, queue_depth
+from service.domain.order_no import compose_order_no
+from service.domain.order_writer import OrderWriter, Outcome, apply_order
+from tests.support import eventually, inventory, message_for, order_rows, publish_raw
+
+A, R, D, U = Outcome.APPLIED, Outcome.REJECTED, Outcome.DUPLICATE, Outcome.UNKNOWN_PRODUCT
+
+
+async def history(engine, product_id) -> dict[str, list[tuple]]:
+    """order_no -> its order_status_log rows (from, to, reason), oldest first."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text(
+                "SELECT o.order_no, l.from_status, l.to_status, l.reason FROM order_status_log l"
+                " JOIN orders o ON o.id = l.order_id WHERE o.product_id = :p ORDER BY l.id"
+            ),
+            {"p": product_id},
+        )
+        found: dict[str, list[tuple]] = {}
+        for row in rows:
+            found.setdefault(row.order_no, []).append((row.from_status, row.to_status, row.reason))
+        return found
+
+
+async def test_batch_with_duplicates_before_and_inside_it(engine, store, put_product, product_id):
+    await put_product(product_id, stock=10, limit=5)
+    before = [message_for(product_id, f"old{i}", 100 + i) for i in range(2)]
+    for order in before:
+        assert await apply_order(engine, order) is A
+    new = [message_for(product_id, f"new{i}", 200 + i) for i in range(3)]
+    # The same request again with a new order number: its replay record was lost (a fresh order
+    # holds the id), so it gets a row under a reissued id, rejected, never a second purchase.
+    new_order_no = compose_order_no("FS", "20261130000000", 99, 299)
+    again = OrderMessage(new[0].request_id, new_order_no, "new0", product_id, 1, 0, 1500)
+    batch = [before[0], new[0], new[1], new[0], before[1], new[2], new[1], again]
+
+    outcomes = await OrderWriter(engine, store).write(batch)
+
+    assert outcomes == [D, A, A, D, D, A, D, R]
+    assert await inventory(engine, product_id) == (5, 5)
+    rows = {row.order_no: row for row in await order_rows(engine, product_id)}
+    assert len(rows) == 6  # 2 before + 3 new + the rejected retry
+    assert (rows[again.order_no].status, rows[again.order_no].reason) == (7, "duplicate_request")
+    logs = await history(engine, product_id)
+    assert all(logs[o.order_no] == [(None, 0, None)] for o in before + new)
+    assert logs[again.order_no] == [(None, 0, None), (0, 7, "duplicate_request")]
+
+
+async def test_batch_crossing_the_last_unit_applies_in_delivery_order(engine, store, put_product, product_id):
+    await put_product(product_id, stock=5, limit=1)
+    batch = [message_for(product_id, f"u{i}", 300 + i) for i in range(8)]
+
+    outcomes = await OrderWriter(engine, store).write(batch)
+
+    assert outcomes == [A] * 5 + [R] * 3
+    assert await inventory(engine, product_id) == (0, 5)
+    rows = {row.order_no: row for row in await order_rows(engine, product_id)}
+    statuses = [(rows[o.order_no].status, rows[o.order_no].reason) for o in batch]
+    assert statuses == [(0, None)] * 5 + [(7, "sold_out")] * 3
+    logs = await history(engine, product_id)
+    assert [logs[o.order_no] for o in batch[5:]] == [[(None, 0, None), (0, 7, "sold_out")]] * 3
+
+
+async def test_an_order_that_does_not_fit_leaves_its_units_to_later_ones(engine, store, put_product, product_id):
+    await put_product(product_id, stock=5, limit=3)
+    quantities = [2, 2, 3, 1, 1]  # 2 + 2 fit, 3 does not, 1 fits, then nothing is left
+    batch = [message_for(product_id, f"q{i}", 400 + i, quantity) for i, quantity in enumerate(quantities)]
+
+    assert await OrderWriter(engine, store).write(batch) == [A, A, R, A, R]
+    assert await inventory(engine, product_id) == (0, 5)
+
+
+async def test_batch_mixing_products_one_sold_out_one_unknown(engine, store, put_product, new_product_id):
+    plenty, scarce, unknown = new_product_id(), new_product_id(), new_product_id()
+    await put_product(plenty, stock=10, limit=2)
+    await put_product(scarce, stock=1, limit=2)
+    batch = [
+        message_for(plenty, "m1", 500),
+        message_for(scarce, "m2", 501),
+        message_for(unknown, "m3", 502),
+        message_for(scarce, "m4", 503),
+        message_for(plenty, "m5", 504),
+    ]
+
+    assert await OrderWriter(engine, store).write(batch) == [A, A, U, R, A]
+    assert await inventory(engine, plenty) == (8, 2)
+    assert await inventory(engine, scarce) == (0, 1)
+    assert [(row.user_id, row.status, row.reason) for row in await order_rows(engine, scarce)] == [
+        ("m2", 0, None),
+        ("m4", 7, "sold_out"),
+    ]
+    assert await order_rows(engine, unknown) == []
+
+
+async def test_poison_messages_in_a_batch_do_not_hold_up_the_rest(
+    settings, amqp_channel, engine, put_product, product_id, new_product_id, consumer
+):
+    await put_product(product_id, stock=10, limit=1)
+    dead_before = await queue_depth(amqp_channel, settings.amqp.dead_letter_queue)
+    good = [message_for(product_id, f"p{i}", 600 + i) for i in range(6)]
+    ghost = message_for(new_product_id(), "ghost", 610)
+    too_many = message_for(product_id, "greedy", 611, quantity=2**40)  # beyond the INT column
+    bodies = [encode_order(good[0]), b"\x00garbage", encode_order(ghost), encode_order(good[1])]
+    bodies += [encode_order(too_many)] + [encode_order(order) for order in good[2:]]
+    await asyncio.gather(*(publish_raw(amqp_channel, settings, body) for body in bodies))
+
+    await eventually(lambda: _rows_are(engine, product_id, 6))
+    assert await inventory(engine, product_id) == (4, 6)
+    # The unknown product is requeued with backoff until the delivery limit dead-letters it,
+    # long after the others committed; the two undecodable ones are dead-lettered at once.
+    await eventually(lambda: _depth_is(amqp_channel, settings.amqp.dead_letter_queue, dead_before + 3))
+    assert consumer.counts.get("invalid") == 2
+    assert consumer.counts.get("unknown_product") == settings.amqp.delivery_limit + 1
+    assert consumer.counts.get("applied") == 6
+
+
+async def _rows_are(engine, product_id, count):
+    return len(await order_rows(engine, product_id)) == count
+
+
+async def _depth_is(channel, queue, expected):
+    return await queue_depth(channel, queue) == expected
+
+
+async def test_two_consumers_drain_more_demand_than_stock_exactly(
+    settings, amqp_channel, engine, store, put_product, product_id
+):
+    stock, messages, repeated = 700, 2400, 300
+    await put_product(product_id, stock=stock, limit=1)
+    orders = [message_for(product_id, f"c{i}", 10_000 + i) for i in range(messages)]
+    bodies = [encode_order(order) for order in orders] + [encode_order(order) for order in orders[:repeated]]
+    for start in range(0, len(bodies), 300):
+        await asyncio.gather(*(publish_raw(amqp_channel, settings, body) for body in bodies[start : start + 300]))
+
+    connections, consumers = [], []
+    try:
+        for _ in range(2):
+            connection = await aio_pika.connect_robust(settings.amqp.url)
+            connections.append(connection)
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=200)
+            _, queue = await declare_topology(channel, settings.amqp)
+            consumer = OrderConsumer(engine, store, batch_size=100)
+            consumers.append((queue, consumer, await queue.consume(consumer.handle)))
+        await eventually(lambda: _handled(consumers, len(bodies)))
+    finally:
+        for queue, consumer, tag in consumers:
+            await queue.cancel(tag)
+            await consumer.drain()
+        for connection in connections:
+            await connection.close()
+
+    rows = await order_rows(engine, product_id)
+    assert len(rows) == messages
+    assert len({row.request_id for row in rows}) == len({row.order_no for row in rows}) == messages
+    assert sum(row.status == 0 for row in rows) == stock
+    assert sum((row.status, row.reason) == (7, "sold_out") for row in rows) == messages - stock
+    assert await inventory(engine, product_id) == (0, stock)
+    kinds = ("applied", "rejected", "duplicate")
+    totals = {what: sum(c.counts.get(what, 0) for _, c, _ in consumers) for what in kinds}
+    assert totals == {"applied": stock, "rejected": messages - stock, "duplicate": repeated}
+    assert await queue_depth(amqp_channel, settings.amqp.queue) == 0
+
+
+async def _handled(consumers, count: int) -> bool:
+    done = sum(c.counts.get(what, 0) for _, c, _ in consumers for what in ("applied", "rejected", "duplicate"))
+    return done >= count
