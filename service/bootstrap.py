@@ -5,9 +5,11 @@ set, the sale, scripts/) opens its connections and builds its use cases here, on
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,6 +23,7 @@ from service.domain.orders import OrderService
 from service.domain.payments import PaymentService
 from service.domain.purchase import PurchaseService
 from service.domain.realign import Realigner
+from service.domain.sold_out import SoldOutFlags
 from service.settings import Settings
 
 
@@ -47,7 +50,9 @@ class Resources:
     """Everything one process holds: connections and the use cases built on them.
 
     ``publisher`` is None when opened with ``publish=False``; ``lease`` and ``purchases`` are None
-    unless opened with ``purchase=True`` (only the API mints order numbers).
+    unless opened with ``purchase=True`` (only the API mints order numbers). ``sold_out`` is the
+    purchase path's sold-out flags (with ``purchase=True`` and ``sold_out_flag_seconds`` > 0),
+    kept current by a task that follows the restock announcements until :meth:`close`.
     """
 
     settings: Settings
@@ -60,6 +65,8 @@ class Resources:
     orders: OrderService
     catalog: CatalogService
     payments: PaymentService
+    sold_out: SoldOutFlags | None = None
+    _follower: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
     async def open(cls, settings: Settings, *, publish: bool = True, purchase: bool = True) -> Resources:
@@ -70,7 +77,7 @@ class Resources:
         """
         engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
         store = make_store(settings)
-        publisher = lease = purchases = None
+        publisher = lease = purchases = sold_out = follower = None
         try:
             await store.load()
             if publish:
@@ -80,9 +87,10 @@ class Resources:
                 lease = ShardLease(store, settings.orders.shard_lease_seconds)
                 await lease.start()
                 minter = OrderNumberMinter(store, lease, settings.orders.order_no_prefix)
-                purchases = PurchaseService(store, minter, publisher, engine=engine)
+                sold_out, follower = _follow_sold_out(store, settings.orders.sold_out_flag_seconds)
+                purchases = PurchaseService(store, minter, publisher, engine=engine, sold_out=sold_out)
         except BaseException:
-            await _close(engine, store, publisher, lease)
+            await _close(engine, store, publisher, lease, follower)
             raise
         realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
         payment = settings.payment
@@ -97,14 +105,38 @@ class Resources:
             orders=OrderService(engine, store),
             catalog=CatalogService(engine, store, realigner),
             payments=PaymentService(engine, store, payment.channel_secrets, payment.currency),
+            sold_out=sold_out,
+            _follower=follower,
         )
 
     async def close(self) -> None:
-        """Release the shard lease and close every connection."""
-        await _close(self.engine, self.store, self.publisher, self.lease)
+        """Stop following restocks, release the shard lease and close every connection."""
+        await _close(self.engine, self.store, self.publisher, self.lease, self._follower)
 
 
-async def _close(engine: AsyncEngine, store: StockStore, publisher: Publisher | None, lease: ShardLease | None) -> None:
+def _follow_sold_out(store: StockStore, ttl_seconds: float) -> tuple[SoldOutFlags | None, asyncio.Task[None] | None]:
+    """The purchase path's sold-out flags (None when ``ttl_seconds`` is 0) and the task that keeps
+    them current: this store's own restocks clear them before the call returns, every other
+    process's through the restock channel (flags are raised only while it is followed)."""
+    if ttl_seconds <= 0:
+        return None, None
+    flags = SoldOutFlags(ttl_seconds)
+    store.on_restock(flags.restocked)
+    follower = asyncio.create_task(store.follow_restocks(flags.restocked, flags.following, flags.lost))
+    return flags, follower
+
+
+async def _close(
+    engine: AsyncEngine,
+    store: StockStore,
+    publisher: Publisher | None,
+    lease: ShardLease | None,
+    follower: asyncio.Task[None] | None = None,
+) -> None:
+    if follower is not None:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
     if lease is not None:
         await lease.stop()
     if publisher is not None:

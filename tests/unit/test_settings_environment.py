@@ -51,7 +51,9 @@ def _unlike_the_defaults() -> Settings:
             prefetch=11,
         ),
         auth=AuthSettings(jwt_secret="s" * 40, token_ttl_seconds=120),
-        orders=OrderSettings(order_no_prefix="QX", replay_ttl_seconds=600, shard_lease_seconds=12),
+        orders=OrderSettings(
+            order_no_prefix="QX", replay_ttl_seconds=600, shard_lease_seconds=12, sold_out_flag_seconds=0.25
+        ),
         realign=RealignSettings(grace_seconds=1.5),
         payment=PaymentSettings(
             channel_secrets={"a": "secret-a", "b": 'quote " and \\ backslash'}, window_seconds=33, currency="EUR"
