@@ -2,8 +2,9 @@
 -- KEYS[1] stock   KEYS[2] sale (starts_ms, ends_ms, limit, price)   KEYS[3] journal   KEYS[4] quota   KEYS[5] replay record
 -- ARGV[1] request id   ARGV[2] user id   ARGV[3] quantity   ARGV[4] order number to use
 -- ARGV[5] replay record ttl (seconds)
--- Returns {outcome, order_no[, reserved_at_ms, unit price]}. outcome: reserved | replay | in_flight | key_reused |
--- not_loaded | sale_not_active | over_limit | limit_exceeded | sold_out.
+-- Returns {outcome, order_no[, reserved_at_ms, unit price]}, or for sold_out
+-- {'sold_out', '', stock, per-user limit, ms left in the sale or -1}. outcome: reserved | replay |
+-- in_flight | key_reused | not_loaded | sale_not_active | over_limit | sold_out | limit_exceeded.
 -- Only 'reserved' writes anything.
 local quantity = tonumber(ARGV[3])
 local record = redis.call('HMGET', KEYS[5], 'quantity', 'order_no', 'state')
@@ -35,9 +36,15 @@ end
 
 local limit = tonumber(sale[3])
 if quantity > limit then return {'over_limit', ''} end
+-- Stock before the user's quota: a sold-out product answers sold_out whoever asks, so an API
+-- process can answer it from its sold-out flag (service/domain/sold_out.py) without the quota.
+-- The reply carries what the flag needs: the stock left, the limit, the ms left in the sale
+-- (-1: no end).
+if tonumber(stock) < quantity then
+  return {'sold_out', '', tonumber(stock), limit, ends_ms > 0 and ends_ms - now_ms or -1}
+end
 local held = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '0')
 if held + quantity > limit then return {'limit_exceeded', ''} end
-if tonumber(stock) < quantity then return {'sold_out', ''} end
 
 redis.call('DECRBY', KEYS[1], quantity)
 redis.call('HINCRBY', KEYS[4], ARGV[2], quantity)

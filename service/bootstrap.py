@@ -5,9 +5,11 @@ set, the sale, scripts/) opens its connections and builds its use cases here, on
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -22,6 +24,7 @@ from service.domain.orders import OrderService
 from service.domain.payments import PaymentService
 from service.domain.purchase import PurchaseService
 from service.domain.realign import Realigner
+from service.domain.sold_out import SoldOutFlags
 from service.settings import Settings
 
 
@@ -49,7 +52,9 @@ class Resources:
 
     ``publisher`` is None when opened with ``publish=False``; ``lease`` and ``purchases`` are None
     unless opened with ``purchase=True`` (only the API mints order numbers); ``background`` is set
-    only for purchases in publish mode ``async``.
+    only for purchases in publish mode ``async``. ``sold_out`` is the purchase path's sold-out
+    flags (with ``purchase=True`` and ``sold_out_flag_seconds`` > 0), kept current by a task that
+    follows the restock announcements until :meth:`close`.
     """
 
     settings: Settings
@@ -63,6 +68,8 @@ class Resources:
     orders: OrderService
     catalog: CatalogService
     payments: PaymentService
+    sold_out: SoldOutFlags | None = None
+    _follower: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
     async def open(cls, settings: Settings, *, publish: bool = True, purchase: bool = True) -> Resources:
@@ -73,7 +80,7 @@ class Resources:
         """
         engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
         store = make_store(settings)
-        publisher = lease = purchases = background = None
+        publisher = lease = purchases = background = sold_out = follower = None
         try:
             await store.load()
             if publish:
@@ -88,9 +95,12 @@ class Resources:
                 if settings.orders.publish_mode == "async":
                     background = BackgroundPublisher(publisher)
                     background.start()
-                purchases = PurchaseService(store, minter, publisher, engine=engine, background=background)
+                sold_out, follower = _follow_sold_out(store, settings.orders.sold_out_flag_seconds)
+                purchases = PurchaseService(
+                    store, minter, publisher, engine=engine, background=background, sold_out=sold_out
+                )
         except BaseException:
-            await _close(settings, engine, store, publisher, lease, background)
+            await _close(settings, engine, store, publisher, lease, background, follower)
             raise
         realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
         payment = settings.payment
@@ -106,6 +116,8 @@ class Resources:
             orders=OrderService(engine, store),
             catalog=CatalogService(engine, store, realigner),
             payments=PaymentService(engine, store, payment.channel_secrets, payment.currency),
+            sold_out=sold_out,
+            _follower=follower,
         )
 
     @property
@@ -120,9 +132,21 @@ class Resources:
         return self.purchases
 
     async def close(self) -> None:
-        """Publish what the background publisher holds (up to ``confirm_timeout`` seconds; the
-        rest is left to realignment), release the shard lease and close every connection."""
-        await _close(self.settings, self.engine, self.store, self.publisher, self.lease, self.background)
+        """Stop following restocks, publish what the background publisher holds (up to
+        ``confirm_timeout`` seconds; the rest is left to realignment), release the shard lease and
+        close every connection."""
+        await _close(self.settings, self.engine, self.store, self.publisher, self.lease, self.background, self._follower)
+
+def _follow_sold_out(store: StockStore, ttl_seconds: float) -> tuple[SoldOutFlags | None, asyncio.Task[None] | None]:
+    """The purchase path's sold-out flags (None when ``ttl_seconds`` is 0) and the task that keeps
+    them current: this store's own restocks clear them before the call returns, every other
+    process's through the restock channel (flags are raised only while it is followed)."""
+    if ttl_seconds <= 0:
+        return None, None
+    flags = SoldOutFlags(ttl_seconds)
+    store.on_restock(flags.restocked)
+    follower = asyncio.create_task(store.follow_restocks(flags.restocked, flags.following, flags.lost))
+    return flags, follower
 
 
 async def _close(
@@ -132,7 +156,12 @@ async def _close(
     publisher: Publisher | None,
     lease: ShardLease | None,
     background: BackgroundPublisher | None,
+    follower: asyncio.Task[None] | None = None,
 ) -> None:
+    if follower is not None:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
     if background is not None:
         await background.close(settings.amqp.confirm_timeout)
     if lease is not None:

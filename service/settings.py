@@ -53,7 +53,12 @@ class AuthSettings(BaseModel):
 
 
 class OrderSettings(BaseModel):
-    """Order numbers and replay records."""
+    """Order numbers, replay records and the API's sold-out flags.
+
+    ``sold_out_flag_seconds``: the longest a per-process sold-out flag answers requests without
+    an Idempotency-Key before Redis is asked again (the bound when a restock announcement is
+    lost); 0 turns the flags off.
+    """
 
     order_no_prefix: str = Field("FS", pattern=r"^[A-Z]{2}$")
     replay_ttl_seconds: int = Field(86_400, ge=60)
@@ -63,6 +68,7 @@ class OrderSettings(BaseModel):
     publish_mode: Literal["confirm", "async"] = "confirm"
     """``confirm``: 202 only after the broker confirmed the order message. ``async``: 202 once
     the reservation is in Redis; published in the background (see the README for the guarantee)."""
+    sold_out_flag_seconds: float = Field(1.0, ge=0, le=60)
 
 
 class RealignSettings(BaseModel):

@@ -82,7 +82,8 @@ async def queue_depth(channel: AbstractChannel, name: str) -> int:
     """Messages ready in queue ``name``, asked of the broker now (a passive declare through
     aio-pika's channel would answer from its cache of earlier declarations)."""
     underlay = await channel.get_underlay_channel()
-    return (await underlay.queue_declare(name, passive=True)).message_count
+    declared = await underlay.queue_declare(name, passive=True)
+    return declared.message_count or 0  # the broker always sends it; aiormq types it optional
 
 
 class Publisher:

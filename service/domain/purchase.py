@@ -20,6 +20,7 @@ from service.adapters.redis.stock_store import StockStore
 from service.domain.catalog import product_exists
 from service.domain.errors import DomainError, InvalidInput, ProductNotFound
 from service.domain.order_no import OrderNumberMinter, ShardLost
+from service.domain.sold_out import SoldOutFlags, Verdict
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +54,14 @@ _REJECTIONS = {
     ReserveOutcome.NOT_LOADED: ("unavailable", "Stock is not loaded yet, retry shortly."),
 }
 """Reserve outcome -> (error code of the HTTP contract, detail) for every rejection."""
+_OVER_LIMIT = "quantity is above the product's per-user limit."
+
+
+def _flag_answer(verdict: Verdict) -> DomainError:
+    """The error a standing sold-out flag answers: the same as ``reserve.lua`` would."""
+    if verdict is Verdict.OVER_LIMIT:
+        return InvalidInput("quantity", _OVER_LIMIT)
+    return PurchaseRejected(*_REJECTIONS[ReserveOutcome.SOLD_OUT])
 
 
 class PurchaseService:
@@ -61,6 +70,8 @@ class PurchaseService:
     With ``background`` (publish mode ``async``) an accepted purchase is answered once it is
     reserved and marked queued in Redis, and published by ``background``; without it (mode
     ``confirm``) only after the broker confirmed.
+
+    ``sold_out``: the process's sold-out flags (None: every request asks Redis).
     """
 
     def __init__(
@@ -70,18 +81,24 @@ class PurchaseService:
         publisher: Publisher,
         engine: AsyncEngine | None = None,
         background: BackgroundPublisher | None = None,
+        sold_out: SoldOutFlags | None = None,
     ) -> None:
         self._store = store
         self._engine = engine
         self._minter = minter
         self._publisher = publisher
         self._background = background
+        self._sold_out = sold_out
 
-    async def purchase(self, user_id: str, product_id: int, quantity: int, request_id: str) -> Accepted:
+    async def purchase(
+        self, user_id: str, product_id: int, quantity: int, request_id: str, *, keyed: bool = True
+    ) -> Accepted:
         """Reserve ``quantity`` units of ``product_id`` for ``user_id`` and queue the order.
 
         Returns the accepted order (once the broker confirmed it, or in publish mode ``async``
         once it is reserved and marked queued), or the earlier answer for a replayed request id.
+        ``keyed=False`` says ``request_id`` was minted by the server (no Idempotency-Key, so never
+        a replay): then a standing sold-out flag may answer without asking Redis.
 
         Raises:
             PurchaseRejected: a business rejection (nothing was written) or ``unavailable``
@@ -89,6 +106,11 @@ class PurchaseService:
             InvalidInput: ``quantity`` above the product's per-user limit.
             ProductNotFound: Redis does not know the product and MySQL has no such product.
         """
+        flags = self._sold_out
+        if flags is not None:
+            if not keyed and (verdict := flags.verdict(product_id, quantity)) is not None:
+                raise _flag_answer(verdict)
+            token = flags.token(product_id)
         try:
             candidate = await self._minter.take()
         except (RedisError, ShardLost, OSError) as exc:
@@ -101,6 +123,8 @@ class PurchaseService:
             log.warning("reserve_failed", request_id=request_id, error=repr(exc))
             await self._give_back(product_id, request_id)
             raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
+        if flags is not None and reservation.outcome is ReserveOutcome.SOLD_OUT:
+            flags.sold_out(product_id, token, reservation.stock, reservation.per_user_limit, reservation.sale_left_ms)
         order_no = reservation.order_no
         if order_no != candidate:
             self._minter.give_back(candidate)
@@ -109,7 +133,7 @@ class PurchaseService:
         if outcome is ReserveOutcome.REPLAY:
             return accepted
         if outcome is ReserveOutcome.OVER_LIMIT:
-            raise InvalidInput("quantity", "quantity is above the product's per-user limit.")
+            raise InvalidInput("quantity", _OVER_LIMIT)
         if outcome is ReserveOutcome.NOT_LOADED and self._engine is not None:
             # Off the hot path: only a product Redis does not know costs a MySQL look-up.
             if not await product_exists(self._engine, product_id):

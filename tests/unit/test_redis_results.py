@@ -40,6 +40,15 @@ def test_two_element_replies_have_no_time_or_price(outcome):
     assert reservation.outcome == outcome.value  # a StrEnum compares equal to the script's word
 
 
+def test_a_sold_out_reply_carries_stock_limit_and_time_left():
+    assert parse_reservation(["sold_out", "", 0, 2, 1500]) == Reservation(
+        ReserveOutcome.SOLD_OUT, "", stock=0, per_user_limit=2, sale_left_ms=1500
+    )
+    assert parse_reservation(["sold_out", "", 1, 5, -1]).sale_left_ms is None  # no end
+    with pytest.raises(ValueError):
+        parse_reservation(["replay", "x", 0, 2, 1500])
+
+
 def test_an_unknown_outcome_is_refused():
     with pytest.raises(ValueError):
         parse_reservation(["maybe", ""])

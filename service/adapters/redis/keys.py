@@ -67,3 +67,9 @@ def sequence_key(prefix: str, shard: int, second: str) -> str:
 def shard_lease_key(prefix: str, shard: int) -> str:
     """The lease that gives one process exclusive use of an order-number shard (00-99)."""
     return f"{prefix}:shard:{shard:02d}"
+
+
+def restock_channel(prefix: str) -> str:
+    """Pub/sub channel on which the scripts that put stock back announce the product id (so
+    every API process drops its sold-out flag). A channel, not a key: no hash tag needed."""
+    return f"{prefix}:restocked"

@@ -58,21 +58,34 @@ class Reservation:
     the earlier attempt for a replay, ``in_flight``, ``key_reused`` or a retry after a release);
     ``""`` for the other rejections. ``reserved_at_ms`` (Redis server time, Unix milliseconds)
     and ``unit_price`` (minor currency units, from the sale terms in Redis) are set only when
-    ``outcome`` is ``RESERVED``, 0 otherwise.
+    ``outcome`` is ``RESERVED``, 0 otherwise. For ``SOLD_OUT`` only: ``stock`` (units left, fewer
+    than asked for), ``per_user_limit`` (units) and ``sale_left_ms`` (milliseconds until the sale
+    ends by Redis's clock; None: no end).
     """
 
     outcome: ReserveOutcome
     order_no: str
     reserved_at_ms: int = 0
     unit_price: int = 0
+    stock: int = 0
+    per_user_limit: int = 0
+    sale_left_ms: int | None = None
 
 
 def parse_reservation(reply: Sequence[Any]) -> Reservation:
-    """``{outcome, order_no[, reserved_at_ms, unit_price]}`` from ``reserve.lua`` to a :class:`Reservation`.
+    """``{outcome, order_no[, reserved_at_ms, unit_price]}`` or ``{'sold_out', '', stock, limit,
+    sale_left_ms or -1}`` from ``reserve.lua`` to a :class:`Reservation`.
 
     Raises:
         ValueError: an outcome the script does not return, or a malformed reply.
     """
+    if len(reply) == 5:
+        outcome, order_no, stock, limit, left_ms = reply
+        if outcome != ReserveOutcome.SOLD_OUT:
+            raise ValueError(f"reserve reply of 5 elements with outcome {outcome!r}")
+        left = int(left_ms)
+        return Reservation(ReserveOutcome.SOLD_OUT, str(order_no), stock=int(stock), per_user_limit=int(limit),
+                           sale_left_ms=None if left < 0 else left)
     if len(reply) == 4:
         outcome, order_no, reserved_at_ms, unit_price = reply
         return Reservation(ReserveOutcome(outcome), str(order_no), int(reserved_at_ms), int(unit_price))

@@ -6,15 +6,22 @@ Every key of one call on a product shares the product's hash tag ``{p:ID}`` and 
 KEYS, so the scripts run on Redis Cluster.
 
 Errors: every method lets ``redis.exceptions.RedisError`` (and ``OSError`` from the socket)
-through; callers decide what a Redis failure means for them.
+through; callers decide what a Redis failure means for them (except :meth:`StockStore.follow_restocks`,
+which reconnects by itself).
+
+Restock announcements: the scripts that put stock back (``restock``, ``release``, ``realign``)
+PUBLISH the product id on the prefix's restock channel, so no caller can forget to; API processes
+follow it (:meth:`StockStore.follow_restocks`) to drop their sold-out flags.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+import asyncio
+from collections.abc import Callable, Collection, Iterable, Sequence
 from importlib.resources import files
 from typing import cast
 
+import structlog
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
@@ -23,6 +30,7 @@ from service.adapters.redis.batcher import CommandBatcher
 from service.adapters.redis.keys import (
     ProductKeys,
     order_key,
+    restock_channel,
     sequence_key,
     shard_lease_key,
 )
@@ -46,6 +54,10 @@ SEQUENCE_KEY_TTL_SECONDS = 120
 """Lifetime of an order-number sequence counter (one shard, one second)."""
 RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
 """Lifetime of the marker that an order's returned units reached Redis (restock runs once)."""
+RESUBSCRIBE_SECONDS = 0.5
+"""Pause before :meth:`StockStore.follow_restocks` subscribes again after losing its connection."""
+
+log = structlog.get_logger(__name__)
 
 
 def _script(redis: Redis, name: str) -> AsyncScript:
@@ -76,6 +88,8 @@ class StockStore:
         self._replay_ttl = replay_ttl_seconds
         self._returned_ttl = returned_marker_ttl_seconds
         self._batcher = CommandBatcher(redis)
+        self._channel = restock_channel(key_prefix)
+        self._restock_listeners: list[Callable[[int], None]] = []
         self._reserve = _script(redis, "reserve")
         self._release = _script(redis, "release")
         self._claim = _script(redis, "claim")
@@ -142,9 +156,13 @@ class StockStore:
         unless a consumer already claimed it."""
         keys = ProductKeys(self._prefix, product_id)
         reply = await self._release(
-            keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)], args=[request_id]
+            keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)],
+            args=[request_id, self._channel, product_id],
         )
-        return ReleaseOutcome(reply)
+        outcome = ReleaseOutcome(reply)
+        if outcome is ReleaseOutcome.RELEASED:
+            self._announce(product_id)
+        return outcome
 
     async def mark_queued(self, product_id: int, request_id: str, order_no: str, user_id: str, quantity: int) -> None:
         """Once the broker confirmed: the replay record's state becomes ``queued`` and the
@@ -188,6 +206,57 @@ class StockStore:
         """``lua/lease_release.lua``: drop ``holder``'s lease on ``shard``; False when not held."""
         return bool(await self._lease_release(keys=[shard_lease_key(self._prefix, shard)], args=[holder]))
 
+    # -- restock announcements (the API's sold-out flags) -------------------------------------
+
+    def on_restock(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(product_id)`` whenever a call of *this* store may have put stock of the
+        product back (a restock that returned units, a release, a realignment that wrote), before
+        that call returns. Other stores and processes learn it from :meth:`follow_restocks`."""
+        self._restock_listeners.append(listener)
+
+    def _announce(self, product_id: int) -> None:
+        for listener in self._restock_listeners:
+            listener(product_id)
+
+    async def follow_restocks(
+        self,
+        restocked: Callable[[int], None],
+        following: Callable[[], None],
+        lost: Callable[[], None],
+        *,
+        resubscribe_seconds: float = RESUBSCRIBE_SECONDS,
+    ) -> None:
+        """Follow the restock channel until cancelled, on a connection of its own: ``following()``
+        each time the subscription is confirmed (the first time and after every reconnect, since
+        announcements may have been missed in between), ``restocked(product_id)`` for each
+        announcement, ``lost()`` when the connection fails (then it subscribes again after
+        ``resubscribe_seconds``). Never raises but :class:`asyncio.CancelledError`."""
+        while True:
+            pubsub = self._redis.pubsub()
+            try:
+                await pubsub.subscribe(self._channel)
+                async for message in pubsub.listen():
+                    if message["type"] == "subscribe":
+                        following()
+                    elif message["type"] == "message":
+                        try:
+                            product_id = int(message["data"])
+                        except ValueError:
+                            log.warning("restock_announcement_unreadable", data=repr(message["data"]))
+                            continue
+                        restocked(product_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis down or the connection cut: flags off until subscribed again
+                log.warning("restock_channel_lost", error=repr(exc))
+            finally:
+                lost()
+                try:
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+                except Exception as exc:  # the connection is gone already
+                    log.debug("restock_channel_close_failed", error=repr(exc))
+            await asyncio.sleep(resubscribe_seconds)
+
     # -- consumers and the order lifecycle -----------------------------------------------------
 
     async def claim(self, product_id: int, request_id: str) -> ClaimOutcome:
@@ -220,9 +289,15 @@ class StockStore:
         keys = ProductKeys(self._prefix, product_id)
         reply = await self._restock(
             keys=[keys.stock, keys.quota, keys.versions, keys.returned(order_no)],
-            args=[user_id, quantity, inventory_version, self._returned_ttl, "1" if release_quota else "0"],
+            args=[
+                user_id, quantity, inventory_version, self._returned_ttl, "1" if release_quota else "0",
+                self._channel, product_id,
+            ],
         )
-        return RestockOutcome(reply)
+        outcome = RestockOutcome(reply)
+        if outcome is RestockOutcome.RETURNED:
+            self._announce(product_id)
+        return outcome
 
     # -- realignment and reads -----------------------------------------------------------------
 
@@ -256,9 +331,15 @@ class StockStore:
         quota = [str(value) for pair in units_held for value in pair]
         reply = await self._realign(
             keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale],
-            args=[mysql_stock, "0" if dry_run else "1", inventory_version, *terms, len(resolved), *resolved, *quota],
+            args=[
+                mysql_stock, "0" if dry_run else "1", inventory_version, *terms, self._channel, product_id,
+                len(resolved), *resolved, *quota,
+            ],
         )
-        return parse_realign_reply(reply)
+        result = parse_realign_reply(reply)
+        if not dry_run and not result.stale:
+            self._announce(product_id)
+        return result
 
     async def mark_queued_if_pending(self, product_id: int, request_id: str) -> bool:
         """After a re-publish: a replay record still ``pending`` becomes ``queued`` (two round

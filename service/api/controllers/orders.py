@@ -69,7 +69,9 @@ class OrderController(Controller):
         sale_not_active / request_in_progress, 422 idempotency_key_reused, 503 unavailable."""
         await _require_integers(request, ("product_id", "quantity"))
         request_id = request_id_for(request.user.id, data.product_id, idempotency_key)
-        accepted = await resources.purchase_service.purchase(request.user.id, data.product_id, data.quantity, request_id)
+        accepted = await resources.purchase_service.purchase(
+            request.user.id, data.product_id, data.quantity, request_id, keyed=idempotency_key is not None
+        )
         body = OrderAccepted(accepted.order_no, accepted.request_id, "queued", accepted.product_id, accepted.quantity)
         return Response(body, status_code=202, headers={"Location": f"/api/v1/orders/{accepted.order_no}"})
 
