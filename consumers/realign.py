@@ -16,7 +16,9 @@ from service.runtime import watch
 from service.settings import Settings
 
 
-async def run_realign(settings: Settings, product_id: int | None, dry_run: bool, every: float | None, as_json: bool) -> int:
+async def run_realign(
+    settings: Settings, product_id: int | None, dry_run: bool, every: float | None, as_json: bool
+) -> int:
     """Realign ``product_id`` (or every product); repeat every ``every`` seconds when given.
     ``dry_run`` reports without writing. Returns the exit status: 0, or 1 for an unknown product."""
     configure_logging("WARNING")

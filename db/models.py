@@ -46,7 +46,6 @@ class Base(DeclarativeBase):
     pass
 
 
-
 class Product(Base):
     """A product on sale: price in minor units, per-user limit (units), sale window (UTC, naive)."""
 
@@ -72,7 +71,9 @@ class Inventory(Base):
     stock: Mapped[int] = mapped_column(Integer)
     sold: Mapped[int] = mapped_column(Integer, default=0)
     version: Mapped[int] = mapped_column(Integer, default=0)
-    updated_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp(), onupdate=func.current_timestamp())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime, server_default=func.current_timestamp(), onupdate=func.current_timestamp()
+    )
 
 
 class Order(Base):
@@ -96,7 +97,9 @@ class Order(Base):
     status: Mapped[int] = mapped_column(TINYINT)
     reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
-    updated_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp(), onupdate=func.current_timestamp())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime, server_default=func.current_timestamp(), onupdate=func.current_timestamp()
+    )
 
 
 class OrderStatusLog(Base):

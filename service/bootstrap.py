@@ -43,7 +43,9 @@ def make_redis(settings: Settings) -> Redis:
 def make_store(settings: Settings) -> StockStore:
     """A :class:`StockStore` on a new :func:`make_redis` client, with the run's key prefix and
     replay TTL (scripts registered, not yet loaded: call ``load()`` where the hot path follows)."""
-    return StockStore(make_redis(settings), settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds)
+    return StockStore(
+        make_redis(settings), settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds
+    )
 
 
 @dataclass
@@ -135,7 +137,10 @@ class Resources:
         """Stop following restocks, publish what the background publisher holds (up to
         ``confirm_timeout`` seconds; the rest is left to realignment), release the shard lease and
         close every connection."""
-        await _close(self.settings, self.engine, self.store, self.publisher, self.lease, self.background, self._follower)
+        await _close(
+            self.settings, self.engine, self.store, self.publisher, self.lease, self.background, self._follower
+        )
+
 
 def _follow_sold_out(store: StockStore, ttl_seconds: float) -> tuple[SoldOutFlags | None, asyncio.Task[None] | None]:
     """The purchase path's sold-out flags (None when ``ttl_seconds`` is 0) and the task that keeps

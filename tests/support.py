@@ -48,7 +48,9 @@ async def order_rows(engine: AsyncEngine, product_id: int) -> list:
     async with engine.connect() as conn:
         return list(
             await conn.execute(
-                text("SELECT order_no, request_id, user_id, quantity, status, reason FROM orders WHERE product_id = :p"),
+                text(
+                    "SELECT order_no, request_id, user_id, quantity, status, reason FROM orders WHERE product_id = :p"
+                ),
                 {"p": product_id},
             )
         )
@@ -60,7 +62,9 @@ async def rows_at_least(engine: AsyncEngine, product_id: int, count: int) -> boo
 
 async def inventory(engine: AsyncEngine, product_id: int) -> tuple[int, int]:
     async with engine.connect() as conn:
-        row = (await conn.execute(text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id})).one()
+        row = (
+            await conn.execute(text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id})
+        ).one()
         return row.stock, row.sold
 
 

@@ -24,6 +24,7 @@ SETTLE_OWED_REFUND = text(
 """Money owed back for a payment that could not pay order ``:o`` is settled by a refund first."""
 
 OF_PRODUCT = text(
-    "SELECT p.order_no, p.event, p.status FROM payments p JOIN orders o ON o.order_no = p.order_no WHERE o.product_id = :p"
+    "SELECT p.order_no, p.event, p.status FROM payments p"
+    " JOIN orders o ON o.order_no = p.order_no WHERE o.product_id = :p"
 )
 """Every payment row of product ``:p``'s orders (the sale's invariant 7)."""

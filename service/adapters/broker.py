@@ -59,9 +59,7 @@ class PublishFailed(Exception):
 async def declare_topology(channel: AbstractChannel, settings: AMQPSettings) -> tuple[AbstractExchange, AbstractQueue]:
     """Declare (idempotently) the order exchange, quorum queue, dead-letter exchange and queue."""
     dlx = await channel.declare_exchange(settings.dead_letter_exchange, aio_pika.ExchangeType.DIRECT, durable=True)
-    dead = await channel.declare_queue(
-        settings.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
-    )
+    dead = await channel.declare_queue(settings.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"})
     await dead.bind(dlx, routing_key=settings.queue)
     exchange = await channel.declare_exchange(settings.exchange, aio_pika.ExchangeType.DIRECT, durable=True)
     queue = await channel.declare_queue(

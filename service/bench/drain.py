@@ -49,19 +49,23 @@ async def publish_backlog(settings: Settings, orders: list[RawOrder]) -> None:
         await queue.purge()
         now_ms = int(time.time() * 1000)
         for start in range(0, len(orders), PUBLISH_CHUNK):
-            await asyncio.gather(*(
-                exchange.publish(
-                    aio_pika.Message(
-                        encode_order(OrderMessage(o.request_id, o.order_no, o.user_id, o.product_id, 1, now_ms, o.amount)),
-                        content_type="application/json",
-                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                        message_id=o.request_id,
-                    ),
-                    routing_key=settings.amqp.queue,
-                    mandatory=True,
+            await asyncio.gather(
+                *(
+                    exchange.publish(
+                        aio_pika.Message(
+                            encode_order(
+                                OrderMessage(o.request_id, o.order_no, o.user_id, o.product_id, 1, now_ms, o.amount)
+                            ),
+                            content_type="application/json",
+                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                            message_id=o.request_id,
+                        ),
+                        routing_key=settings.amqp.queue,
+                        mandatory=True,
+                    )
+                    for o in orders[start : start + PUBLISH_CHUNK]
                 )
-                for o in orders[start : start + PUBLISH_CHUNK]
-            ))
+            )
     finally:
         await connection.close()
 
@@ -136,8 +140,17 @@ async def drain_rows(ctx: Context, engine: AsyncEngine) -> list[Row]:
             await consumer.stop()
         rate = round(drained.orders / drained.seconds, 1)
         measured[consumer_key].append(
-            Row(consumer_key, consumer_label, "orders/s", rate, drained.orders, round(drained.seconds, 3),
-                consumer_ref, cpu=drained.cpu, note=_drain_note(drained, consumer))
+            Row(
+                consumer_key,
+                consumer_label,
+                "orders/s",
+                rate,
+                drained.orders,
+                round(drained.seconds, 3),
+                consumer_ref,
+                cpu=drained.cpu,
+                note=_drain_note(drained, consumer),
+            )
         )
         url = ctx.settings.db.url
         for (key, _, ref), product, per_tx in ((one, RAW_ONE + r, 1), (batch, RAW_BATCH + r, opts.batch)):
@@ -149,8 +162,18 @@ async def drain_rows(ctx: Context, engine: AsyncEngine) -> list[Row]:
             result = await write_orders(url, orders, per_tx, RAW_CONNECTIONS)
             cpu = before.shares(CpuSample.take(groups), time.perf_counter() - started)
             measured[key].append(
-                Row(key, label, "orders/s", round(result.orders / result.seconds, 1), result.orders,
-                    round(result.seconds, 3), ref, p50_ms=result.p50_ms, p99_ms=result.p99_ms, cpu=cpu,
-                    note=f"latency per transaction; {result.retries} retries")
+                Row(
+                    key,
+                    label,
+                    "orders/s",
+                    round(result.orders / result.seconds, 1),
+                    result.orders,
+                    round(result.seconds, 3),
+                    ref,
+                    p50_ms=result.p50_ms,
+                    p99_ms=result.p99_ms,
+                    cpu=cpu,
+                    note=f"latency per transaction; {result.retries} retries",
+                )
             )
     return [merge_rounds(rounds) for rounds in measured.values()]

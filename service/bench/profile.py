@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import TypedDict
 
 RATE = 200  # samples per second
-_TRUNK = ("(multiprocessing/", "(server/", "(click/", "(cli/main.py)", "(bench/server.py)", "(<frozen runpy>)", "(flashsale)")
+_TRUNK = (
+    "(multiprocessing/",
+    "(server/",
+    "(click/",
+    "(cli/main.py)",
+    "(bench/server.py)",
+    "(<frozen runpy>)",
+    "(flashsale)",
+)
 RUNTIME = "(native: granian's Rust runtime, sockets, waiting outside Python frames)"
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
@@ -53,8 +61,20 @@ def start(pid: int, output: Path, seconds: float) -> subprocess.Popen[bytes]:
     if spy is None:
         raise ProfilerMissing("py-spy not found on PATH: pip install py-spy")
     argv = [
-        spy, "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--format", "raw",
-        "--rate", str(RATE), "--duration", str(max(1, int(seconds))), "--output", str(output),
+        spy,
+        "record",
+        "--pid",
+        str(pid),
+        "--subprocesses",
+        "--nonblocking",
+        "--format",
+        "raw",
+        "--rate",
+        str(RATE),
+        "--duration",
+        str(max(1, int(seconds))),
+        "--output",
+        str(output),
     ]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
 

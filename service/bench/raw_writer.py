@@ -31,9 +31,7 @@ from service.domain.request_id import mint_request_id
 
 RETRYABLE = {1205, 1213}
 _COLUMNS = "(order_no, request_id, user_id, product_id, quantity, amount, status)"
-_INSERT_ONE = (
-    f"INSERT INTO orders {_COLUMNS} SELECT %s, %s, %s, p.id, %s, %s, %s FROM products p WHERE p.id = %s"
-)
+_INSERT_ONE = f"INSERT INTO orders {_COLUMNS} SELECT %s, %s, %s, p.id, %s, %s, %s FROM products p WHERE p.id = %s"
 _LOG_ONE = "INSERT INTO order_status_log (order_id, from_status, to_status, reason) VALUES (%s, NULL, %s, NULL)"
 _TAKE = (
     "UPDATE inventory SET stock = stock - %s, sold = sold + %s, version = version + 1"
@@ -77,8 +75,12 @@ class WriterResult:
 async def _connect(url: str) -> asyncmy.Connection:
     parsed = make_url(url)
     return await asyncmy.connect(
-        host=parsed.host or "127.0.0.1", port=parsed.port or 3306, user=parsed.username or "root",
-        password=parsed.password or "", database=parsed.database, autocommit=False,
+        host=parsed.host or "127.0.0.1",
+        port=parsed.port or 3306,
+        user=parsed.username or "root",
+        password=parsed.password or "",
+        database=parsed.database,
+        autocommit=False,
     )
 
 

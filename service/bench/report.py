@@ -99,8 +99,13 @@ def render(report: Report, console: Console) -> None:
         ref = by_key.get(row.reference or "")
         unexpected = row.unexpected + row.socket_errors
         cells = [
-            row.label, _num(row.rate), _num(row.ratio, 2), "" if ref is None else ref.label,
-            _num(row.p50_ms, 2), _num(row.p99_ms, 2), "0" if not unexpected else f"{unexpected} {row.statuses}",
+            row.label,
+            _num(row.rate),
+            _num(row.ratio, 2),
+            "" if ref is None else ref.label,
+            _num(row.p50_ms, 2),
+            _num(row.p99_ms, 2),
+            "0" if not unexpected else f"{unexpected} {row.statuses}",
         ]
         if rounds > 1:
             cells.insert(2, f"{_num(min(row.rounds), 0)}-{_num(max(row.rounds), 0)}")
@@ -109,8 +114,12 @@ def render(report: Report, console: Console) -> None:
         ours = ("client", "server", "redis", "mysql", "rabbitmq")
         others = cpu.get("machine", 0) * report.machine["cpus_online"] - sum(cpu.get(k, 0) for k in ours)
         cpu_table.add_row(
-            row.label, *(_cores(cpu, k) for k in ours), f"{max(others, 0):.2f}", f"{cpu.get('machine', 0):.0%}",
-            _num(row.per_server_cpu, 0), _num(row.cpu_ratio, 2),
+            row.label,
+            *(_cores(cpu, k) for k in ours),
+            f"{max(others, 0):.2f}",
+            f"{cpu.get('machine', 0):.0%}",
+            _num(row.per_server_cpu, 0),
+            _num(row.cpu_ratio, 2),
         )
     console.print(rates)
     console.print(cpu_table)

@@ -155,8 +155,18 @@ def run_wrk(url: str, script: Path, duration: float, connections: int, threads: 
         RuntimeError: wrk failed or printed no summary (its output is in the message).
     """
     argv = [
-        require_wrk(), "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(duration))}s",
-        "--timeout", TIMEOUT, "-s", str(script), url,
+        require_wrk(),
+        "-t",
+        str(threads),
+        "-c",
+        str(connections),
+        "-d",
+        f"{max(1, round(duration))}s",
+        "--timeout",
+        TIMEOUT,
+        "-s",
+        str(script),
+        url,
     ]
     started = time.perf_counter()
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

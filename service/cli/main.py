@@ -44,7 +44,9 @@ def serve(host: str, port: int, workers: int) -> None:
 
 
 @main.command()
-@click.option("--prefetch", default=None, type=click.IntRange(1, 10_000), help="Unacked messages in hand (default from settings).")
+@click.option(
+    "--prefetch", default=None, type=click.IntRange(1, 10_000), help="Unacked messages in hand (default from settings)."
+)
 def consume(prefetch: int | None) -> None:
     """Write queued orders to MySQL (run as many as you like). Exits 0 on SIGTERM after finishing its messages."""
     from consumers.order_consumer import run_consumer
@@ -84,19 +86,31 @@ def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json:
 @click.option("--url", default=None, help="Target a running API instead of starting one (admin token from settings).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
-    "--noop-requests", default=10_000, show_default=True, type=click.IntRange(0),
+    "--noop-requests",
+    default=10_000,
+    show_default=True,
+    type=click.IntRange(0),
     help="Requests to the no-op route before the load: the framework ceiling (0: none).",
 )
 @click.option(
-    "--pay-share", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+    "--pay-share",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 1),
     help="Share of the orders to pay after the drain; the rest time out, are swept and resold (0: off).",
 )
 @click.option(
-    "--payment-window", default=5, show_default=True, type=click.IntRange(1), metavar="SECONDS",
+    "--payment-window",
+    default=5,
+    show_default=True,
+    type=click.IntRange(1),
+    metavar="SECONDS",
     help="Payment window of the run's API and sweep, with --pay-share.",
 )
 @click.option(
-    "--publish-mode", type=click.Choice(["confirm", "async"]), default=None,
+    "--publish-mode",
+    type=click.Choice(["confirm", "async"]),
+    default=None,
     help="FLASHSALE_ORDERS__PUBLISH_MODE of the API processes it starts (default: from settings).",
 )
 def sale(**options: Any) -> None:
@@ -107,14 +121,47 @@ def sale(**options: Any) -> None:
 
 
 @main.command()
-@click.option("--duration", default=8, show_default=True, type=click.IntRange(1, 600), metavar="SECONDS", help="Measured load per HTTP row and round (whole seconds).")
+@click.option(
+    "--duration",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 600),
+    metavar="SECONDS",
+    help="Measured load per HTTP row and round (whole seconds).",
+)
 @click.option("--connections", default=64, show_default=True, type=click.IntRange(1, 10_000), help="wrk connections.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 64), help="wrk threads.")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="granian workers of every server.")
-@click.option("--backlog", default=5000, show_default=True, type=click.IntRange(1, 1_000_000), help="Orders for the consumer and raw-writer rows.")
-@click.option("--batch", default=100, show_default=True, type=click.IntRange(2, 1000), help="Orders per transaction of the batched raw writer.")
-@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 20), help="Measure every row this many times, interleaved.")
-@click.option("--profile", "profile_dir", default=None, type=click.Path(file_okay=False, path_type=Path), help="Run py-spy on the server under each HTTP row; stacks and summaries in DIR.")
+@click.option(
+    "--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="granian workers of every server."
+)
+@click.option(
+    "--backlog",
+    default=5000,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="Orders for the consumer and raw-writer rows.",
+)
+@click.option(
+    "--batch",
+    default=100,
+    show_default=True,
+    type=click.IntRange(2, 1000),
+    help="Orders per transaction of the batched raw writer.",
+)
+@click.option(
+    "--rounds",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 20),
+    help="Measure every row this many times, interleaved.",
+)
+@click.option(
+    "--profile",
+    "profile_dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Run py-spy on the server under each HTTP row; stacks and summaries in DIR.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
     """Measure each hop (bare framework, no-op, sold out, accept, consumer, raw MySQL writers)
@@ -134,7 +181,15 @@ def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
 @click.option("--channel", default=None, help="Channel name (default: the first configured).")
 @click.option("--currency", default=None, help="ISO 4217 (default: the shop's).")
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The API.")
-def pay(order_no: str, amount: int | None, txn_id: str | None, event: str, channel: str | None, currency: str | None, url: str) -> None:
+def pay(
+    order_no: str,
+    amount: int | None,
+    txn_id: str | None,
+    event: str,
+    channel: str | None,
+    currency: str | None,
+    url: str,
+) -> None:
     """Send a signed payment notification for ORDER_NO, as a payment channel would."""
     from service.cli.pay import send_notification
 
@@ -170,8 +225,16 @@ def product() -> None:
 @product.command("set")
 @click.argument("product_id", type=click.IntRange(1))
 @click.option("--stock", required=True, type=click.IntRange(0))
-@click.option("--price", default=None, type=click.IntRange(0), help="Minor currency units (kept when left out; 0 on creation).")
-@click.option("--limit", "per_user_limit", default=None, type=click.IntRange(1), help="Per-user limit in units (kept when left out; 1 on creation).")
+@click.option(
+    "--price", default=None, type=click.IntRange(0), help="Minor currency units (kept when left out; 0 on creation)."
+)
+@click.option(
+    "--limit",
+    "per_user_limit",
+    default=None,
+    type=click.IntRange(1),
+    help="Per-user limit in units (kept when left out; 1 on creation).",
+)
 @click.option("--name", default=None, help="Kept when left out.")
 @click.option("--starts", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
 @click.option("--ends", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
@@ -199,7 +262,14 @@ def product_set(
         async with opened(get_settings()) as resources:
             return await resources.catalog.set(product_id, data)
 
-    fields = {"stock": stock, "price": price, "per_user_limit": per_user_limit, "name": name, "sale_starts_at": starts, "sale_ends_at": ends}
+    fields = {
+        "stock": stock,
+        "price": price,
+        "per_user_limit": per_user_limit,
+        "name": name,
+        "sale_starts_at": starts,
+        "sale_ends_at": ends,
+    }
     try:
         data = msgspec.convert({k: v for k, v in fields.items() if v is not None}, ProductInput)
         report = _run(load(data))

@@ -70,9 +70,7 @@ async def run_sweep(settings: Settings, product_id: int | None, every: float | N
     async with opened(settings, publish=False) as resources:
 
         async def one_pass() -> None:
-            cancelled = await expire_unpaid(
-                resources.engine, resources.store, window, product_id=product_id
-            )
+            cancelled = await expire_unpaid(resources.engine, resources.store, window, product_id=product_id)
             print(f"cancelled {cancelled} unpaid order(s) past {window}s", flush=True)
 
         await watch(every, one_pass)

@@ -17,14 +17,35 @@ def print_reports(reports: list[RealignReport], as_json: bool, console: Console 
         print(msgspec.json.encode(reports).decode(), flush=True)
         return
     table = Table(title="realignment" + (" (dry run)" if reports and reports[0].dry_run else ""))
-    for column in ("product", "mysql stock", "sold", "redis before", "redis after", "in flight", "units in flight", "drift", "resolved dropped", "republished"):
+    for column in (
+        "product",
+        "mysql stock",
+        "sold",
+        "redis before",
+        "redis after",
+        "in flight",
+        "units in flight",
+        "drift",
+        "resolved dropped",
+        "republished",
+    ):
         table.add_column(column, justify="right")
     for r in reports:
         table.add_row(
             *map(
                 lambda value: "-" if value is None else str(value),  # None: not loaded in Redis before
-                (r.product_id, r.mysql_stock, r.mysql_sold, r.redis_stock_before, r.redis_stock_after,
-                 r.in_flight, r.in_flight_units, r.drift, r.resolved_dropped, r.republished),
+                (
+                    r.product_id,
+                    r.mysql_stock,
+                    r.mysql_sold,
+                    r.redis_stock_before,
+                    r.redis_stock_after,
+                    r.in_flight,
+                    r.in_flight_units,
+                    r.drift,
+                    r.resolved_dropped,
+                    r.republished,
+                ),
             )
         )
     (console or Console(width=None if sys.stdout.isatty() else 160)).print(table)

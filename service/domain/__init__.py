@@ -1,1 +1,2 @@
-"""Use cases and domain rules: purchase, order numbers, request ids, the order writer, realignment, lifecycle, payments, catalog."""
+"""Use cases and domain rules: purchase, order numbers, request ids, the order writer,
+realignment, lifecycle, payments, catalog, sold-out flags, errors."""

@@ -83,11 +83,7 @@ async def set_product(engine: AsyncEngine, realigner: Realigner, product_id: int
             products.UPSERT,
             row,
         )
-        price, limit, starts_at, ends_at = (
-            await conn.execute(
-                products.TERMS, row
-            )
-        ).one()
+        price, limit, starts_at, ends_at = (await conn.execute(products.TERMS, row)).one()
         # Checked on the values now stored (kept ones included); raised inside the transaction,
         # so nothing is written.
         if price * limit > MAX_AMOUNT:

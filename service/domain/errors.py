@@ -18,7 +18,9 @@ class DomainError(Exception):
 
     code = "error"
 
-    def __init__(self, detail: str, *, code: str | None = None, field: str | None = None, retry_after: int | None = None) -> None:
+    def __init__(
+        self, detail: str, *, code: str | None = None, field: str | None = None, retry_after: int | None = None
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
         if code is not None:

@@ -110,9 +110,7 @@ async def return_stock(conn: AsyncConnection, order: OrderRow, *, release_quota:
         inventory.GIVE_BACK,
         {"q": order.quantity, "p": order.product_id},
     )
-    version = (
-        await conn.execute(inventory.VERSION, {"p": order.product_id})
-    ).scalar_one()
+    version = (await conn.execute(inventory.VERSION, {"p": order.product_id})).scalar_one()
     return ReturnedUnits(order.order_no, order.user_id, order.product_id, order.quantity, version, release_quota)
 
 
@@ -173,11 +171,15 @@ async def expire_unpaid(
     while True:
         async with engine.connect() as conn:
             due = (
-                await conn.execute(
-                    orders.due_unpaid(one_product=product_id is not None),
-                    {"pending": S.PENDING_PAYMENT, "product": product_id, "window": window_seconds, "batch": batch},
+                (
+                    await conn.execute(
+                        orders.due_unpaid(one_product=product_id is not None),
+                        {"pending": S.PENDING_PAYMENT, "product": product_id, "window": window_seconds, "batch": batch},
+                    )
                 )
-            ).scalars().all()
+                .scalars()
+                .all()
+            )
         for order_no in due:
             try:
                 returned = await cancel_order(engine, order_no, "payment_timeout")

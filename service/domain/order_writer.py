@@ -245,8 +245,10 @@ async def _insert(
     existing order, and rows of unknown products, get their outcome and are not returned."""
     while rows:
         payload = _rows_encoder.encode(
-            [[r.order.order_no, r.request_id, r.order.user_id, r.order.product_id, r.order.quantity, r.order.amount]
-             for r in rows]
+            [
+                [r.order.order_no, r.request_id, r.order.user_id, r.order.product_id, r.order.quantity, r.order.amount]
+                for r in rows
+            ]
         )
         try:
             inserted = await conn.execute(orders.INSERT_MANY, {"rows": payload, "status": OrderStatus.PENDING_PAYMENT})

@@ -99,7 +99,11 @@ async def find_order(engine: AsyncEngine, store: StockStore, user_id: str, order
     if queued is None or queued.user_id != user_id:
         return None
     return OrderView(
-        order_no=order_no, request_id=queued.request_id, status="queued", product_id=queued.product_id, quantity=queued.quantity
+        order_no=order_no,
+        request_id=queued.request_id,
+        status="queued",
+        product_id=queued.product_id,
+        quantity=queued.quantity,
     )
 
 

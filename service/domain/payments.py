@@ -135,7 +135,9 @@ async def _record(conn: AsyncConnection, note: Notification, raw: str, status: s
     return inserted.lastrowid
 
 
-async def _settle(conn: AsyncConnection, payment_id: int, status: str, *, flagged: bool = False, idem_key: str | None = None) -> None:
+async def _settle(
+    conn: AsyncConnection, payment_id: int, status: str, *, flagged: bool = False, idem_key: str | None = None
+) -> None:
     await conn.execute(
         payments.SETTLE,
         {"status": status, "flagged": flagged, "idem": idem_key, "id": payment_id},
@@ -177,7 +179,9 @@ async def handle_notification(engine: AsyncEngine, note: Notification, raw: byte
     return NotifyResult(result, status.label)
 
 
-async def _paid(conn: AsyncConnection, payment_id: int, note: Notification, amount: int, status: S, currency: str) -> str:
+async def _paid(
+    conn: AsyncConnection, payment_id: int, note: Notification, amount: int, status: S, currency: str
+) -> str:
     if note.amount != amount or note.currency != currency:
         await _settle(conn, payment_id, "mismatch", flagged=True)
         return "amount_mismatch"

@@ -50,7 +50,10 @@ _REJECTIONS = {
     ReserveOutcome.LIMIT_EXCEEDED: ("limit_exceeded", "This purchase would take you past the per-user limit."),
     ReserveOutcome.SALE_NOT_ACTIVE: ("sale_not_active", "The sale for this product is not open."),
     ReserveOutcome.IN_FLIGHT: ("request_in_progress", "A request with this Idempotency-Key is still being processed."),
-    ReserveOutcome.KEY_REUSED: ("idempotency_key_reused", "This Idempotency-Key was used with a different request body."),
+    ReserveOutcome.KEY_REUSED: (
+        "idempotency_key_reused",
+        "This Idempotency-Key was used with a different request body.",
+    ),
     ReserveOutcome.NOT_LOADED: ("unavailable", "Stock is not loaded yet, retry shortly."),
 }
 """Reserve outcome -> (error code of the HTTP contract, detail) for every rejection."""
@@ -142,7 +145,13 @@ class PurchaseService:
             raise PurchaseRejected(*_REJECTIONS[outcome])
 
         message = OrderMessage(
-            request_id, order_no, user_id, product_id, quantity, reservation.reserved_at_ms, reservation.unit_price * quantity
+            request_id,
+            order_no,
+            user_id,
+            product_id,
+            quantity,
+            reservation.reserved_at_ms,
+            reservation.unit_price * quantity,
         )
         if self._background is not None:
             # The journal entry is the outbox: marked queued first, a retry is answered as a replay.

@@ -65,14 +65,17 @@ def _check_units(summary: LoadSummary, facts: StoreFacts, stock: int, drained: b
         and facts.mysql_sold == in_orders
         and (not demand_exceeded or facts.mysql_sold == stock)
     )
-    return Check(ok, {
-        "initial_stock": stock,
-        "mysql_sold": facts.mysql_sold,
-        "units_in_orders": in_orders,
-        "accepted_units": summary.accepted_units,
-        "demand_exceeded_supply": demand_exceeded,
-        "drained": drained,
-    })
+    return Check(
+        ok,
+        {
+            "initial_stock": stock,
+            "mysql_sold": facts.mysql_sold,
+            "units_in_orders": in_orders,
+            "accepted_units": summary.accepted_units,
+            "demand_exceeded_supply": demand_exceeded,
+            "drained": drained,
+        },
+    )
 
 
 def _check_one_order(summary: LoadSummary, facts: StoreFacts) -> Check:
@@ -80,7 +83,8 @@ def _check_one_order(summary: LoadSummary, facts: StoreFacts) -> Check:
     missing = [no for no in summary.accepted if no not in rows_by_order_no]
     unknown = [row for row in facts.orders if row.order_no not in summary.accepted]
     mismatched = [
-        row for row in facts.orders
+        row
+        for row in facts.orders
         if (told := summary.accepted.get(row.order_no)) is not None
         and (row.request_id, row.user_id, row.quantity) != (told.request_id, told.user, told.quantity)
     ]
@@ -108,14 +112,17 @@ def _check_one_order(summary: LoadSummary, facts: StoreFacts) -> Check:
 def _check_user_limit(summary: LoadSummary, facts: StoreFacts, limit: int) -> Check:
     held = _held_by_user(facts.orders)
     over = sum(1 for units in held.values() if units > limit)
-    return Check(over == 0 and summary.limit_probes_accepted == 0, {
-        "per_user_limit": limit,
-        "buyers": len(held),
-        "max_units_held": max(held.values(), default=0),
-        "users_over_limit": over,
-        "limit_probes_after_202": summary.limit_probes,
-        "limit_probes_accepted": summary.limit_probes_accepted,
-    })
+    return Check(
+        over == 0 and summary.limit_probes_accepted == 0,
+        {
+            "per_user_limit": limit,
+            "buyers": len(held),
+            "max_units_held": max(held.values(), default=0),
+            "users_over_limit": over,
+            "limit_probes_after_202": summary.limit_probes,
+            "limit_probes_accepted": summary.limit_probes_accepted,
+        },
+    )
 
 
 def _check_realigned(facts: StoreFacts, stock: int) -> Check:
@@ -127,14 +134,17 @@ def _check_realigned(facts: StoreFacts, stock: int) -> Check:
         and not facts.journal_ids
         and facts.mysql_stock + facts.mysql_sold == stock
     )
-    return Check(ok, {
-        "redis_stock": facts.redis_stock,
-        "mysql_stock": facts.mysql_stock,
-        "mysql_sold": facts.mysql_sold,
-        "initial_stock": stock,
-        "journal_entries": len(facts.journal_ids),
-        "resolved_in_journal": resolved_in_journal,
-    })
+    return Check(
+        ok,
+        {
+            "redis_stock": facts.redis_stock,
+            "mysql_stock": facts.mysql_stock,
+            "mysql_sold": facts.mysql_sold,
+            "initial_stock": stock,
+            "journal_entries": len(facts.journal_ids),
+            "resolved_in_journal": resolved_in_journal,
+        },
+    )
 
 
 def _check_no_trace(summary: LoadSummary, facts: StoreFacts) -> Check:
@@ -146,13 +156,16 @@ def _check_no_trace(summary: LoadSummary, facts: StoreFacts) -> Check:
         and facts.queue_messages == 0
         and quota_mismatches == 0
     )
-    return Check(ok, {
-        "order_rows": len(facts.orders),
-        "accepted_orders": len(summary.accepted),
-        "dead_lettered": facts.dead_letters,
-        "queue_messages": facts.queue_messages,
-        "redis_quota_mismatches": quota_mismatches,
-    })
+    return Check(
+        ok,
+        {
+            "order_rows": len(facts.orders),
+            "accepted_orders": len(summary.accepted),
+            "dead_lettered": facts.dead_letters,
+            "queue_messages": facts.queue_messages,
+            "redis_quota_mismatches": quota_mismatches,
+        },
+    )
 
 
 def check_invariants(
@@ -188,23 +201,26 @@ def _check_lifecycle_units(
         and (not first.sold_out_seen or lifecycle.on_sale == returned_units)
         and (not resale.sold_out_seen or resold_units == lifecycle.on_sale)
     )
-    return Check(ok, {
-        "initial_stock": stock,
-        "mysql_stock": facts.mysql_stock,
-        "mysql_sold": facts.mysql_sold,
-        "paid_units": paid_units,
-        "pending_units": pending_units,
-        "resold_units": resold_units,
-        "orders_left_unpaid": lifecycle.unpaid,
-        "orders_swept": lifecycle.swept,
-        "cancelled_orders": cancelled_orders,
-        "cancelled_payment_timeout": timed_out_orders,
-        "cancelled_units": returned_units,
-        "stock_returned": lifecycle.returned,
-        "on_sale_at_resale": lifecycle.on_sale,
-        "first_wave_sold_out": first.sold_out_seen,
-        "resale_sold_out": resale.sold_out_seen,
-    })
+    return Check(
+        ok,
+        {
+            "initial_stock": stock,
+            "mysql_stock": facts.mysql_stock,
+            "mysql_sold": facts.mysql_sold,
+            "paid_units": paid_units,
+            "pending_units": pending_units,
+            "resold_units": resold_units,
+            "orders_left_unpaid": lifecycle.unpaid,
+            "orders_swept": lifecycle.swept,
+            "cancelled_orders": cancelled_orders,
+            "cancelled_payment_timeout": timed_out_orders,
+            "cancelled_units": returned_units,
+            "stock_returned": lifecycle.returned,
+            "on_sale_at_resale": lifecycle.on_sale,
+            "first_wave_sold_out": first.sold_out_seen,
+            "resale_sold_out": resale.sold_out_seen,
+        },
+    )
 
 
 def _check_paid_once(lifecycle: LifecycleRun, facts: StoreFacts) -> Check:
@@ -225,7 +241,9 @@ def _check_paid_once(lifecycle: LifecycleRun, facts: StoreFacts) -> Check:
         "cancelled_with_payment": len(cancelled & {p.order_no for p in facts.payments}),
     }
     counts = ("notifications", "answered_paid", "paid_orders")
-    ok = numbers["answered_paid"] == numbers["notifications"] and all(v == 0 for k, v in numbers.items() if k not in counts)
+    ok = numbers["answered_paid"] == numbers["notifications"] and all(
+        v == 0 for k, v in numbers.items() if k not in counts
+    )
     return Check(ok, numbers)
 
 
@@ -238,7 +256,6 @@ def check_lifecycle(
         "lifecycle_units": _check_lifecycle_units(lifecycle, first, resale, facts, stock),
         "paid_once": _check_paid_once(lifecycle, facts),
     }
-
 
 
 def check_all(summaries: Summaries, measured: Measured, stock: int, limit: int) -> dict[str, Check]:

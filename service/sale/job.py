@@ -93,7 +93,9 @@ async def _start(stack: AsyncExitStack, sale: Sale, processes: Processes, worker
     return stores
 
 
-async def _measure(sale: Sale, processes: Processes, console: Console, load: Load, workers: int, consumers: int) -> Measured:
+async def _measure(
+    sale: Sale, processes: Processes, console: Console, load: Load, workers: int, consumers: int
+) -> Measured:
     """Every phase from set-up to the stores' final state; stops and cleans up on the way out."""
     async with AsyncExitStack() as stack:
         stores = await _start(stack, sale, processes, workers, consumers)

@@ -26,10 +26,14 @@ from service.sale.plan import ACCEPTED, Answer, Job, Kind, Shot, Wave
 REQUEST_TIMEOUT = 30.0  # seconds per purchase request
 CLIENT_POOL = 4  # connections per load client: httpcore checks every pooled connection on each request
 
+
 def build_requests(url: str, jobs: list[Job], product_id: int, tokens: dict[str, str]) -> list[httpx.Request]:
     """Every purchase-shaped request of the plan to ``url`` (the orders or the no-op route),
     built before the clock starts (``[shot.index]``)."""
-    bodies = {q: msgspec.json.encode({"product_id": product_id, "quantity": q}) for q in {s.quantity for j in jobs for s in j.shots}}
+    bodies = {
+        q: msgspec.json.encode({"product_id": product_id, "quantity": q})
+        for q in {s.quantity for j in jobs for s in j.shots}
+    }
     # Filled by index below, every slot exactly once; None only until then.
     requests: list[httpx.Request] = [None] * sum(len(job.shots) for job in jobs)  # type: ignore[list-item]
     for job in jobs:

@@ -84,7 +84,12 @@ async def create_product(client: httpx.AsyncClient, sale: Sale) -> None:
         SetupError: the API refused, or Redis stock is not the stock asked for.
     """
     admin = issue_token(sale.settings.auth.jwt_secret, "sale-admin", admin=True)
-    body = {"stock": sale.stock, "price": PRICE, "per_user_limit": sale.per_user_limit, "name": f"flash sale {sale.run_id}"}
+    body = {
+        "stock": sale.stock,
+        "price": PRICE,
+        "per_user_limit": sale.per_user_limit,
+        "name": f"flash sale {sale.run_id}",
+    }
     try:
         response = await client.put(
             f"/api/v1/admin/products/{sale.product_id}", json=body, headers={"Authorization": f"Bearer {admin}"}
@@ -143,7 +148,9 @@ def notification(sale: Sale, order: UnpaidOrder) -> httpx.Request:
     return httpx.Request("POST", f"{sale.url}{NOTIFY_PATH}", content=body, headers=headers)
 
 
-async def drain(stores: Stores, sale: Sale, expected_orders: int, processes: Processes, console: Console) -> float | None:
+async def drain(
+    stores: Stores, sale: Sale, expected_orders: int, processes: Processes, console: Console
+) -> float | None:
     """Wait until MySQL holds ``expected_orders`` order rows for the product and the order queue
     has no ready message, on :data:`DRAINED_POLLS` polls in a row.
 
@@ -193,9 +200,7 @@ def accepted_orders(wave: Wave) -> int:
     return len({o.order_no for o in wave.outcomes if o.code == ACCEPTED})
 
 
-async def first_waves(
-    sale: Sale, console: Console, load: Load, noop_requests: int
-) -> tuple[Wave | None, Wave, float]:
+async def first_waves(sale: Sale, console: Console, load: Load, noop_requests: int) -> tuple[Wave | None, Wave, float]:
     """Plan, mint the JWTs (timed apart), send ``noop_requests`` no-op requests (0: no no-op
     wave), then the purchase wave, both with the same JWTs, bodies, mix and concurrency; returns
     the no-op wave (None when not sent), the purchase wave, and the seconds spent minting."""

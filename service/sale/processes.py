@@ -42,9 +42,13 @@ class Processes:
         log = await asyncio.to_thread((self.log_dir / f"{name}.log").open, "wb")
         with log:
             self._running[name] = await asyncio.create_subprocess_exec(
-                str(script), *args,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self._env, start_new_session=True,
+                str(script),
+                *args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+                start_new_session=True,
             )
 
     def exited(self) -> list[str]:

@@ -17,7 +17,9 @@ from service.sale.invariants import INVARIANT_TITLES, check_all
 from service.sale.report import sections, summarize_run
 
 
-def build_report(run: dict[str, Any], measured: Measured, wall_seconds: float, exit_codes: dict[str, int]) -> dict[str, Any]:
+def build_report(
+    run: dict[str, Any], measured: Measured, wall_seconds: float, exit_codes: dict[str, int]
+) -> dict[str, Any]:
     """The whole report as one JSON-ready dict.
 
     ``run`` describes the sale (``run_id``, ``product_id``, ``stock``, ``per_user_limit``,
@@ -62,15 +64,24 @@ def _performance_table(perf: dict[str, Any], ceiling: dict[str, Any]) -> Table:
         (f"latency {point} (ms)", value, noop_latency.get(point), ratios.get(f"latency_{point}"))
         for point, value in perf["latency_ms"].items()
     ]
-    return _table("performance", [
-        ("requests", perf["requests"], ceiling.get("requests"), None),
-        ("load phase (s)", perf["load_seconds"], ceiling.get("load_seconds"), None),
-        ("throughput (requests/s)", perf["throughput_rps"], ceiling.get("throughput_rps"), ratios.get("throughput")),
-        *latency,
-        ("token minting (s)", perf["token_seconds"], None, None),
-        ("drain time (s)", perf["drain_seconds"], None, None),
-        ("wall clock (s)", perf["wall_seconds"], None, None),
-    ], ("", "purchase", "no-op (ceiling)", "purchase / no-op"))
+    return _table(
+        "performance",
+        [
+            ("requests", perf["requests"], ceiling.get("requests"), None),
+            ("load phase (s)", perf["load_seconds"], ceiling.get("load_seconds"), None),
+            (
+                "throughput (requests/s)",
+                perf["throughput_rps"],
+                ceiling.get("throughput_rps"),
+                ratios.get("throughput"),
+            ),
+            *latency,
+            ("token minting (s)", perf["token_seconds"], None, None),
+            ("drain time (s)", perf["drain_seconds"], None, None),
+            ("wall clock (s)", perf["wall_seconds"], None, None),
+        ],
+        ("", "purchase", "no-op (ceiling)", "purchase / no-op"),
+    )
 
 
 def _rows(section: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -112,15 +123,26 @@ def render(report: dict[str, Any], console: Console) -> None:
     """Print ``report`` (from :func:`build_report`) as rich tables."""
     responses, ceiling = report["responses"], report["ceiling"]
     console.print(_headline(report["run"]))
-    console.print(_table("responses", [
-        ("sent", responses["sent"]),
-        ("accepted (202)", responses["accepted_responses"]),
-        ("accepted orders (distinct)", responses["accepted_orders"]),
-        ("accepted units", responses["accepted_units"]),
-        *((f"rejected: {code}", n) for code, n in responses["rejected_by_code"].items()),
-    ]))
+    console.print(
+        _table(
+            "responses",
+            [
+                ("sent", responses["sent"]),
+                ("accepted (202)", responses["accepted_responses"]),
+                ("accepted orders (distinct)", responses["accepted_orders"]),
+                ("accepted units", responses["accepted_units"]),
+                *((f"rejected: {code}", n) for code, n in responses["rejected_by_code"].items()),
+            ],
+        )
+    )
     console.print(_table("replays, limit probes, requests without key", _rows(report["replays"])))
-    console.print(_table("orders in MySQL", [(_label(k), v) for k, v in sorted(report["orders_by_status"].items())], ("status", "rows")))
+    console.print(
+        _table(
+            "orders in MySQL",
+            [(_label(k), v) for k, v in sorted(report["orders_by_status"].items())],
+            ("status", "rows"),
+        )
+    )
     console.print(_performance_table(report["performance"], ceiling))
     if "skipped" in ceiling:
         console.print(f"no-op ceiling skipped: {ceiling['skipped']}")

@@ -139,7 +139,9 @@ def combined(*waves: Wave) -> tuple[list[Job], list[Answer]]:
     outcomes: list[Answer] = []
     for wave in waves:
         offset = len(outcomes)
-        jobs += [Job(job.kind, tuple(replace(shot, index=shot.index + offset) for shot in job.shots)) for job in wave.jobs]
+        jobs += [
+            Job(job.kind, tuple(replace(shot, index=shot.index + offset) for shot in job.shots)) for job in wave.jobs
+        ]
         outcomes += wave.outcomes
     return jobs, outcomes
 
@@ -233,7 +235,10 @@ def _lifecycle_section(lifecycle: LifecycleRun, resale: LoadSummary, facts: Stor
     return {
         "pay_share": lifecycle.pay_share,
         "payment_window_seconds": lifecycle.window_seconds,
-        "payments": {**_wave_numbers(payments), "answers": dict(Counter(o.code for o in payments.outcomes).most_common())},
+        "payments": {
+            **_wave_numbers(payments),
+            "answers": dict(Counter(o.code for o in payments.outcomes).most_common()),
+        },
         "paid_orders": paid_orders,
         "paid_units": paid_units,
         "orders_left_unpaid": lifecycle.unpaid,
@@ -253,7 +258,6 @@ def _lifecycle_section(lifecycle: LifecycleRun, resale: LoadSummary, facts: Stor
             "drain_seconds": _seconds(lifecycle.drain_seconds),
         },
     }
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,6 @@ async def _reachable(service: str, url: str, awaitable: Awaitable[T]) -> T:
         raise SetupError(f"{service} at {where(url)} is unreachable: {exc!r}") from exc
 
 
-
 @dataclass(frozen=True, slots=True)
 class Stores:
     """The sale's own connections to MySQL, Redis (with the Lua scripts registered) and RabbitMQ
@@ -72,7 +71,9 @@ class Stores:
         Raises:
             SetupError: a service did not answer.
         """
-        resources = await _reachable("Redis", settings.redis.url, Resources.open(settings, publish=False, purchase=False))
+        resources = await _reachable(
+            "Redis", settings.redis.url, Resources.open(settings, publish=False, purchase=False)
+        )
         stack.push_async_callback(resources.close)
         await _reachable("MySQL", settings.db.url, _select_one(resources.engine))
         connection = await _reachable("RabbitMQ", settings.amqp.url, aio_pika.connect(settings.amqp.url))
@@ -129,9 +130,7 @@ class Stores:
     async def facts(self, product_id: int, dead_letters_before: int) -> StoreFacts:
         """What MySQL, Redis and RabbitMQ hold for the product now."""
         async with self.engine.connect() as conn:
-            stock, sold = (
-                await conn.execute(inventory.STOCK_AND_SOLD, {"p": product_id})
-            ).one()
+            stock, sold = (await conn.execute(inventory.STOCK_AND_SOLD, {"p": product_id})).one()
             order_rows = [SaleOrderRow(*row) for row in await conn.execute(orders.OF_PRODUCT, {"p": product_id})]
             payment_rows = [PaymentRow(*row) for row in await conn.execute(payments.OF_PRODUCT, {"p": product_id})]
         amqp = self.settings.amqp
@@ -157,7 +156,7 @@ async def _remove(what: str, remove: Callable[[], Awaitable[None]]) -> None:
     """Run one clean-up step; a failure is a warning (the report stands)."""
     try:
         await remove()
-    except Exception as exc:  # noqa: BLE001 - whatever went wrong, clean-up is best effort
+    except Exception as exc:
         stderr.print(f"[yellow]warning:[/] could not remove {what}: {exc!r}")
 
 

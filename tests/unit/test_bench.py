@@ -56,7 +56,9 @@ def test_ratios_and_targets_follow_the_references():
     assert verdicts["product no-op >= 0.75 x bare no-op"]["pass"] is True
     assert verdicts["sold-out >= 0.85 x product no-op"]["pass"] is False
     assert verdicts["sold-out p99 <= 2 x product no-op p99"] == {
-        "target": "sold-out p99 <= 2 x product no-op p99", "ratio": 3.0, "pass": False,
+        "target": "sold-out p99 <= 2 x product no-op p99",
+        "ratio": 3.0,
+        "pass": False,
     }
     assert verdicts["accept >= 0.40 x product no-op"]["pass"] is None  # not measured
 
@@ -89,8 +91,14 @@ def test_the_report_renders_and_serializes(tmp_path):
     fill_ratios(rows)
     summary = {"samples": 1, "own": [{"frame": RUNTIME, "share": 1.0}], "inclusive": []}
     report = Report(
-        "bench_x", "2026-11-30T00:00:00+00:00", machine_info(), Options(profile_dir=tmp_path), rows, judge(rows),
-        {"product_noop": summary}, None,
+        "bench_x",
+        "2026-11-30T00:00:00+00:00",
+        machine_info(),
+        Options(profile_dir=tmp_path),
+        rows,
+        judge(rows),
+        {"product_noop": summary},
+        None,
     )
     console = Console(record=True, width=200)
     render(report, console)

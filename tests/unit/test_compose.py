@@ -22,5 +22,11 @@ def test_compose_file_matches_the_compose_spec():
 
 def test_compose_runs_every_deployable():
     text = (ROOT / "compose.yaml").read_text()
-    for command in ('"flashsale", "migrate"', '"flashsale", "serve"', '"flashsale", "consume"', '"flashsale", "realign"', '"flashsale", "sweep"'):
+    for command in (
+        '"flashsale", "migrate"',
+        '"flashsale", "serve"',
+        '"flashsale", "consume"',
+        '"flashsale", "realign"',
+        '"flashsale", "sweep"',
+    ):
         assert command in text

@@ -34,7 +34,9 @@ def test_every_single_character_change_is_caught():
                 assert not is_valid_order_no(changed), changed
 
 
-@pytest.mark.parametrize("bad", ["", "FS", "fs202611301200001234567800", "FS2026113012000012345678000", "FS20261130120000123456780X"])
+@pytest.mark.parametrize(
+    "bad", ["", "FS", "fs202611301200001234567800", "FS2026113012000012345678000", "FS20261130120000123456780X"]
+)
 def test_malformed_values_are_invalid(bad):
     assert not is_valid_order_no(bad)
 

@@ -35,7 +35,10 @@ def test_a_price_beyond_double_precision_stays_exact():
 def test_two_element_replies_have_no_time_or_price(outcome):
     reservation = parse_reservation([outcome.value, ""])
     assert (reservation.outcome, reservation.order_no, reservation.reserved_at_ms, reservation.unit_price) == (
-        outcome, "", 0, 0
+        outcome,
+        "",
+        0,
+        0,
     )
     assert reservation.outcome == outcome.value  # a StrEnum compares equal to the script's word
 
@@ -55,7 +58,9 @@ def test_an_unknown_outcome_is_refused():
 
 
 def test_journal_entries_parse_with_the_claimed_flag():
-    assert parse_journal_entry("r1", "alice|2|FS123|1764460800123|0") == JournalEntry("r1", "alice", 2, "FS123", 1764460800123)
+    assert parse_journal_entry("r1", "alice|2|FS123|1764460800123|0") == JournalEntry(
+        "r1", "alice", 2, "FS123", 1764460800123
+    )
     assert parse_journal_entry("r2", "bob|1|FS124|5|1").claimed
 
 

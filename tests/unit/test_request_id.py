@@ -27,8 +27,17 @@ def test_minted_ids_are_32_hex_unique_and_time_ordered():
 def test_a_key_is_scoped_to_its_user_and_product():
     same = request_id_from_key("ann", 42, "k-1")
     assert HEX32.fullmatch(same) and same == request_id_from_key("ann", 42, "k-1")
-    assert len({same, request_id_from_key("bob", 42, "k-1"), request_id_from_key("ann", 43, "k-1"),
-                request_id_from_key("ann", 42, "k-2")}) == 4
+    assert (
+        len(
+            {
+                same,
+                request_id_from_key("bob", 42, "k-1"),
+                request_id_from_key("ann", 43, "k-1"),
+                request_id_from_key("ann", 42, "k-2"),
+            }
+        )
+        == 4
+    )
 
 
 def test_a_reissued_id_is_32_hex_and_differs_per_order_number():
@@ -37,7 +46,18 @@ def test_a_reissued_id_is_32_hex_and_differs_per_order_number():
     assert HEX32.fullmatch(first) and first != second != original
 
 
-@pytest.mark.parametrize(("key", "valid"), [("k", True), ("k" * 64, True), ("!~", True), ("", False),
-                                            ("k" * 65, False), ("a b", False), ("é", False), ("k\n", False)])
+@pytest.mark.parametrize(
+    ("key", "valid"),
+    [
+        ("k", True),
+        ("k" * 64, True),
+        ("!~", True),
+        ("", False),
+        ("k" * 65, False),
+        ("a b", False),
+        ("é", False),
+        ("k\n", False),
+    ],
+)
 def test_idempotency_keys_are_1_to_64_visible_ascii(key, valid):
     assert is_valid_idempotency_key(key) is valid

@@ -22,8 +22,15 @@ def _one_accepted_order() -> tuple[list[Job], list[Outcome], OrderRow]:
 
 def _facts(row: OrderRow, **changes) -> StoreFacts:
     facts = StoreFacts(
-        mysql_stock=0, mysql_sold=1, orders=[row], payments=[], redis_stock=0,
-        journal_ids=[], quota={"u1": 1}, dead_letters=0, queue_messages=0,
+        mysql_stock=0,
+        mysql_sold=1,
+        orders=[row],
+        payments=[],
+        redis_stock=0,
+        journal_ids=[],
+        quota={"u1": 1},
+        dead_letters=0,
+        queue_messages=0,
     )
     return replace(facts, **changes)
 

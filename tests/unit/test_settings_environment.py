@@ -54,7 +54,12 @@ def _unlike_the_defaults() -> Settings:
         ),
         auth=AuthSettings(jwt_secret="s" * 40, token_ttl_seconds=120),
         orders=OrderSettings(
-            order_no_prefix="QX", replay_ttl_seconds=600, shard_lease_seconds=12, sequence_block=7, publish_mode="async", sold_out_flag_seconds=0.25
+            order_no_prefix="QX",
+            replay_ttl_seconds=600,
+            shard_lease_seconds=12,
+            sequence_block=7,
+            publish_mode="async",
+            sold_out_flag_seconds=0.25,
         ),
         realign=RealignSettings(grace_seconds=1.5),
         payment=PaymentSettings(

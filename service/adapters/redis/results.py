@@ -84,8 +84,13 @@ def parse_reservation(reply: Sequence[Any]) -> Reservation:
         if outcome != ReserveOutcome.SOLD_OUT:
             raise ValueError(f"reserve reply of 5 elements with outcome {outcome!r}")
         left = int(left_ms)
-        return Reservation(ReserveOutcome.SOLD_OUT, str(order_no), stock=int(stock), per_user_limit=int(limit),
-                           sale_left_ms=None if left < 0 else left)
+        return Reservation(
+            ReserveOutcome.SOLD_OUT,
+            str(order_no),
+            stock=int(stock),
+            per_user_limit=int(limit),
+            sale_left_ms=None if left < 0 else left,
+        )
     if len(reply) == 4:
         outcome, order_no, reserved_at_ms, unit_price = reply
         return Reservation(ReserveOutcome(outcome), str(order_no), int(reserved_at_ms), int(unit_price))

@@ -98,7 +98,13 @@ class StockStore:
         self._lease_renew = _script(redis, "lease_renew")
         self._lease_release = _script(redis, "lease_release")
         self._scripts = (
-            self._reserve, self._release, self._claim, self._realign, self._restock, self._lease_renew, self._lease_release
+            self._reserve,
+            self._release,
+            self._claim,
+            self._realign,
+            self._restock,
+            self._lease_renew,
+            self._lease_release,
         )
 
     # -- set-up and health ---------------------------------------------------------------------
@@ -132,7 +138,9 @@ class StockStore:
 
     # -- the purchase path ---------------------------------------------------------------------
 
-    async def reserve(self, product_id: int, request_id: str, user_id: str, quantity: int, order_no: str) -> Reservation:
+    async def reserve(
+        self, product_id: int, request_id: str, user_id: str, quantity: int, order_no: str
+    ) -> Reservation:
         """``lua/reserve.lua``, one round trip: replay check for ``request_id``, sale loaded and
         open, per-user limit and quota, numeric stock check, then decrement ``quantity`` units,
         add the journal entry and the replay record (state ``pending``). ``order_no`` is the
@@ -140,8 +148,19 @@ class StockStore:
         Concurrent calls share a pipeline (:class:`CommandBatcher`)."""
         keys = ProductKeys(self._prefix, product_id)
         command = (
-            "EVALSHA", self._reserve.sha, 5, keys.stock, keys.sale, keys.journal, keys.quota, keys.replay(request_id),
-            request_id, user_id, quantity, order_no, self._replay_ttl,
+            "EVALSHA",
+            self._reserve.sha,
+            5,
+            keys.stock,
+            keys.sale,
+            keys.journal,
+            keys.quota,
+            keys.replay(request_id),
+            request_id,
+            user_id,
+            quantity,
+            order_no,
+            self._replay_ttl,
         )
         try:
             reply = await self._batcher.call(*command)
@@ -290,8 +309,13 @@ class StockStore:
         reply = await self._restock(
             keys=[keys.stock, keys.quota, keys.versions, keys.returned(order_no)],
             args=[
-                user_id, quantity, inventory_version, self._returned_ttl, "1" if release_quota else "0",
-                self._channel, product_id,
+                user_id,
+                quantity,
+                inventory_version,
+                self._returned_ttl,
+                "1" if release_quota else "0",
+                self._channel,
+                product_id,
             ],
         )
         outcome = RestockOutcome(reply)
@@ -332,8 +356,15 @@ class StockStore:
         reply = await self._realign(
             keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale],
             args=[
-                mysql_stock, "0" if dry_run else "1", inventory_version, *terms, self._channel, product_id,
-                len(resolved), *resolved, *quota,
+                mysql_stock,
+                "0" if dry_run else "1",
+                inventory_version,
+                *terms,
+                self._channel,
+                product_id,
+                len(resolved),
+                *resolved,
+                *quota,
             ],
         )
         result = parse_realign_reply(reply)

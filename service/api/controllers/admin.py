@@ -47,7 +47,10 @@ class AdminController(Controller):
 
     @post("/orders/{order_no:str}/refund", status_code=200, summary="Start the refund of a paid order")
     async def refund(
-        self, order_no: FromPath[str], resources: NamedDependency[Resources], data: JSONBody[RefundRequest | None] = None
+        self,
+        order_no: FromPath[str],
+        resources: NamedDependency[Resources],
+        data: JSONBody[RefundRequest | None] = None,
     ) -> OrderStatusAnswer:
         """``paid -> refunding``; ``{"restock": true}`` also puts the units back on sale."""
         restock = bool(data and data.restock)

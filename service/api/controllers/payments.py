@@ -15,7 +15,11 @@ class PaymentController(Controller):
     path = "/payments"
     tags = ["payments"]
 
-    @post("/notify", status_code=200, summary="A payment channel's notification (X-Signature: hex HMAC-SHA256 of the body)")
+    @post(
+        "/notify",
+        status_code=200,
+        summary="A payment channel's notification (X-Signature: hex HMAC-SHA256 of the body)",
+    )
     async def notify(self, request: Request[Any, Any, Any], resources: NamedDependency[Resources]) -> NotifyResult:
         """A channel's notification, verified by ``X-Signature`` = hex HMAC-SHA256 of the raw body with
         the channel's secret: 200 ``NotifyResult``; 400, 401 invalid_signature, 404, 409."""

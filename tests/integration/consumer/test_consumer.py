@@ -76,9 +76,16 @@ async def test_no_mysql_stock_records_rejected_sold_out_and_realign_returns_quot
     assert [(row.status, row.reason) for row in rows] == [(7, "sold_out")]
     assert await inventory(engine, product_id) == (0, 0)
     async with engine.connect() as conn:
-        log = list(await conn.execute(text(
-            "SELECT l.from_status, l.to_status, l.reason FROM order_status_log l JOIN orders o ON o.id = l.order_id"
-            " WHERE o.product_id = :p ORDER BY l.id"), {"p": product_id}))
+        log = list(
+            await conn.execute(
+                text(
+                    "SELECT l.from_status, l.to_status, l.reason FROM order_status_log l"
+                    " JOIN orders o ON o.id = l.order_id"
+                    " WHERE o.product_id = :p ORDER BY l.id"
+                ),
+                {"p": product_id},
+            )
+        )
     assert [tuple(r) for r in log] == [(None, 0, None), (0, 7, "sold_out")]
 
     order = await client.get(f"/api/v1/orders/{response.json()['order_no']}", headers=token("late"))
@@ -165,7 +172,7 @@ async def test_sigterm_finishes_messages_in_hand_and_exits_0(settings, put_produ
     for i in range(200):
         await publish_raw(amqp_channel, settings, encode_order(message_for(product_id, f"sig{i}", 1000 + i)))
     flashsale = Path(sys.executable).with_name("flashsale")
-    process = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block; the test polls it
+    process = subprocess.Popen(
         [str(flashsale), "consume", "--prefetch", "50"],
         env={**os.environ, **environment(settings)},
         stdout=subprocess.DEVNULL,

@@ -77,9 +77,7 @@ async def test_release_after_a_consumer_claimed_keeps_the_order(store, put_produ
     assert request_id in await redis.hgetall(keys.journal)
 
 
-async def test_late_copy_of_a_released_message_is_dropped(
-    store, put_product, product_id, redis, engine
-):
+async def test_late_copy_of_a_released_message_is_dropped(store, put_product, product_id, redis, engine):
     await put_product(product_id, stock=3, limit=1)
     keys = store.product_keys(product_id)
     request_id = "0" * 31 + "2"

@@ -74,7 +74,9 @@ async def proxy(settings):
     await proxy.stop()
 
 
-async def test_lost_reserve_reply_is_503_and_leaves_nothing_reserved(settings, put_product, product_id, redis, store, proxy):
+async def test_lost_reserve_reply_is_503_and_leaves_nothing_reserved(
+    settings, put_product, product_id, redis, store, proxy
+):
     await put_product(product_id, stock=3, limit=1)
     watcher, port = proxy
     through_proxy = settings.model_copy(

@@ -20,7 +20,10 @@ from tests.support import eventually, inventory, order_rows, redis_state
 async def buy_and_settle(client, token, engine, product_id: int, users: list[str], quantity: int = 1) -> list[str]:
     """Buy once per user through the API and wait until every order is in MySQL; order numbers."""
     responses = await asyncio.gather(
-        *(client.post("/api/v1/orders", json={"product_id": product_id, "quantity": quantity}, headers=token(u)) for u in users)
+        *(
+            client.post("/api/v1/orders", json={"product_id": product_id, "quantity": quantity}, headers=token(u))
+            for u in users
+        )
     )
     assert all(r.status_code == 202 for r in responses), [r.text for r in responses if r.status_code != 202]
 
@@ -31,10 +34,19 @@ async def buy_and_settle(client, token, engine, product_id: int, users: list[str
     return [r.json()["order_no"] for r in responses]
 
 
-def notification(settings, order_no: str, amount: int = 1500, txn: str = "t1", event: str = "paid", **extra) -> tuple[bytes, dict]:
+def notification(
+    settings, order_no: str, amount: int = 1500, txn: str = "t1", event: str = "paid", **extra
+) -> tuple[bytes, dict]:
     body = json.dumps(
-        {"channel": "mockpay", "channel_txn_id": txn, "order_no": order_no, "amount": amount,
-         "currency": settings.payment.currency, "event": event, **extra}
+        {
+            "channel": "mockpay",
+            "channel_txn_id": txn,
+            "order_no": order_no,
+            "amount": amount,
+            "currency": settings.payment.currency,
+            "event": event,
+            **extra,
+        }
     ).encode()
     secret = settings.payment.channel_secrets["mockpay"]
     return body, {"content-type": "application/json", "X-Signature": sign(secret, body)}
@@ -52,22 +64,35 @@ async def status_of(engine, order_no: str) -> S:
 
 async def payments_of(engine, order_no: str) -> list:
     async with engine.connect() as conn:
-        return list(await conn.execute(
-            text("SELECT channel_txn_id, event, status, flagged, idem_key FROM payments WHERE order_no = :o ORDER BY id"),
-            {"o": order_no}))
+        return list(
+            await conn.execute(
+                text(
+                    "SELECT channel_txn_id, event, status, flagged, idem_key FROM payments"
+                    " WHERE order_no = :o ORDER BY id"
+                ),
+                {"o": order_no},
+            )
+        )
 
 
 async def test_whitelist_refuses_illegal_changes(engine, client, token, put_product, product_id, consumer):
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["w"])
     async with engine.begin() as conn:
-        for frm, to in [(S.CANCELLED, S.PAID), (S.REJECTED, S.PAID), (S.PENDING_PAYMENT, S.REFUNDED), (S.PAID, S.PENDING_PAYMENT)]:
+        for frm, to in [
+            (S.CANCELLED, S.PAID),
+            (S.REJECTED, S.PAID),
+            (S.PENDING_PAYMENT, S.REFUNDED),
+            (S.PAID, S.PENDING_PAYMENT),
+        ]:
             with pytest.raises(IllegalTransition):
                 await transition(conn, order_no, frm, to)
     assert await status_of(engine, order_no) is S.PENDING_PAYMENT
 
 
-async def test_same_notification_ten_times_at_once_pays_once(client, token, put_product, product_id, engine, settings, consumer):
+async def test_same_notification_ten_times_at_once_pays_once(
+    client, token, put_product, product_id, engine, settings, consumer
+):
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["payer"])
     responses = await asyncio.gather(*(notify(client, settings, order_no, txn="same") for _ in range(10)))
@@ -76,13 +101,17 @@ async def test_same_notification_ten_times_at_once_pays_once(client, token, put_
     later = await notify(client, settings, order_no, txn="same")
     assert later.json() == {"result": "already_processed", "order_status": "paid"}
     assert await status_of(engine, order_no) is S.PAID
-    assert [(p.status, p.idem_key) for p in await payments_of(engine, order_no)] == [("applied", f"pay:{order_no}:paid")]
+    assert [(p.status, p.idem_key) for p in await payments_of(engine, order_no)] == [
+        ("applied", f"pay:{order_no}:paid")
+    ]
     history = (await client.get(f"/api/v1/orders/{order_no}", headers=token("payer"))).json()["history"]
     assert [(h["from"], h["to"]) for h in history] == [(None, "pending_payment"), ("pending_payment", "paid")]
 
 
 @pytest.mark.parametrize("signature", [None, "", "00" * 32, "not-hex"])
-async def test_bad_signature_is_401_with_no_side_effects(client, token, put_product, product_id, engine, settings, consumer, signature):
+async def test_bad_signature_is_401_with_no_side_effects(
+    client, token, put_product, product_id, engine, settings, consumer, signature
+):
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["sig"])
     body, headers = notification(settings, order_no)
@@ -96,7 +125,9 @@ async def test_bad_signature_is_401_with_no_side_effects(client, token, put_prod
     assert await status_of(engine, order_no) is S.PENDING_PAYMENT
 
 
-async def test_unknown_channel_and_tampered_body_are_401(client, token, put_product, product_id, engine, settings, consumer):
+async def test_unknown_channel_and_tampered_body_are_401(
+    client, token, put_product, product_id, engine, settings, consumer
+):
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["tamper"])
     body, headers = notification(settings, order_no)
@@ -113,9 +144,21 @@ async def test_amount_or_currency_mismatch_is_recorded_flagged_and_not_paid(
 ):
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["mis"])
-    body = json.dumps({"channel": "mockpay", "channel_txn_id": f"m-{order_no}", "order_no": order_no, "amount": 1500,
-                       "currency": settings.payment.currency, "event": "paid", **change}).encode()
-    headers = {"content-type": "application/json", "X-Signature": sign(settings.payment.channel_secrets["mockpay"], body)}
+    body = json.dumps(
+        {
+            "channel": "mockpay",
+            "channel_txn_id": f"m-{order_no}",
+            "order_no": order_no,
+            "amount": 1500,
+            "currency": settings.payment.currency,
+            "event": "paid",
+            **change,
+        }
+    ).encode()
+    headers = {
+        "content-type": "application/json",
+        "X-Signature": sign(settings.payment.channel_secrets["mockpay"], body),
+    }
     response = await client.post("/api/v1/payments/notify", content=body, headers=headers)
     assert response.status_code == 200 and response.json()["result"] == "amount_mismatch"
     assert [(p.status, p.flagged, p.idem_key) for p in await payments_of(engine, order_no)] == [("mismatch", 1, None)]
@@ -139,7 +182,9 @@ async def test_cancel_returns_the_unit_exactly_once_and_it_sells_again(
     assert state["stock"] == "1" and state["quota"] == {}
 
     # The unit is on sale again, and the same buyer's quota is free again.
-    resold = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token("canceller"))
+    resold = await client.post(
+        "/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token("canceller")
+    )
     assert resold.status_code == 202
     report = await Realigner(engine, store, 60).realign(product_id)
     mysql_stock, sold = await inventory(engine, product_id)
@@ -172,15 +217,20 @@ async def test_payment_timeout_sweep_cancels_unpaid_orders_once(
 
 async def _created_before(engine, order_nos: list[str], seconds_ago: int) -> bool:
     async with engine.connect() as conn:
-        older = (await conn.execute(
-            text("SELECT COUNT(*) FROM orders WHERE order_no IN :o AND created_at < NOW() - INTERVAL :s SECOND")
-            .bindparams(bindparam("o", expanding=True)),
-            {"o": order_nos, "s": seconds_ago},
-        )).scalar()
+        older = (
+            await conn.execute(
+                text(
+                    "SELECT COUNT(*) FROM orders WHERE order_no IN :o AND created_at < NOW() - INTERVAL :s SECOND"
+                ).bindparams(bindparam("o", expanding=True)),
+                {"o": order_nos, "s": seconds_ago},
+            )
+        ).scalar()
     return older == len(order_nos)
 
 
-async def test_cancel_racing_pay_a_hundred_times(client, token, put_product, product_id, engine, redis, store, settings, consumer):
+async def test_cancel_racing_pay_a_hundred_times(
+    client, token, put_product, product_id, engine, redis, store, settings, consumer
+):
     await put_product(product_id, stock=100, limit=1)
     users = [f"racer{i}" for i in range(100)]
     order_nos = await buy_and_settle(client, token, engine, product_id, users)
@@ -193,9 +243,11 @@ async def test_cancel_racing_pay_a_hundred_times(client, token, put_product, pro
         await asyncio.sleep(random.uniform(0, 0.02))
         return await notify(client, settings, order_no, txn=f"race-{order_no}")
 
-    results = await asyncio.gather(*(asyncio.gather(cancel(o, u), pay(o)) for o, u in zip(order_nos, users)))
+    results = await asyncio.gather(
+        *(asyncio.gather(cancel(o, u), pay(o)) for o, u in zip(order_nos, users, strict=True))
+    )
     paid = cancelled = 0
-    for order_no, (cancel_response, pay_response) in zip(order_nos, results):
+    for order_no, (cancel_response, pay_response) in zip(order_nos, results, strict=True):
         status = await status_of(engine, order_no)
         payments = await payments_of(engine, order_no)
         assert cancel_response.status_code in (200, 409) and pay_response.status_code == 200
@@ -241,7 +293,9 @@ async def test_refunds_admin_then_channel_idempotent_and_restock_only_on_request
     assert (await client.post(f"/api/v1/admin/orders/{keep}/refund", headers=token("r1"))).status_code == 403
 
 
-async def test_a_channel_transaction_id_cannot_pay_two_orders(client, token, put_product, product_id, engine, settings, consumer):
+async def test_a_channel_transaction_id_cannot_pay_two_orders(
+    client, token, put_product, product_id, engine, settings, consumer
+):
     await put_product(product_id, stock=2, limit=1)
     first, second = await buy_and_settle(client, token, engine, product_id, ["tx1", "tx2"])
     assert (await notify(client, settings, first, txn="shared-txn")).json()["result"] == "paid"
@@ -250,7 +304,9 @@ async def test_a_channel_transaction_id_cannot_pay_two_orders(client, token, put
     assert await status_of(engine, second) is S.PENDING_PAYMENT and await payments_of(engine, second) == []
 
 
-async def test_late_payment_after_cancel_is_refunded(client, token, put_product, product_id, engine, settings, consumer):
+async def test_late_payment_after_cancel_is_refunded(
+    client, token, put_product, product_id, engine, settings, consumer
+):
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["late"])
     assert (await client.post(f"/api/v1/orders/{order_no}/cancel", headers=token("late"))).status_code == 200
@@ -258,11 +314,16 @@ async def test_late_payment_after_cancel_is_refunded(client, token, put_product,
     assert late.json() == {"result": "refund_started", "order_status": "cancelled"}
     settled = await notify(client, settings, order_no, txn="late-refund", event="refunded")
     assert settled.json()["result"] == "refunded"
-    assert [(p.event, p.status) for p in await payments_of(engine, order_no)] == [("paid", "refunded"), ("refunded", "applied")]
+    assert [(p.event, p.status) for p in await payments_of(engine, order_no)] == [
+        ("paid", "refunded"),
+        ("refunded", "applied"),
+    ]
     assert await status_of(engine, order_no) is S.CANCELLED
 
 
-async def test_order_list_is_the_callers_newest_first_in_keyset_pages(client, token, put_product, new_product_id, engine, consumer):
+async def test_order_list_is_the_callers_newest_first_in_keyset_pages(
+    client, token, put_product, new_product_id, engine, consumer
+):
     products = [new_product_id() for _ in range(5)]
     for pid in products:
         await put_product(pid, stock=3, limit=1)
@@ -312,7 +373,9 @@ async def test_refund_of_a_duplicate_charge_settles_that_charge_not_the_paid_ord
     refund = await notify(client, settings, order_no, txn="D-R", event="refunded")
     assert refund.json() == {"result": "refunded", "order_status": "paid"}
     assert [(p.channel_txn_id, p.status) for p in await payments_of(engine, order_no)] == [
-        ("D-1", "applied"), ("D-2", "refunded"), ("D-R", "applied")
+        ("D-1", "applied"),
+        ("D-2", "refunded"),
+        ("D-R", "applied"),
     ]
 
 
@@ -323,9 +386,21 @@ async def test_a_refund_that_does_not_match_the_order_is_flagged_and_changes_not
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["odd-refund"])
     assert (await notify(client, settings, order_no, txn=f"P-{order_no}")).json()["result"] == "paid"
-    body = json.dumps({"channel": "mockpay", "channel_txn_id": f"R-{order_no}", "order_no": order_no, "amount": 1500,
-                       "currency": settings.payment.currency, "event": "refunded", **change}).encode()
-    headers = {"content-type": "application/json", "X-Signature": sign(settings.payment.channel_secrets["mockpay"], body)}
+    body = json.dumps(
+        {
+            "channel": "mockpay",
+            "channel_txn_id": f"R-{order_no}",
+            "order_no": order_no,
+            "amount": 1500,
+            "currency": settings.payment.currency,
+            "event": "refunded",
+            **change,
+        }
+    ).encode()
+    headers = {
+        "content-type": "application/json",
+        "X-Signature": sign(settings.payment.channel_secrets["mockpay"], body),
+    }
     response = await client.post("/api/v1/payments/notify", content=body, headers=headers)
     assert response.json() == {"result": "amount_mismatch", "order_status": "paid"}
     assert await status_of(engine, order_no) is S.PAID
@@ -347,11 +422,16 @@ async def test_a_refund_with_restock_keeps_the_buyers_quota(
 
 
 @pytest.mark.parametrize("signature", ["é" * 64, "\udcff"])
-async def test_a_non_ascii_signature_is_401_not_500(client, token, put_product, product_id, engine, settings, consumer, signature):
+async def test_a_non_ascii_signature_is_401_not_500(
+    client, token, put_product, product_id, engine, settings, consumer, signature
+):
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["ascii"])
     body, _ = notification(settings, order_no)
-    raw_headers = [(b"content-type", b"application/json"), (b"x-signature", signature.encode("utf-8", "surrogateescape"))]
+    raw_headers = [
+        (b"content-type", b"application/json"),
+        (b"x-signature", signature.encode("utf-8", "surrogateescape")),
+    ]
     response = await client.post("/api/v1/payments/notify", content=body, headers=raw_headers)
     assert response.status_code == 401 and response.json()["code"] == "invalid_signature"
     assert await payments_of(engine, order_no) == []
@@ -359,7 +439,9 @@ async def test_a_non_ascii_signature_is_401_not_500(client, token, put_product, 
 
 async def test_cancelling_an_order_that_is_still_queued_is_409_not_404(client, token, put_product, product_id):
     await put_product(product_id, stock=2, limit=1)  # no consumer: the order stays queued
-    accepted = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token("quick"))
+    accepted = await client.post(
+        "/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token("quick")
+    )
     response = await client.post(f"/api/v1/orders/{accepted.json()['order_no']}/cancel", headers=token("quick"))
     assert response.status_code == 409 and response.json()["code"] == "order_not_cancellable"
     assert response.headers["retry-after"]

@@ -7,7 +7,9 @@ import asyncio
 from tests.support import buy, eventually, inventory, rows_at_least
 
 
-async def test_setting_the_same_stock_again_mid_sale_does_not_oversell(client, token, put_product, product_id, engine, consumer):
+async def test_setting_the_same_stock_again_mid_sale_does_not_oversell(
+    client, token, put_product, product_id, engine, consumer
+):
     """Guards: re-running `product set` with the same stock mid-sale put sold units back on sale (oversell)."""
     await put_product(product_id, stock=10, limit=1)
     first = await asyncio.gather(*(buy(client, token(f"a{i}"), product_id) for i in range(6)))
@@ -29,9 +31,13 @@ async def test_repeating_a_product_update_keeps_its_sale_window(client, admin, n
     assert (await client.put(f"/api/v1/admin/products/{pid}", json={"stock": 5}, headers=admin)).status_code == 200
     product = (await client.get(f"/api/v1/products/{pid}")).json()
     assert (product["sale_starts_at"], product["sale_ends_at"], product["sale_active"]) == (
-        "2030-01-01T00:00:00Z", "2030-01-02T00:00:00Z", False
+        "2030-01-01T00:00:00Z",
+        "2030-01-02T00:00:00Z",
+        False,
     )
-    open_ended = await client.put(f"/api/v1/admin/products/{pid}", json={"stock": 5, "sale_ends_at": None}, headers=admin)
+    open_ended = await client.put(
+        f"/api/v1/admin/products/{pid}", json={"stock": 5, "sale_ends_at": None}, headers=admin
+    )
     assert open_ended.status_code == 200
     assert (await client.get(f"/api/v1/products/{pid}")).json()["sale_ends_at"] is None
     backwards = {"stock": 5, "sale_ends_at": "2029-12-31T00:00:00Z"}  # before the kept start

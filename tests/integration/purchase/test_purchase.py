@@ -52,7 +52,9 @@ async def _rows_when(engine, product_id, count):
     return rows if len(rows) >= count else None
 
 
-async def test_one_user_20_concurrent_keys_at_limit_1_gets_exactly_one(client, token, put_product, product_id, redis, settings):
+async def test_one_user_20_concurrent_keys_at_limit_1_gets_exactly_one(
+    client, token, put_product, product_id, redis, settings
+):
     await put_product(product_id, stock=100, limit=1)
     headers = token("greedy")
     responses = await asyncio.gather(*(buy(client, headers, product_id, key=f"k-{i}") for i in range(20)))
@@ -85,7 +87,9 @@ async def test_10_concurrent_requests_with_one_key_make_one_order_and_no_5xx(
     assert await inventory(engine, product_id) == (4, 1)
 
 
-async def test_same_key_different_body_is_422_and_changes_nothing(client, token, put_product, product_id, redis, settings):
+async def test_same_key_different_body_is_422_and_changes_nothing(
+    client, token, put_product, product_id, redis, settings
+):
     await put_product(product_id, stock=5, limit=3)
     headers = token("changer")
     first = await buy(client, headers, product_id, quantity=1, key="k")
@@ -122,7 +126,9 @@ async def test_sale_ended_is_not_active(client, token, put_product, product_id):
     assert response.status_code == 409 and response.json()["code"] == "sale_not_active"
 
 
-async def test_stock_not_loaded_is_not_sold_out_and_writes_nothing(client, token, put_product, product_id, redis, store):
+async def test_stock_not_loaded_is_not_sold_out_and_writes_nothing(
+    client, token, put_product, product_id, redis, store
+):
     await put_product(product_id, stock=5, limit=1)
     keys = store.product_keys(product_id)
     await redis.delete(keys.stock)

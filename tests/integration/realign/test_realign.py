@@ -42,10 +42,14 @@ async def test_drift_is_repaired_and_reported(realigner, put_product, product_id
     assert await redis.get(keys.stock) == "7"
 
 
-async def test_reloading_a_live_product_keeps_reservations_in_flight(client, token, put_product, product_id, redis, store):
+async def test_reloading_a_live_product_keeps_reservations_in_flight(
+    client, token, put_product, product_id, redis, store
+):
     await put_product(product_id, stock=10, limit=1)
     for i in range(4):  # no consumer: four reservations stay in flight
-        response = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token(f"f{i}"))
+        response = await client.post(
+            "/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token(f"f{i}")
+        )
         assert response.status_code == 202
     report = await put_product(product_id, stock=10, limit=1)
     assert report["in_flight_units"] == 4
@@ -111,6 +115,7 @@ async def test_realignment_during_live_purchases_and_consumers_ends_exact(
     async def drained():
         rows = await order_rows(engine, product_id)
         return len(rows) == accepted
+
     await eventually(drained)
     stop.set()
     await looping
@@ -161,7 +166,9 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
 # Regression tests from the adversarial review (formerly tests/test_hardening.py).
 
 
-async def test_an_older_realignment_pass_never_overwrites_a_newer_one(engine, redis, store, settings, put_product, product_id):
+async def test_an_older_realignment_pass_never_overwrites_a_newer_one(
+    engine, redis, store, settings, put_product, product_id
+):
     """Guards: a slow realignment pass wrote its stale stock over the result of a newer pass."""
     await put_product(product_id, stock=10, limit=1)
     request_id = mint_request_id()
@@ -174,7 +181,9 @@ async def test_an_older_realignment_pass_never_overwrites_a_newer_one(engine, re
         newer = await Realigner(engine, store, 60).realign(product_id)
         assert (newer.redis_stock_after, newer.resolved_dropped) == (9, 1)
 
-    older = Realigner(engine, StockStore(RunsAfterJournalRead(redis, consumer_commits_then_another_pass_runs), prefix), 60)
+    older = Realigner(
+        engine, StockStore(RunsAfterJournalRead(redis, consumer_commits_then_another_pass_runs), prefix), 60
+    )
     report = await older.realign(product_id)
     assert report.skipped_stale
     state = await redis_state(redis, settings, product_id)
@@ -182,7 +191,9 @@ async def test_an_older_realignment_pass_never_overwrites_a_newer_one(engine, re
     assert await inventory(engine, product_id) == (9, 1)
 
 
-async def test_redis_data_loss_is_repaired_by_one_realignment(client, token, put_product, product_id, engine, redis, store, consumer):
+async def test_redis_data_loss_is_repaired_by_one_realignment(
+    client, token, put_product, product_id, engine, redis, store, consumer
+):
     """Guards: after Redis lost a product's keys, realignment did not rebuild stock, terms and quotas from MySQL."""
     await put_product(product_id, stock=5, limit=1)
     assert (await buy(client, token("before-loss"), product_id)).status_code == 202
@@ -205,10 +216,17 @@ async def test_an_older_realignment_pass_never_writes_back_old_sale_terms(
     await put_product(product_id, stock=5, limit=1)
 
     async def operator_closes_the_sale():
-        body = {"stock": 5, "per_user_limit": 3, "sale_ends_at": "2020-01-02T00:00:00Z", "sale_starts_at": "2020-01-01T00:00:00Z"}
+        body = {
+            "stock": 5,
+            "per_user_limit": 3,
+            "sale_ends_at": "2020-01-02T00:00:00Z",
+            "sale_starts_at": "2020-01-01T00:00:00Z",
+        }
         assert (await client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
 
-    older = Realigner(engine, StockStore(RunsAfterJournalRead(redis, operator_closes_the_sale), settings.redis.key_prefix), 60)
+    older = Realigner(
+        engine, StockStore(RunsAfterJournalRead(redis, operator_closes_the_sale), settings.redis.key_prefix), 60
+    )
     assert (await older.realign(product_id)).skipped_stale
     terms = await redis.hgetall(store.product_keys(product_id).sale)
     assert (terms["limit"], terms["ends_ms"]) == ("3", "1577923200000")

@@ -15,9 +15,23 @@ pytestmark = pytest.mark.slow
 def test_a_small_sale_with_payments_holds_every_invariant():
     result = subprocess.run(
         [
-            str(Path(sys.executable).with_name("flashsale")), "sale", "--json",
-            "--stock", "30", "--requests", "400", "--users", "150", "--concurrency", "32",
-            "--noop-requests", "200", "--pay-share", "0.5", "--payment-window", "2",
+            str(Path(sys.executable).with_name("flashsale")),
+            "sale",
+            "--json",
+            "--stock",
+            "30",
+            "--requests",
+            "400",
+            "--users",
+            "150",
+            "--concurrency",
+            "32",
+            "--noop-requests",
+            "200",
+            "--pay-share",
+            "0.5",
+            "--payment-window",
+            "2",
         ],
         check=False,
         capture_output=True,
@@ -33,5 +47,9 @@ def test_a_small_sale_with_payments_holds_every_invariant():
     assert (realigned["mysql_stock"], realigned["mysql_sold"], realigned["redis_stock_after"]) == (0, 30, 0)
     lifecycle = report["lifecycle"]
     assert lifecycle["paid_units"] + lifecycle["resale"]["resold_units"] == 30
-    assert lifecycle["stock_returned"] == lifecycle["cancelled_payment_timeout_units"] == lifecycle["resale"]["resold_units"]
+    assert (
+        lifecycle["stock_returned"]
+        == lifecycle["cancelled_payment_timeout_units"]
+        == lifecycle["resale"]["resold_units"]
+    )
     assert report["ceiling"]["requests"] == 200 and report["ceiling"]["by_status"] == {"202": 200}

@@ -11,7 +11,11 @@ from db.models import Base
 async def test_models_match_the_migrated_schema(engine):
     def differences(sync_connection):
         context = MigrationContext.configure(sync_connection, opts={"compare_type": True})
-        return [diff for diff in compare_metadata(context, Base.metadata) if diff[0] != "remove_table" or diff[1].name != "alembic_version"]
+        return [
+            diff
+            for diff in compare_metadata(context, Base.metadata)
+            if diff[0] != "remove_table" or diff[1].name != "alembic_version"
+        ]
 
     async with engine.connect() as conn:
         assert await conn.run_sync(differences) == []

@@ -103,10 +103,14 @@ async def _flag_cleared(flags: SoldOutFlags, product_id: int) -> bool:
 
 async def _created_before(engine, order_no: str, seconds_ago: int) -> bool:
     async with engine.connect() as conn:
-        return bool((await conn.execute(
-            text("SELECT COUNT(*) FROM orders WHERE order_no = :o AND created_at < NOW() - INTERVAL :s SECOND"),
-            {"o": order_no, "s": seconds_ago},
-        )).scalar())
+        return bool(
+            (
+                await conn.execute(
+                    text("SELECT COUNT(*) FROM orders WHERE order_no = :o AND created_at < NOW() - INTERVAL :s SECOND"),
+                    {"o": order_no, "s": seconds_ago},
+                )
+            ).scalar()
+        )
 
 
 @pytest.mark.parametrize("give_back", ["cancel", "sweep", "product_set"])
@@ -151,9 +155,7 @@ async def test_nothing_oversells_while_units_come_back_one_by_one_under_a_stampe
     into MySQL afterwards."""
     stock, returned = 30, 12
     await put_product(product_id, stock=stock, limit=1)
-    first_wave = await asyncio.gather(
-        *(buy(apis[i % 2].client, token(f"w1-{i}"), product_id) for i in range(stock))
-    )
+    first_wave = await asyncio.gather(*(buy(apis[i % 2].client, token(f"w1-{i}"), product_id) for i in range(stock)))
     assert Counter(r.status_code for r in first_wave) == {202: stock}
 
     accepted: list[tuple[str, str]] = []

@@ -46,8 +46,12 @@ async def loaded(put_product, product_id):
 
 async def snapshot(redis, settings, engine, amqp_channel, product_id):
     async with engine.connect() as conn:
-        orders = (await conn.execute(text("SELECT COUNT(*) FROM orders WHERE product_id = :p"), {"p": product_id})).scalar()
-        stock = (await conn.execute(text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id})).one()
+        orders = (
+            await conn.execute(text("SELECT COUNT(*) FROM orders WHERE product_id = :p"), {"p": product_id})
+        ).scalar()
+        stock = (
+            await conn.execute(text("SELECT stock, sold FROM inventory WHERE product_id = :p"), {"p": product_id})
+        ).one()
     return {
         "redis": await redis_state(redis, settings, product_id),
         "orders": orders,
@@ -57,7 +61,9 @@ async def snapshot(redis, settings, engine, amqp_channel, product_id):
 
 
 @pytest.mark.parametrize(("name", "change", "headers", "status", "code"), CASES, ids=[c[0] for c in CASES])
-async def test_bad_purchase_input(client, token, loaded, redis, settings, engine, amqp_channel, name, change, headers, status, code):
+async def test_bad_purchase_input(
+    client, token, loaded, redis, settings, engine, amqp_channel, name, change, headers, status, code
+):
     before = await snapshot(redis, settings, engine, amqp_channel, loaded)
     response = await client.post("/api/v1/orders", json=body_for(loaded, change), headers={**token("u1"), **headers})
     assert response.status_code == status, response.text
@@ -71,13 +77,17 @@ async def test_bad_purchase_input(client, token, loaded, redis, settings, engine
 
 async def test_not_json_body(client, token, loaded, redis, settings, engine, amqp_channel):
     before = await snapshot(redis, settings, engine, amqp_channel, loaded)
-    response = await client.post("/api/v1/orders", content=b"{not json", headers={**token("u1"), "content-type": "application/json"})
+    response = await client.post(
+        "/api/v1/orders", content=b"{not json", headers={**token("u1"), "content-type": "application/json"}
+    )
     assert response.status_code == 400 and response.json()["code"] == "invalid_request"
     assert await snapshot(redis, settings, engine, amqp_channel, loaded) == before
 
 
 async def test_missing_product_is_404(client, token, new_product_id):
-    response = await client.post("/api/v1/orders", json={"product_id": new_product_id(), "quantity": 1}, headers=token("u1"))
+    response = await client.post(
+        "/api/v1/orders", json={"product_id": new_product_id(), "quantity": 1}, headers=token("u1")
+    )
     assert response.status_code == 404 and response.json()["code"] == "product_not_found"
 
 
@@ -90,10 +100,14 @@ def _token(settings, **claims) -> str:
     "authorization",
     ["", "Bearer", "Bearer not-a-jwt", "Basic dTE6cHc=", "expired", "wrong-secret", "bad-sub", "no-exp"],
 )
-async def test_bad_tokens_are_401_with_no_side_effects(client, loaded, redis, settings, engine, amqp_channel, authorization):
+async def test_bad_tokens_are_401_with_no_side_effects(
+    client, loaded, redis, settings, engine, amqp_channel, authorization
+):
     now = int(time.time())
     special = {
-        "expired": jwt.encode({"sub": "u1", "exp": now - 10, "iat": now - 100}, settings.auth.jwt_secret, algorithm="HS256"),
+        "expired": jwt.encode(
+            {"sub": "u1", "exp": now - 10, "iat": now - 100}, settings.auth.jwt_secret, algorithm="HS256"
+        ),
         "wrong-secret": jwt.encode({"sub": "u1", "exp": now + 60, "iat": now}, "x" * 40, algorithm="HS256"),
         "bad-sub": jwt.encode({"sub": "a|b", "exp": now + 60, "iat": now}, settings.auth.jwt_secret, algorithm="HS256"),
         "no-exp": jwt.encode({"sub": "u1", "iat": now}, settings.auth.jwt_secret, algorithm="HS256"),
@@ -101,7 +115,9 @@ async def test_bad_tokens_are_401_with_no_side_effects(client, loaded, redis, se
     header = f"Bearer {special[authorization]}" if authorization in special else authorization
     before = await snapshot(redis, settings, engine, amqp_channel, loaded)
     response = await client.post(
-        "/api/v1/orders", json={"product_id": loaded, "quantity": 1}, headers={"Authorization": header} if header else {}
+        "/api/v1/orders",
+        json={"product_id": loaded, "quantity": 1},
+        headers={"Authorization": header} if header else {},
     )
     assert response.status_code == 401, response.text
     assert response.json()["code"] == "unauthorized"
@@ -121,8 +137,12 @@ async def test_malformed_order_number_is_rejected_before_any_lookup(client, toke
 
 async def test_bad_product_input(client, admin, new_product_id):
     pid = new_product_id()
-    for body in ({"stock": -1}, {"stock": 1, "per_user_limit": 0}, {"stock": 1, "price": -5},
-                 {"stock": 1, "sale_starts_at": "2030-01-02T00:00:00Z", "sale_ends_at": "2030-01-01T00:00:00Z"}):
+    for body in (
+        {"stock": -1},
+        {"stock": 1, "per_user_limit": 0},
+        {"stock": 1, "price": -5},
+        {"stock": 1, "sale_starts_at": "2030-01-02T00:00:00Z", "sale_ends_at": "2030-01-01T00:00:00Z"},
+    ):
         response = await client.put(f"/api/v1/admin/products/{pid}", json=body, headers=admin)
         assert response.status_code == 400, body
         assert response.json()["code"] == "invalid_request"
@@ -132,20 +152,26 @@ async def test_bad_product_input(client, admin, new_product_id):
 # Regression tests from the adversarial review (formerly tests/test_hardening.py).
 
 
-async def test_values_with_a_trailing_newline_are_refused(client, token, settings, amqp_channel, put_product, product_id, engine, consumer):
+async def test_values_with_a_trailing_newline_are_refused(
+    client, token, settings, amqp_channel, put_product, product_id, engine, consumer
+):
     """Guards: `$`-anchored checks let an order number, a JWT subject or a queued message carry a trailing newline."""
     await put_product(product_id, stock=5, limit=1)
     good = compose_order_no("FS", "20261130000003", 94, 1)
     response = await client.get(f"/api/v1/orders/{good}%0A", headers=token("u"))
     assert response.status_code == 400 and response.json()["code"] == "invalid_order_no"
     now = int(time.time())
-    newline_sub = jwt.encode({"sub": "mallory\n", "exp": now + 60, "iat": now}, settings.auth.jwt_secret, algorithm="HS256")
+    newline_sub = jwt.encode(
+        {"sub": "mallory\n", "exp": now + 60, "iat": now}, settings.auth.jwt_secret, algorithm="HS256"
+    )
     assert (await client.get("/api/v1/orders", headers={"Authorization": f"Bearer {newline_sub}"})).status_code == 401
 
     dead_before = await queue_depth(amqp_channel, settings.amqp.dead_letter_queue)
     poison = OrderMessage(mint_request_id(), good + "\n", "zed", product_id, 1, 0, 1500)
     await publish_raw(amqp_channel, settings, encode_order(poison))
-    after = OrderMessage(mint_request_id(), compose_order_no("FS", "20261130000003", 94, 2), "zed", product_id, 1, 0, 1500)
+    after = OrderMessage(
+        mint_request_id(), compose_order_no("FS", "20261130000003", 94, 2), "zed", product_id, 1, 0, 1500
+    )
     await publish_raw(amqp_channel, settings, encode_order(after))
     await eventually(lambda: rows_at_least(engine, product_id, 1))
     await eventually(lambda: _depth_above(amqp_channel, settings.amqp.dead_letter_queue, dead_before))
@@ -169,7 +195,9 @@ async def test_amounts_that_cannot_fit_bigint_and_ids_out_of_range_are_400(clien
 async def test_deeply_nested_json_is_400(client, token):
     """Guards: a deeply nested JSON body crashed the decoder with a 500 instead of a 400."""
     nested = b"[" * 100_000 + b"]" * 100_000
-    response = await client.post("/api/v1/orders", content=nested, headers={**token("u"), "content-type": "application/json"})
+    response = await client.post(
+        "/api/v1/orders", content=nested, headers={**token("u"), "content-type": "application/json"}
+    )
     assert response.status_code == 400 and response.json()["code"] == "invalid_request"
 
 
@@ -177,6 +205,8 @@ async def test_deeply_nested_json_is_400(client, token):
 async def test_quantity_of_the_wrong_type_is_refused(client, token, put_product, product_id, value, redis, settings):
     """Guards: a quantity given as a string or float was coerced and reserved stock."""
     await put_product(product_id, stock=5, limit=2)
-    response = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": value}, headers=token("typed"))
+    response = await client.post(
+        "/api/v1/orders", json={"product_id": product_id, "quantity": value}, headers=token("typed")
+    )
     assert response.status_code == 400 and response.json()["errors"][0]["field"] == "quantity"
     assert (await redis_state(redis, settings, product_id))["journal"] == {}

@@ -7,7 +7,9 @@ import structlog
 import service.domain.realign as realign_module
 
 
-async def test_a_key_error_inside_a_realignment_pass_is_a_500_not_a_404(client, admin, put_product, product_id, monkeypatch):
+async def test_a_key_error_inside_a_realignment_pass_is_a_500_not_a_404(
+    client, admin, put_product, product_id, monkeypatch
+):
     await put_product(product_id, stock=5)
 
     def broken(*args: object) -> None:
