@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 import aio_pika
 from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.adapters.broker import OrderMessage
+from consumers.order_consumer import OrderConsumer
+from service.adapters.broker import OrderMessage, declare_topology
 from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.stock_store import StockStore
 from service.domain.order_no import compose_order_no
 from service.domain.request_id import mint_request_id
 from service.settings import Settings
@@ -133,3 +136,51 @@ class RunsAfterJournalRead:
         journal = await self._redis.hgetall(key)
         await self._during_read()
         return journal
+
+
+@contextlib.asynccontextmanager
+async def running_consumer(settings: Settings, engine: AsyncEngine, store: StockStore) -> AsyncIterator[OrderConsumer]:
+    """An in-process consumer on the run's queue while the block runs (the real one, on a robust
+    connection with prefetch 32); it drains what it holds on exit."""
+    connection = await aio_pika.connect_robust(settings.amqp.url)
+    try:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=32)
+        _, queue = await declare_topology(channel, settings.amqp)
+        order_consumer = OrderConsumer(engine, store)
+        tag = await queue.consume(order_consumer.handle)
+        try:
+            yield order_consumer
+        finally:
+            await queue.cancel(tag)
+            await order_consumer.drain()
+    finally:
+        await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def own_queues(settings: Settings, name: str) -> AsyncIterator[Settings]:
+    """``settings`` with an order exchange, queue, dead-letter exchange and queue of their own
+    (``<queue>-<name>...``), deleted on exit: for tests that count what lands in a queue, so
+    late messages of earlier tests (still in their retry backoff) cannot land in their counts."""
+    amqp = settings.amqp
+    mine = amqp.model_copy(
+        update={
+            "exchange": f"{amqp.exchange}-{name}",
+            "queue": f"{amqp.queue}-{name}",
+            "dead_letter_exchange": f"{amqp.dead_letter_exchange}-{name}",
+            "dead_letter_queue": f"{amqp.dead_letter_queue}-{name}",
+        }
+    )
+    try:
+        yield settings.model_copy(update={"amqp": mine})
+    finally:
+        connection = await aio_pika.connect(amqp.url)
+        try:
+            channel = await connection.channel()
+            for queue in (mine.queue, mine.dead_letter_queue):
+                await channel.queue_delete(queue)
+            for exchange in (mine.exchange, mine.dead_letter_exchange):
+                await channel.exchange_delete(exchange)
+        finally:
+            await connection.close()

@@ -28,6 +28,7 @@ from service.bootstrap import make_redis
 from service.sale.isolation import isolated_settings, new_run_id
 from service.sale.stores import tear_down
 from service.settings import Settings
+from tests.support import running_consumer
 
 _product_ids = itertools.count(1000)
 
@@ -129,15 +130,5 @@ async def amqp_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.Abstrac
 @pytest.fixture
 async def consumer(settings: Settings, engine: AsyncEngine, store: StockStore) -> AsyncIterator[OrderConsumer]:
     """An in-process consumer on the run's queue, running for the duration of the test."""
-    connection = await aio_pika.connect_robust(settings.amqp.url)
-    channel = await connection.channel()
-    await channel.set_qos(prefetch_count=32)
-    _, queue = await declare_topology(channel, settings.amqp)
-    order_consumer = OrderConsumer(engine, store)
-    tag = await queue.consume(order_consumer.handle)
-    try:
+    async with running_consumer(settings, engine, store) as order_consumer:
         yield order_consumer
-    finally:
-        await queue.cancel(tag)
-        await order_consumer.drain()
-        await connection.close()

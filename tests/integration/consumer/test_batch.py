@@ -11,7 +11,7 @@ from consumers.order_consumer import OrderConsumer
 from service.adapters.broker import OrderMessage, declare_topology, encode_order, queue_depth
 from service.domain.order_no import compose_order_no
 from service.domain.order_writer import OrderWriter, Outcome, apply_order
-from tests.support import eventually, inventory, message_for, order_rows, publish_raw
+from tests.support import eventually, inventory, message_for, order_rows, own_queues, publish_raw, running_consumer
 
 A, R, D, U = Outcome.APPLIED, Outcome.REJECTED, Outcome.DUPLICATE, Outcome.UNKNOWN_PRODUCT
 
@@ -103,25 +103,30 @@ async def test_batch_mixing_products_one_sold_out_one_unknown(engine, store, put
 
 
 async def test_poison_messages_in_a_batch_do_not_hold_up_the_rest(
-    settings, amqp_channel, engine, put_product, product_id, new_product_id, consumer
+    settings, engine, store, put_product, product_id, new_product_id
 ):
     await put_product(product_id, stock=10, limit=1)
-    dead_before = await queue_depth(amqp_channel, settings.amqp.dead_letter_queue)
     good = [message_for(product_id, f"p{i}", 600 + i) for i in range(6)]
     ghost = message_for(new_product_id(), "ghost", 610)
     too_many = message_for(product_id, "greedy", 611, quantity=2**40)  # beyond the INT column
     bodies = [encode_order(good[0]), b"\x00garbage", encode_order(ghost), encode_order(good[1])]
     bodies += [encode_order(too_many)] + [encode_order(order) for order in good[2:]]
-    await asyncio.gather(*(publish_raw(amqp_channel, settings, body) for body in bodies))
+    async with own_queues(settings, "poison") as mine, running_consumer(mine, engine, store) as consumer:
+        connection = await aio_pika.connect(mine.amqp.url)
+        try:
+            channel = await connection.channel()
+            await asyncio.gather(*(publish_raw(channel, mine, body) for body in bodies))
 
-    await eventually(lambda: _rows_are(engine, product_id, 6))
-    assert await inventory(engine, product_id) == (4, 6)
-    # The unknown product is requeued with backoff until the delivery limit dead-letters it,
-    # long after the others committed; the two undecodable ones are dead-lettered at once.
-    await eventually(lambda: _depth_is(amqp_channel, settings.amqp.dead_letter_queue, dead_before + 3))
-    assert consumer.counts.get("invalid") == 2
-    assert consumer.counts.get("unknown_product") == settings.amqp.delivery_limit + 1
-    assert consumer.counts.get("applied") == 6
+            await eventually(lambda: _rows_are(engine, product_id, 6))
+            assert await inventory(engine, product_id) == (4, 6)
+            # The unknown product is requeued with backoff until the delivery limit dead-letters
+            # it, long after the others committed; the two undecodable ones are dead-lettered at once.
+            await eventually(lambda: _depth_is(channel, mine.amqp.dead_letter_queue, 3))
+        finally:
+            await connection.close()
+        assert consumer.counts.get("invalid") == 2
+        assert consumer.counts.get("unknown_product") == mine.amqp.delivery_limit + 1
+        assert consumer.counts.get("applied") == 6
 
 
 async def _rows_are(engine, product_id, count):
@@ -132,33 +137,34 @@ async def _depth_is(channel, queue, expected):
     return await queue_depth(channel, queue) == expected
 
 
-async def test_two_consumers_drain_more_demand_than_stock_exactly(
-    settings, amqp_channel, engine, store, put_product, product_id
-):
+async def test_two_consumers_drain_more_demand_than_stock_exactly(settings, engine, store, put_product, product_id):
     stock, messages, repeated = 700, 2400, 300
     await put_product(product_id, stock=stock, limit=1)
     orders = [message_for(product_id, f"c{i}", 10_000 + i) for i in range(messages)]
     bodies = [encode_order(order) for order in orders] + [encode_order(order) for order in orders[:repeated]]
-    for start in range(0, len(bodies), 300):
-        await asyncio.gather(*(publish_raw(amqp_channel, settings, body) for body in bodies[start : start + 300]))
-
-    connections, consumers = [], []
-    try:
-        for _ in range(2):
-            connection = await aio_pika.connect_robust(settings.amqp.url)
-            connections.append(connection)
-            channel = await connection.channel()
-            await channel.set_qos(prefetch_count=200)
-            _, queue = await declare_topology(channel, settings.amqp)
-            consumer = OrderConsumer(engine, store, batch_size=100)
-            consumers.append((queue, consumer, await queue.consume(consumer.handle)))
-        await eventually(lambda: _handled(consumers, len(bodies)))
-    finally:
-        for queue, consumer, tag in consumers:
-            await queue.cancel(tag)
-            await consumer.drain()
-        for connection in connections:
-            await connection.close()
+    async with own_queues(settings, "two") as mine:
+        connections, consumers = [], []
+        try:
+            for _ in range(3):
+                connections.append(await aio_pika.connect_robust(mine.amqp.url))
+            publishing = await connections[0].channel()
+            await declare_topology(publishing, mine.amqp)
+            for start in range(0, len(bodies), 300):
+                await asyncio.gather(*(publish_raw(publishing, mine, body) for body in bodies[start : start + 300]))
+            for connection in connections[1:]:
+                channel = await connection.channel()
+                await channel.set_qos(prefetch_count=200)
+                _, queue = await declare_topology(channel, mine.amqp)
+                consumer = OrderConsumer(engine, store, batch_size=100)
+                consumers.append((queue, consumer, await queue.consume(consumer.handle)))
+            await eventually(lambda: _handled(consumers, len(bodies)))
+        finally:
+            for queue, consumer, tag in consumers:
+                await queue.cancel(tag)
+                await consumer.drain()
+            left = await queue_depth(publishing, mine.amqp.queue)
+            for connection in connections:
+                await connection.close()
 
     rows = await order_rows(engine, product_id)
     assert len(rows) == messages
@@ -169,7 +175,7 @@ async def test_two_consumers_drain_more_demand_than_stock_exactly(
     kinds = ("applied", "rejected", "duplicate")
     totals = {what: sum(c.counts.get(what, 0) for _, c, _ in consumers) for what in kinds}
     assert totals == {"applied": stock, "rejected": messages - stock, "duplicate": repeated}
-    assert await queue_depth(amqp_channel, settings.amqp.queue) == 0
+    assert left == 0
 
 
 async def _handled(consumers, count: int) -> bool:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aio_pika
 import pytest
 from sqlalchemy import event, text
 from structlog.testing import capture_logs
@@ -24,7 +25,9 @@ from tests.support import (
     inventory,
     message_for,
     order_rows,
+    own_queues,
     publish_raw,
+    running_consumer,
 )
 
 
@@ -118,14 +121,18 @@ async def _depth_is(channel, queue, expected):
     return await queue_depth(channel, queue) == expected
 
 
-async def test_unknown_product_is_dead_lettered_after_bounded_attempts(
-    new_product_id, settings, amqp_channel, consumer
-):
-    dead_before = await queue_depth(amqp_channel, settings.amqp.dead_letter_queue)
-    await publish_raw(amqp_channel, settings, encode_order(message_for(new_product_id(), "ghost", 3)))
-    await eventually(lambda: _depth_is(amqp_channel, settings.amqp.dead_letter_queue, dead_before + 1))
+async def test_unknown_product_is_dead_lettered_after_bounded_attempts(new_product_id, settings, engine, store):
+    ghost = encode_order(message_for(new_product_id(), "ghost", 3))
+    async with own_queues(settings, "ghost") as mine, running_consumer(mine, engine, store) as consumer:
+        connection = await aio_pika.connect(mine.amqp.url)
+        try:
+            channel = await connection.channel()
+            await publish_raw(channel, mine, ghost)
+            await eventually(lambda: _depth_is(channel, mine.amqp.dead_letter_queue, 1))
+        finally:
+            await connection.close()
     # delivery_limit is 2 in the tests: the first delivery plus two redeliveries, then the DLX.
-    assert consumer.counts.get("unknown_product", 0) == settings.amqp.delivery_limit + 1
+    assert consumer.counts.get("unknown_product", 0) == mine.amqp.delivery_limit + 1
 
 
 async def test_lock_wait_timeout_retries_the_whole_transaction(settings, engine, put_product, product_id):

@@ -11,13 +11,12 @@ import aio_pika
 import pytest
 from litestar.testing import AsyncTestClient
 
-from consumers.order_consumer import OrderConsumer
 from service.adapters.broker import declare_topology
 from service.api.app import create_app
 from service.bootstrap import Resources, opened
 from service.domain.request_id import mint_request_id
 from service.settings import Settings
-from tests.support import buy, eventually, inventory, order_rows, redis_state
+from tests.support import buy, eventually, inventory, order_rows, redis_state, running_consumer
 
 
 def _async_mode(settings: Settings, **amqp: object) -> Settings:
@@ -68,21 +67,6 @@ async def test_a_retry_right_after_an_async_202_is_the_same_202(async_client, to
     assert view.status_code == 200 and view.json()["status"] in {"queued", "pending_payment"}
 
 
-async def _consume(settings: Settings, engine, store) -> AsyncIterator[None]:
-    connection = await aio_pika.connect_robust(settings.amqp.url)
-    channel = await connection.channel()
-    await channel.set_qos(prefetch_count=32)
-    _, queue = await declare_topology(channel, settings.amqp)
-    order_consumer = OrderConsumer(engine, store)
-    tag = await queue.consume(order_consumer.handle)
-    try:
-        yield
-    finally:
-        await queue.cancel(tag)
-        await order_consumer.drain()
-        await connection.close()
-
-
 async def _set_route(settings: Settings, bound: bool) -> None:
     """Bind or unbind the order queue: unbound, every publish comes back unroutable (an outage)."""
     connection = await aio_pika.connect(settings.amqp.url)
@@ -120,14 +104,9 @@ async def test_a_publisher_outage_in_async_mode_loses_no_accepted_order(
     await _set_route(outage, bound=True)
 
     accepted = {a.order_no for a in [*first, *second]}
-    consuming = _consume(outage, engine, store)
-    await anext(consuming)
-    try:
-        async with opened(outage) as realigning:
-            await eventually(lambda: _realigned_until(realigning, engine, product_id, 25))
+    async with running_consumer(outage, engine, store), opened(outage) as realigning:
+        await eventually(lambda: _realigned_until(realigning, engine, product_id, 25))
         rows = await order_rows(engine, product_id)
-    finally:
-        await consuming.aclose()
     assert {row.order_no for row in rows} == accepted and len(rows) == 25
     assert await inventory(engine, product_id) == (5, 25)
 

@@ -14,21 +14,18 @@ import itertools
 import random
 import time
 from collections import Counter
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-import aio_pika
 import pytest
 from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
-from consumers.order_consumer import OrderConsumer
-from service.adapters.broker import declare_topology
 from service.api.app import create_app
 from service.domain.lifecycle import expire_unpaid
 from service.domain.realign import Realigner
 from service.domain.sold_out import SoldOutFlags, Verdict
-from tests.support import buy, eventually, inventory, order_rows, rows_at_least
+from tests.support import buy, eventually, inventory, order_rows, rows_at_least, running_consumer
 
 LONG_TTL = 60.0
 ANNOUNCEMENT_PATIENCE = 10.0
@@ -72,25 +69,6 @@ async def apis(settings):
             await eventually(lambda api=api: _true(api.flags.live))
             _count_raised(api)
         yield pair
-
-
-@asynccontextmanager
-async def running_consumer(settings, engine, store):
-    """An in-process consumer on the run's queue while the block runs (as the ``consumer`` fixture)."""
-    connection = await aio_pika.connect_robust(settings.amqp.url)
-    try:
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=32)
-        _, queue = await declare_topology(channel, settings.amqp)
-        order_consumer = OrderConsumer(engine, store)
-        tag = await queue.consume(order_consumer.handle)
-        try:
-            yield order_consumer
-        finally:
-            await queue.cancel(tag)
-            await order_consumer.drain()
-    finally:
-        await connection.close()
 
 
 async def _true(value: bool) -> bool:
