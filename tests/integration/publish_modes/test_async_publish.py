@@ -16,7 +16,7 @@ from service.api.app import create_app
 from service.bootstrap import Resources, opened
 from service.domain.request_id import mint_request_id
 from service.settings import Settings
-from tests.support import buy, eventually, inventory, order_rows, redis_state, running_consumer
+from tests.support import buy, eventually, inventory, order_rows, own_queues, redis_state, running_consumer
 
 
 def _async_mode(settings: Settings, **amqp: object) -> Settings:
@@ -82,7 +82,12 @@ async def _set_route(settings: Settings, bound: bool) -> None:
 async def test_a_publisher_outage_in_async_mode_loses_no_accepted_order(
     settings, put_product, product_id, engine, store, redis
 ):
-    outage = _async_mode(settings, queue=f"{settings.redis.key_prefix}.outage")
+    async with own_queues(settings, "outage") as mine:
+        await _outage_loses_nothing(mine, put_product, product_id, engine, store, redis)
+
+
+async def _outage_loses_nothing(mine: Settings, put_product, product_id, engine, store, redis) -> None:
+    outage = _async_mode(mine)
     outage = outage.model_copy(update={"realign": outage.realign.model_copy(update={"grace_seconds": 0.0})})
     await put_product(product_id, stock=30, limit=1)
 
