@@ -37,7 +37,10 @@ for i = 1, #entries, 2 do
     dropped = dropped + 1
     if write then redis.call('HDEL', KEYS[2], request_id) end
   else
-    local user, quantity = string.match(entries[i + 1], '^(.*)|(%d+)|[^|]*|%d+|%d$')
+    -- user|quantity|order_no|reserved_at_ms|unit_price|claimed, or (written before the unit
+    -- price was recorded) user|quantity|order_no|reserved_at_ms|claimed.
+    local user, quantity = string.match(entries[i + 1], '^(.*)|(%d+)|[^|]*|%d+|%d+|%d$')
+    if not user then user, quantity = string.match(entries[i + 1], '^(.*)|(%d+)|[^|]*|%d+|%d$') end
     in_flight = in_flight + 1
     units = units + tonumber(quantity)
     quota[user] = (quota[user] or 0) + tonumber(quantity)

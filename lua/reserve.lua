@@ -1,13 +1,16 @@
 -- Reserve stock for one purchase, atomically (the hot path: one round trip, accept or reject).
 -- KEYS[1] stock   KEYS[2] sale (starts_ms, ends_ms, limit, price)   KEYS[3] journal   KEYS[4] quota   KEYS[5] replay record
 -- ARGV[1] request id   ARGV[2] user id   ARGV[3] quantity   ARGV[4] order number to use
--- ARGV[5] replay record ttl (seconds)
+-- ARGV[5] replay record ttl (seconds)   ARGV[6] attempt token (unique to this HTTP attempt)
 -- Returns {outcome, order_no[, reserved_at_ms, unit price]}, or for sold_out
 -- {'sold_out', '', stock, per-user limit, ms left in the sale or -1}. outcome: reserved | replay |
--- in_flight | key_reused | not_loaded | sale_not_active | over_limit | sold_out | limit_exceeded.
--- Only 'reserved' writes anything.
+-- in_flight | key_reused | abandoned | not_loaded | sale_not_active | over_limit | sold_out |
+-- limit_exceeded. Only 'reserved' writes anything.
 local quantity = tonumber(ARGV[3])
-local record = redis.call('HMGET', KEYS[5], 'quantity', 'order_no', 'state')
+local record = redis.call('HMGET', KEYS[5], 'quantity', 'order_no', 'state', 'abandoned:' .. ARGV[6])
+-- This attempt was already answered 503 and release.lua found nothing to give back (this call
+-- was still on the wire): it must not take effect now.
+if record[4] then return {'abandoned', ''} end
 local order_no = ARGV[4]
 if record[1] then
   if tonumber(record[1]) ~= quantity then return {'key_reused', record[2]} end
@@ -48,8 +51,9 @@ if held + quantity > limit then return {'limit_exceeded', ''} end
 
 redis.call('DECRBY', KEYS[1], quantity)
 redis.call('HINCRBY', KEYS[4], ARGV[2], quantity)
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. quantity .. '|' .. order_no .. '|' .. now_ms .. '|0')
-redis.call('HSET', KEYS[5], 'quantity', quantity, 'order_no', order_no, 'state', 'pending')
+-- The unit price is fixed here (minor units, the string Redis holds: Lua numbers are doubles),
+-- so a re-publish by realignment charges what this reservation was accepted at.
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. quantity .. '|' .. order_no .. '|' .. now_ms .. '|' .. sale[4] .. '|0')
+redis.call('HSET', KEYS[5], 'quantity', quantity, 'order_no', order_no, 'state', 'pending', 'attempt', ARGV[6])
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
--- The price (minor units) goes back as the string Redis holds: Lua numbers are doubles.
 return {'reserved', order_no, now_ms, sale[4]}

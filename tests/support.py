@@ -184,3 +184,54 @@ async def own_queues(settings: Settings, name: str) -> AsyncIterator[Settings]:
                 await channel.exchange_delete(exchange)
         finally:
             await connection.close()
+
+
+class ReplySwallowingProxy:
+    """A TCP proxy in front of the real Redis that forwards everything but, while ``armed``,
+    swallows the reply to the first EVALSHA naming ``marker`` (a user id) and drops that
+    connection: the script ran in Redis, the client never heard back. Then it disarms itself."""
+
+    def __init__(self, upstream_host: str, upstream_port: int, marker: bytes = b"victim", armed: bool = True) -> None:
+        self._upstream = (upstream_host, upstream_port)
+        self._marker = marker
+        self.armed = armed
+        self.swallowed = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _handle(self, client_reader, client_writer) -> None:
+        server_reader, server_writer = await asyncio.open_connection(*self._upstream)
+        swallow = asyncio.Event()
+
+        async def client_to_server():
+            while data := await client_reader.read(65536):
+                if self.armed and b"EVALSHA" in data.upper() and self._marker in data:
+                    self.armed = False
+                    swallow.set()
+                server_writer.write(data)
+                await server_writer.drain()
+
+        async def server_to_client():
+            while data := await server_reader.read(65536):
+                if swallow.is_set():
+                    self.swallowed += 1
+                    return  # the script ran; its reply never arrives, the connection drops
+                client_writer.write(data)
+                await client_writer.drain()
+
+        tasks = [asyncio.create_task(client_to_server()), asyncio.create_task(server_to_client())]
+        with contextlib.suppress(Exception):
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        for writer in (client_writer, server_writer):
+            writer.close()

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stock_store import StockStore, new_attempt
 from service.domain.catalog import product_exists
 from service.domain.errors import DomainError, InvalidInput, ProductNotFound
 from service.domain.order_no import OrderNumberMinter, ShardLost
@@ -55,6 +55,9 @@ _REJECTIONS = {
         "This Idempotency-Key was used with a different request body.",
     ),
     ReserveOutcome.NOT_LOADED: ("unavailable", "Stock is not loaded yet, retry shortly."),
+    # Only a reserve that arrives after its own attempt was released answers this, and by then
+    # nobody waits for its reply; mapped for completeness.
+    ReserveOutcome.ABANDONED: ("unavailable", "Stock service unavailable, retry shortly."),
 }
 """Reserve outcome -> (error code of the HTTP contract, detail) for every rejection."""
 _OVER_LIMIT = "quantity is above the product's per-user limit."
@@ -119,12 +122,16 @@ class PurchaseService:
         except (RedisError, ShardLost, OSError) as exc:
             log.warning("order_no_unavailable", error=repr(exc))
             raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
+        # This HTTP attempt's token: a release names it, so it gives back only what this attempt
+        # reserved (never the confirmed original of a retry, nor a concurrent attempt's).
+        attempt = new_attempt()
         try:
-            reservation = await self._store.reserve(product_id, request_id, user_id, quantity, candidate)
+            reservation = await self._store.reserve(product_id, request_id, user_id, quantity, candidate, attempt)
         except (RedisError, OSError) as exc:
-            # The script may have run and only its reply been lost: give back what it may hold.
+            # The script may have run and only its reply been lost, or it may still be on the
+            # wire: give back what this attempt holds, or mark it abandoned so it never takes effect.
             log.warning("reserve_failed", request_id=request_id, error=repr(exc))
-            await self._give_back(product_id, request_id)
+            await self._give_back(product_id, request_id, attempt)
             raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
         if flags is not None and reservation.outcome is ReserveOutcome.SOLD_OUT:
             flags.sold_out(product_id, token, reservation.stock, reservation.per_user_limit, reservation.sale_left_ms)
@@ -161,7 +168,7 @@ class PurchaseService:
         try:
             await self._publisher.publish(message)
         except PublishFailed as exc:
-            if await self._give_back(product_id, request_id) is not ReleaseOutcome.CLAIMED:
+            if await self._give_back(product_id, request_id, attempt) is not ReleaseOutcome.CLAIMED:
                 raise PurchaseRejected("unavailable", "Order queue unavailable, retry shortly.") from exc
             # A consumer already holds the message: the confirm was lost, the order was not.
         await self._mark_queued(message)
@@ -178,11 +185,13 @@ class PurchaseService:
             # its journal entry, then it is answered as a replay (reserve.lua).
             log.warning("mark_queued_failed", request_id=message.request_id, error=repr(exc))
 
-    async def _give_back(self, product_id: int, request_id: str) -> ReleaseOutcome | None:
-        """Release the reservation of ``request_id``; None when Redis failed."""
+    async def _give_back(self, product_id: int, request_id: str, attempt: str) -> ReleaseOutcome | None:
+        """Release the reservation ``attempt`` made for ``request_id``; None when Redis failed."""
         try:
-            return await self._store.release(product_id, request_id)
-        except RedisError as exc:
-            # The reservation stays in the journal; realignment re-publishes it after the grace period.
+            return await self._store.release(product_id, request_id, attempt)
+        except (RedisError, OSError) as exc:
+            # Whatever this attempt reserved stays in the journal; realignment re-publishes it after
+            # the grace period (so an attempt answered 503 can still become an order here: the one
+            # case the abandoned mark cannot cover, since it could not be written).
             log.error("release_failed", request_id=request_id, error=repr(exc))
             return None

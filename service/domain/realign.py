@@ -21,7 +21,8 @@ decrement is not in the snapshot stock either).
 
 A journal entry older than the grace period with no order row was accepted but its message
 never reached MySQL (e.g. the API died between reserve and publish): it is published again; the
-consumer's ``UNIQUE(request_id)`` makes that safe.
+consumer's ``UNIQUE(request_id)`` makes that safe. It is priced at the unit price fixed when
+its stock was reserved (recorded in the journal entry), not at the product's price now.
 """
 
 from __future__ import annotations
@@ -172,7 +173,10 @@ class Realigner:
         return report
 
     async def _republish(self, product_id: int, price: int, stale: list[JournalEntry]) -> int:
-        """Publish overdue reservations again, priced at the current ``price`` (minor units)."""
+        """Publish overdue reservations again, each priced at the unit price fixed when it was
+        reserved. ``price`` (the product's price now, minor units) only prices entries written
+        before the journal recorded the unit price (left in a live journal by an upgrade): for
+        those nothing better is known, as before."""
         assert self._publisher is not None
         count = 0
         for entry in stale:
@@ -183,7 +187,7 @@ class Realigner:
                 product_id,
                 entry.quantity,
                 entry.reserved_at_ms,
-                price * entry.quantity,
+                (price if entry.unit_price is None else entry.unit_price) * entry.quantity,
             )
             try:
                 await self._publisher.publish(message)

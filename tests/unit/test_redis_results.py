@@ -66,6 +66,42 @@ def test_journal_entries_parse_with_the_claimed_flag():
 
 def test_a_user_id_containing_the_separator_keeps_it():
     assert parse_journal_entry("r", "a|b|3|FS1|7|0").user_id == "a|b"
+    assert parse_journal_entry("r", "a|b|3|FS1|7|1500|0") == JournalEntry("r", "a|b", 3, "FS1", 7, False, 1500)
+
+
+def test_journal_entries_carry_the_unit_price_fixed_at_reservation():
+    assert parse_journal_entry("r1", "alice|2|FS123|1764460800123|1500|0") == JournalEntry(
+        "r1", "alice", 2, "FS123", 1764460800123, False, 1500
+    )
+    claimed = parse_journal_entry("r2", "bob|1|FS124|5|99999999999999999|1")
+    assert (claimed.claimed, claimed.unit_price) == (True, 99999999999999999)  # exact, not a double
+    assert parse_journal_entry("r3", "carol|1|FS125|5|0|0").unit_price == 0
+
+
+def test_journal_entries_written_before_the_unit_price_was_recorded_have_none():
+    # The previous shape, left in a live journal during an upgrade: realignment prices such an
+    # entry at the product's price now (nothing better is known).
+    entry = parse_journal_entry("r1", "alice|2|FS123|1764460800123|1")
+    assert entry == JournalEntry("r1", "alice", 2, "FS123", 1764460800123, True, None)
+
+
+def test_the_two_journal_shapes_are_told_apart_by_the_order_number():
+    # Old shape whose user id holds separators: the third field from the right is the order
+    # number (letters), never all digits, so it is not read as the new shape.
+    assert parse_journal_entry("r", "x|9|8|2|FS1|7|0") == JournalEntry("r", "x|9|8", 2, "FS1", 7)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["alice|2|FS123|1764460800123|1500", "alice|2|FS123|1|15x0|0", "alice|2|FS123|1|1500|2", "alice|2|FS123|1|1500|"],
+)
+def test_malformed_new_journal_entries_are_refused(value):
+    with pytest.raises(ValueError):
+        parse_journal_entry("r", value)
+
+
+def test_an_abandoned_attempt_reply_parses():
+    assert parse_reservation(["abandoned", ""]) == Reservation(ReserveOutcome.ABANDONED, "")
 
 
 @pytest.mark.parametrize("value", ["alice|2|FS123|1764460800123", "alice|two|FS123|1|0", "alice|2|FS123|1|x"])

@@ -113,7 +113,9 @@ class FakeStore:
         self.during = during
         self.calls = 0
 
-    async def reserve(self, product_id: int, request_id: str, user: str, quantity: int, order_no: str) -> Reservation:
+    async def reserve(
+        self, product_id: int, request_id: str, user: str, quantity: int, order_no: str, attempt: str
+    ) -> Reservation:
         self.calls += 1
         if self.during is not None:
             self.during()

@@ -13,9 +13,13 @@ class ProductKeys:
     - ``stock``: string, integer units still sellable in Redis.
     - ``sale``: hash ``starts_ms``, ``ends_ms`` (0 = no end), ``limit`` (per-user limit, units),
       ``price`` (minor currency units).
-    - ``journal``: hash request id -> ``user|quantity|order_no|reserved_at_ms|claimed``.
+    - ``journal``: hash request id -> ``user|quantity|order_no|reserved_at_ms|unit_price|claimed``
+      (``unit_price`` in minor units, fixed at reservation; entries written before it was
+      recorded read ``user|quantity|order_no|reserved_at_ms|claimed``).
     - ``quota``: hash user id -> units the user holds.
-    - ``replay(request_id)``: hash ``quantity``, ``order_no``, ``state`` for replays.
+    - ``replay(request_id)``: hash ``quantity``, ``order_no``, ``state``, ``attempt`` (the token of
+      the HTTP attempt that made the reservation) for replays, and ``abandoned:<attempt>`` for
+      each attempt answered 503 before its reserve took effect (its reserve is then refused).
     - ``versions``: hash ``synced`` (inventory version of the last realignment snapshot) and
       ``restocked`` (highest inventory version whose returned units reached Redis).
     - ``returned(order_no)``: marker that the order's units were given back to Redis.

@@ -19,6 +19,7 @@ class ReserveOutcome(StrEnum):
     REPLAY = "replay"  # the request id was accepted before: answer it again
     IN_FLIGHT = "in_flight"  # the request id is reserved but not yet confirmed by the broker
     KEY_REUSED = "key_reused"  # the request id was used with another quantity
+    ABANDONED = "abandoned"  # this attempt was already given up (released before its reserve arrived)
     NOT_LOADED = "not_loaded"  # no stock or sale terms in Redis (never read as 0)
     SALE_NOT_ACTIVE = "sale_not_active"
     OVER_LIMIT = "over_limit"  # quantity alone is above the per-user limit
@@ -27,11 +28,12 @@ class ReserveOutcome(StrEnum):
 
 
 class ReleaseOutcome(StrEnum):
-    """What ``lua/release.lua`` did with a reservation whose publish failed."""
+    """What ``lua/release.lua`` did with the reservation of one attempt (reserve reply lost, or
+    publish failed). Only the attempt's own ``pending`` reservation is ever given back."""
 
     RELEASED = "released"  # stock, per-user quota and journal entry given back; tombstone left
-    CLAIMED = "claimed"  # a consumer already holds the message: nothing given back
-    ABSENT = "absent"  # nothing to release (already released or resolved)
+    CLAIMED = "claimed"  # the attempt's order goes through after all (claimed, resolved or re-published)
+    ABSENT = "absent"  # the attempt holds nothing (already released, or its reserve never took effect)
 
 
 class ClaimOutcome(StrEnum):
@@ -101,7 +103,9 @@ def parse_reservation(reply: Sequence[Any]) -> Reservation:
 @dataclass(frozen=True, slots=True)
 class JournalEntry:
     """One reservation in a product's journal: ``quantity`` in units, ``reserved_at_ms`` in Unix
-    milliseconds (Redis server time), ``claimed`` once a consumer took its message."""
+    milliseconds (Redis server time), ``claimed`` once a consumer took its message,
+    ``unit_price`` in minor currency units as fixed when the stock was reserved (None for an
+    entry written before the journal recorded it)."""
 
     request_id: str
     user_id: str
@@ -109,19 +113,34 @@ class JournalEntry:
     order_no: str
     reserved_at_ms: int
     claimed: bool = False
+    unit_price: int | None = None
+
+
+def _digits(value: str) -> bool:
+    return value.isascii() and value.isdigit()
 
 
 def parse_journal_entry(request_id: str, value: str) -> JournalEntry:
-    """One journal field (``request id -> user|quantity|order_no|reserved_at_ms|claimed``) to an
-    entry (the user id is everything left of the last four ``|``).
+    """One journal field to an entry: ``request id -> user|quantity|order_no|reserved_at_ms|unit_price|claimed``
+    or, written before the unit price was recorded (still in a live journal during an upgrade),
+    ``user|quantity|order_no|reserved_at_ms|claimed`` (``unit_price`` None). The user id is
+    everything left of the last five (four) ``|``. The two shapes cannot be confused: an order
+    number always starts with letters, so the third field from the right is all digits
+    (``reserved_at_ms``) only in the new one.
 
     Raises:
-        ValueError: the value does not have that shape.
+        ValueError: the value has neither shape.
     """
-    user_id, quantity, order_no, reserved_at_ms, claimed = value.rsplit("|", 4)
+    unit_price: int | None = None
+    fields = value.rsplit("|", 5)
+    if len(fields) == 6 and _digits(fields[3]) and _digits(fields[4]):
+        user_id, quantity, order_no, reserved_at_ms, price, claimed = fields
+        unit_price = int(price)
+    else:
+        user_id, quantity, order_no, reserved_at_ms, claimed = value.rsplit("|", 4)
     if claimed not in ("0", "1"):
         raise ValueError(f"journal entry {request_id!r}: claimed flag {claimed!r}")
-    return JournalEntry(request_id, user_id, int(quantity), order_no, int(reserved_at_ms), claimed == "1")
+    return JournalEntry(request_id, user_id, int(quantity), order_no, int(reserved_at_ms), claimed == "1", unit_price)
 
 
 class SaleTerms(NamedTuple):

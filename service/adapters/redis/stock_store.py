@@ -17,6 +17,7 @@ follow it (:meth:`StockStore.follow_restocks`) to drop their sold-out flags.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Callable, Collection, Iterable, Sequence
 from importlib.resources import files
 from typing import cast
@@ -50,6 +51,8 @@ from service.adapters.redis.results import (
     parse_reservation,
 )
 
+ATTEMPT_TOKEN_BYTES = 8
+"""Random bytes of an attempt token (:func:`new_attempt`): 64 bits, hex-encoded."""
 SEQUENCE_KEY_TTL_SECONDS = 120
 """Lifetime of an order-number sequence counter (one shard, one second)."""
 RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
@@ -64,6 +67,14 @@ def _script(redis: Redis, name: str) -> AsyncScript:
     """``lua/<name>.lua`` registered on ``redis`` (EVALSHA, falling back to EVAL once if the
     server lost the script)."""
     return redis.register_script(files("lua").joinpath(f"{name}.lua").read_text(encoding="utf-8"))
+
+
+def new_attempt() -> str:
+    """A token unique to one HTTP attempt of a purchase (16 lowercase hex): what :meth:`StockStore.reserve`
+    records and :meth:`StockStore.release` must name to give that attempt's reservation back.
+    Random, not the candidate order number: a candidate the reserve did not use goes back to the
+    minter and may be handed to another attempt of the same request id."""
+    return secrets.token_hex(ATTEMPT_TOKEN_BYTES)
 
 
 class StockStore:
@@ -139,13 +150,16 @@ class StockStore:
     # -- the purchase path ---------------------------------------------------------------------
 
     async def reserve(
-        self, product_id: int, request_id: str, user_id: str, quantity: int, order_no: str
+        self, product_id: int, request_id: str, user_id: str, quantity: int, order_no: str, attempt: str
     ) -> Reservation:
         """``lua/reserve.lua``, one round trip: replay check for ``request_id``, sale loaded and
         open, per-user limit and quota, numeric stock check, then decrement ``quantity`` units,
-        add the journal entry and the replay record (state ``pending``). ``order_no`` is the
-        candidate order number for a new reservation. Only ``RESERVED`` writes anything.
-        Concurrent calls share a pipeline (:class:`CommandBatcher`)."""
+        add the journal entry (with the unit price fixed now) and the replay record (state
+        ``pending``, naming ``attempt``). ``order_no`` is the candidate order number for a new
+        reservation; ``attempt`` a token unique to this HTTP attempt (:func:`new_attempt`): the
+        one :meth:`release` needs. ``ABANDONED`` when :meth:`release` for ``attempt`` already
+        ran. Only ``RESERVED`` writes anything. Concurrent calls share a pipeline
+        (:class:`CommandBatcher`)."""
         keys = ProductKeys(self._prefix, product_id)
         command = (
             "EVALSHA",
@@ -161,6 +175,7 @@ class StockStore:
             quantity,
             order_no,
             self._replay_ttl,
+            attempt,
         )
         try:
             reply = await self._batcher.call(*command)
@@ -169,14 +184,17 @@ class StockStore:
             reply = await self._batcher.call(*command)
         return parse_reservation(reply)
 
-    async def release(self, product_id: int, request_id: str) -> ReleaseOutcome:
-        """``lua/release.lua``, idempotent: give a reservation whose publish failed back (stock,
-        per-user quota, journal entry) and leave a ``released`` tombstone on its replay record,
-        unless a consumer already claimed it."""
+    async def release(self, product_id: int, request_id: str, attempt: str) -> ReleaseOutcome:
+        """``lua/release.lua``, idempotent: give back the reservation that ``attempt`` made for
+        ``request_id`` (stock, per-user quota, journal entry) and leave a ``released`` tombstone
+        on its replay record, if it is still ``pending`` and unclaimed. Another attempt's
+        reservation, or a ``queued`` one, is never touched. When ``attempt`` holds nothing, it
+        is marked abandoned (for ``replay_ttl_seconds`` at least), so its reserve, should it
+        reach Redis later, writes nothing."""
         keys = ProductKeys(self._prefix, product_id)
         reply = await self._release(
             keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)],
-            args=[request_id, self._channel, product_id],
+            args=[request_id, self._channel, product_id, attempt, self._replay_ttl],
         )
         outcome = ReleaseOutcome(reply)
         if outcome is ReleaseOutcome.RELEASED:
@@ -329,7 +347,7 @@ class StockStore:
         """Every reservation in the product's journal (one HGETALL), in no particular order.
 
         Raises:
-            ValueError: an entry that is not ``user|quantity|order_no|reserved_at_ms|claimed``.
+            ValueError: an entry of neither journal shape (:func:`.results.parse_journal_entry`).
         """
         raw = cast(dict[str, str], await self._redis.hgetall(ProductKeys(self._prefix, product_id).journal))
         return [parse_journal_entry(request_id, value) for request_id, value in raw.items()]

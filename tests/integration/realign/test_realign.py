@@ -7,9 +7,10 @@ import random
 from collections import Counter
 
 import pytest
+from sqlalchemy import text
 
 from service.adapters.broker import OrderMessage, Publisher
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stock_store import StockStore, new_attempt
 from service.domain.order_no import compose_order_no
 from service.domain.order_writer import apply_order
 from service.domain.realign import Realigner
@@ -64,7 +65,7 @@ async def test_stale_reservation_without_order_is_republished(
     keys = store.product_keys(product_id)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000000", 97, product_id)
-    outcome = await store.reserve(product_id, request_id, "crashed", 1, order_no)
+    outcome = await store.reserve(product_id, request_id, "crashed", 1, order_no, "a1")
     assert outcome.outcome == "reserved"
 
     publisher = Publisher(settings.amqp)
@@ -83,6 +84,55 @@ async def test_stale_reservation_without_order_is_republished(
     assert await redis.hget(keys.replay(request_id), "state") == "queued"
     final = await Realigner(engine, store, 60).realign(product_id)
     assert (final.mysql_stock, final.redis_stock_after, final.in_flight) == (4, 4, 0)
+
+
+async def test_a_republished_reservation_is_priced_as_when_it_was_reserved(
+    engine, redis, store, settings, put_product, product_id, consumer
+):
+    """Reserved at 1500 a unit; the price then changes to 2100 (``product set --price``, the same
+    ``set_product`` as the admin route); realignment re-publishes the overdue reservation at 1500."""
+    await put_product(product_id, stock=5, limit=2, price=1500)
+    keys = store.product_keys(product_id)
+    request_id = mint_request_id()
+    order_no = compose_order_no("FS", "20261130000000", 92, product_id)
+    reservation = await store.reserve(product_id, request_id, "priced", 2, order_no, "a1")
+    assert (reservation.outcome, reservation.unit_price) == ("reserved", 1500)
+    await put_product(product_id, stock=5, limit=2, price=2100)
+    assert await redis.hget(keys.sale, "price") == "2100"
+    assert [entry.unit_price for entry in await store.journal(product_id)] == [1500]
+
+    publisher = Publisher(settings.amqp)
+    await publisher.connect()
+    try:
+        await asyncio.sleep(0.01)
+        eager = Realigner(engine, store, grace_seconds=0, publisher=publisher)
+        assert (await eager.realign(product_id)).republished == 1
+    finally:
+        await publisher.close()
+
+    await eventually(lambda: order_rows(engine, product_id))
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text("SELECT order_no, quantity, amount FROM orders WHERE product_id = :p"), {"p": product_id}
+        )
+        assert [tuple(row) for row in rows] == [(order_no, 2, 1500 * 2)]
+
+
+async def test_entries_written_before_the_unit_price_was_recorded_still_count(
+    engine, redis, store, settings, put_product, product_id, realigner
+):
+    """A journal entry of the old shape (``user|quantity|order_no|reserved_at_ms|claimed``, left
+    by the previous version during an upgrade) is read by realign.lua and the StockStore."""
+    await put_product(product_id, stock=5, limit=2)
+    keys = store.product_keys(product_id)
+    order_no = compose_order_no("FS", "20261130000000", 91, product_id)
+    await redis.decrby(keys.stock, 2)
+    await redis.hset(keys.journal, "old-entry", f"legacy|2|{order_no}|1764460800123|0")
+    [entry] = await store.journal(product_id)
+    assert (entry.user_id, entry.quantity, entry.order_no, entry.unit_price) == ("legacy", 2, order_no, None)
+    report = await realigner.realign(product_id)
+    assert (report.redis_stock_after, report.in_flight, report.in_flight_units) == (3, 1, 2)
+    assert await redis.hgetall(keys.quota) == {"legacy": "2"}
 
 
 async def test_realignment_during_live_purchases_and_consumers_ends_exact(
@@ -142,7 +192,7 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     async def reserve(user: str, sequence: int) -> OrderMessage:
         request_id = mint_request_id()
         order_no = compose_order_no("FS", "20261130000001", 96, product_id * 10 + sequence)
-        reservation = await store.reserve(product_id, request_id, user, 1, order_no)
+        reservation = await store.reserve(product_id, request_id, user, 1, order_no, new_attempt())
         assert reservation.outcome == "reserved"
         return OrderMessage(request_id, order_no, user, product_id, 1, reservation.reserved_at_ms, 1500)
 
@@ -173,7 +223,7 @@ async def test_an_older_realignment_pass_never_overwrites_a_newer_one(
     await put_product(product_id, stock=10, limit=1)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000002", 95, product_id)
-    reserved_at = (await store.reserve(product_id, request_id, "e", 1, order_no)).reserved_at_ms
+    reserved_at = (await store.reserve(product_id, request_id, "e", 1, order_no, "a1")).reserved_at_ms
     prefix = settings.redis.key_prefix
 
     async def consumer_commits_then_another_pass_runs():

@@ -219,9 +219,9 @@ async def test_every_script_that_puts_stock_back_announces_the_product(
     try:
         assert (await pubsub.get_message(timeout=5))["type"] == "subscribe"
 
-        reservation = await store.reserve(product_id, "r-release", "u", 1, "FS00000000000000000000000000")
+        reservation = await store.reserve(product_id, "r-release", "u", 1, "FS00000000000000000000000000", "a1")
         assert reservation.outcome == "reserved"
-        assert await store.release(product_id, "r-release") == "released"
+        assert await store.release(product_id, "r-release", "a1") == "released"
         assert await _next_announcement(pubsub) == str(product_id)
 
         await Realigner(engine, store, 60).realign(product_id)  # writes, stock left to sell
