@@ -12,6 +12,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.maint_notifications import MaintNotificationsConfig
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import make_engine
@@ -33,11 +39,56 @@ def make_redis(settings: Settings) -> Redis:
 
     The pool blocks (up to 5 s) when all ``max_connections`` are busy instead of failing the
     request, so a stampede queues for a connection rather than turning into 503s.
+
+    Dead and stalled connections: ``socket_timeout`` bounds every reply (a stalled Redis costs a
+    request at most that long, then 503; the purchase path gives back what a failed reserve may
+    hold), ``connect_timeout`` every connect; TCP keepalive finds peers that vanished; a
+    connection idle longer than ``health_check_interval`` is PINGed before its next command and,
+    when the PING fails (cut by a NAT/firewall timeout or ``CLIENT KILL``), re-opened once.
+
+    Retries, on purpose only there: the PING is idempotent and is sent *before* the command, so
+    re-opening after a failed PING cannot run anything twice. The commands themselves are never
+    retried (no ``Retry`` on the client): a ``ConnectionError``/``TimeoutError`` on a command
+    does not say whether Redis ran it, and re-sending a reserve EVALSHA that did run would
+    answer ``in_flight`` for the caller's own request (and hold its stock until realignment);
+    the callers know what a failure means for them (the purchase path releases and answers 503).
+    A connection the server closed while it sat in the pool (``CLIENT KILL``, a NAT or firewall
+    that resets it, a Redis restart) is caught before use by the pool itself: it checks the socket
+    for EOF or stray data and reconnects. redis-py skips that check whenever maintenance
+    notifications are on, and its default (``"auto"``) counts as on even over RESP2, where the
+    feature (a Redis Enterprise/Cloud one) cannot work; so they are turned off here.
     """
+    redis = settings.redis
     pool = BlockingConnectionPool.from_url(
-        settings.redis.url, max_connections=settings.redis.max_connections, timeout=5, decode_responses=True
+        redis.url,
+        max_connections=redis.max_connections,
+        timeout=5,
+        decode_responses=True,
+        socket_timeout=redis.socket_timeout,
+        socket_connect_timeout=redis.connect_timeout,
+        socket_keepalive=True,
+        health_check_interval=redis.health_check_interval,
+        maint_notifications_config=MaintNotificationsConfig(enabled=False),
     )
+    pool.connection_class = _ping_retried(pool.connection_class)
     return Redis.from_pool(pool)
+
+
+class _PingRetried(AbstractConnection):
+    """A connection whose idle-time health check re-opens the connection once and PINGs again
+    when the PING fails; the command that follows is sent only on a connection that answered."""
+
+    _PING_RETRY = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError, RedisTimeoutError))
+
+    async def check_health(self) -> None:
+        if self.health_check_interval and asyncio.get_running_loop().time() > self.next_health_check:
+            await self._PING_RETRY.call_with_retry(self._send_ping, self._ping_failed, with_failure_count=True)
+
+
+def _ping_retried(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``connection_class`` (TCP, TLS or Unix socket, as the URL chose) with :class:`_PingRetried`'s
+    health check."""
+    return type(f"PingRetried{connection_class.__name__}", (_PingRetried, connection_class), {})
 
 
 def make_store(settings: Settings) -> StockStore:

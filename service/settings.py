@@ -27,6 +27,13 @@ class RedisSettings(BaseModel):
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = Field("fs", pattern=r"^[A-Za-z0-9_.-]{1,40}$")
     max_connections: int = Field(200, ge=1)
+    socket_timeout: float = Field(2.0, gt=0)
+    """Seconds one command may wait for Redis's reply before it fails (the request answers 503)."""
+    connect_timeout: float = Field(2.0, gt=0)
+    """Seconds to open a connection to Redis."""
+    health_check_interval: float = Field(10.0, ge=0)
+    """A pooled connection idle longer than this many seconds is PINGed before its next command
+    (and re-opened when the PING fails); 0 turns it off."""
 
 
 class AMQPSettings(BaseModel):

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import threading
 from collections.abc import AsyncIterator
 
 import aio_pika
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -21,6 +24,7 @@ from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stock_store import StockStore
 from service.domain.order_no import compose_order_no
 from service.domain.request_id import mint_request_id
+from service.sale.isolation import free_port
 from service.settings import Settings
 
 # How long a test waits for something that will happen (a row written, a queue drained, a
@@ -235,3 +239,85 @@ class ReplySwallowingProxy:
             task.cancel()
         for writer in (client_writer, server_writer):
             writer.close()
+
+
+@contextlib.asynccontextmanager
+async def private_redis() -> AsyncIterator[str]:
+    """A Redis server of the test's own (``redis-server`` on a free port, nothing saved), for
+    what must not be done to the shared one (SCRIPT FLUSH, CLIENT KILL); yields its URL and
+    stops it (by its PID) on exit."""
+    port = free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        probe = Redis.from_url(url)
+        try:
+
+            async def answers() -> bool:
+                try:
+                    return bool(await probe.ping())
+                except (OSError, RedisError):
+                    return False
+
+            await eventually(answers, timeout=10)
+        finally:
+            await probe.aclose()
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+class PausableProxy:
+    """A TCP proxy in front of ``upstream`` (host, port) whose forwarding can be paused: while
+    :attr:`paused` is set, bytes are held back in both directions (a stalled server, as seen by
+    the client); clearing it lets them through again. It runs on an event loop of its own in a
+    thread, so it keeps serving while the test's loop is blocked (Litestar's test client runs the
+    app's lifespan synchronously)."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self._upstream = upstream
+        self.paused = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="pausable-proxy", daemon=True)
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._thread.start()
+        started = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop)
+        self._server = await asyncio.wrap_future(started)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        async def shut() -> None:
+            if self._server is not None:
+                self._server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(shut(), self._loop))
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        await asyncio.to_thread(self._thread.join, 10)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                while self.paused:
+                    await asyncio.sleep(0.01)
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        server_reader, server_writer = await asyncio.open_connection(*self._upstream)
+        await asyncio.gather(
+            self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer), return_exceptions=True
+        )

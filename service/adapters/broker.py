@@ -6,6 +6,9 @@ leads to a durable dead-letter queue; ``x-delivery-limit`` bounds redeliveries o
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import aio_pika
 import msgspec
 import structlog
@@ -84,12 +87,23 @@ async def queue_depth(channel: AbstractChannel, name: str) -> int:
     return declared.message_count or 0  # the broker always sends it; aiormq types it optional
 
 
+REOPEN_INTERVAL_SECONDS = 1.0
+"""Least time between two attempts to re-open one of the publisher's channels (no reopen storm)."""
+
+
 class Publisher:
     """One robust connection and ``settings.publish_channels`` confirming channels per process,
     used in turn (confirms on one channel come back in order; several channels let the broker
     confirm concurrent publishes side by side).
 
     ``publish`` returns only after the broker confirmed the message (persistent, mandatory).
+
+    A channel the broker closed (e.g. 404 NOT_FOUND after the exchange was deleted; aio-pika's
+    robust channels come back only after a *connection* loss, and not at all when restoring
+    them fails) is replaced: the next publish on its turn, or :meth:`check` (the readiness
+    probe), opens a new channel and declares the topology again, at most once per
+    ``REOPEN_INTERVAL_SECONDS`` per channel; until then a publish on its turn fails
+    (:class:`PublishFailed`).
     """
 
     def __init__(self, settings: AMQPSettings) -> None:
@@ -97,19 +111,34 @@ class Publisher:
         self._connection: AbstractRobustConnection | None = None
         self._channels: list[AbstractChannel] = []
         self._exchanges: list[AbstractExchange] = []
+        self._reopen_locks: list[asyncio.Lock] = []
+        self._next_reopen: list[float] = []
         self._turn = 0
 
     async def connect(self) -> None:
         """Open the robust connection and the confirming channels; declare the topology."""
         self._connection = await aio_pika.connect_robust(self._settings.url)
         for _ in range(self._settings.publish_channels):
-            channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
-            if not self._exchanges:
+            channel, exchange = await self._open_channel(declare=not self._exchanges)
+            self._channels.append(channel)
+            self._exchanges.append(exchange)
+            self._reopen_locks.append(asyncio.Lock())
+            self._next_reopen.append(0.0)
+
+    async def _open_channel(self, *, declare: bool) -> tuple[AbstractChannel, AbstractExchange]:
+        """A new confirming channel and the order exchange on it (the whole topology declared
+        when ``declare``, else the exchange looked up passively)."""
+        assert self._connection is not None
+        channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+        try:
+            if declare:
                 exchange, _ = await declare_topology(channel, self._settings)
             else:
                 exchange = await channel.get_exchange(self._settings.exchange)
-            self._channels.append(channel)
-            self._exchanges.append(exchange)
+        except BaseException:
+            await _close_quietly(channel)
+            raise
+        return channel, exchange
 
     async def close(self) -> None:
         """Close the connection (and its channels)."""
@@ -126,18 +155,58 @@ class Publisher:
             and not any(channel.is_closed for channel in self._channels)
         )
 
+    async def check(self) -> bool:
+        """The readiness probe: re-open the channels the broker closed (throttled as for
+        publishing), then :attr:`ready`. Never raises."""
+        if self._connection is None or self._connection.is_closed:
+            return False
+        closed = [index for index, channel in enumerate(self._channels) if channel.is_closed]
+        # side by side: a probe waits at most about one confirm_timeout, however many are closed
+        await asyncio.gather(*(self._exchange_at(index) for index in closed), return_exceptions=True)
+        return self.ready
+
+    async def _exchange_at(self, index: int) -> AbstractExchange:
+        """The exchange of channel ``index``, re-opening the channel (and declaring the topology
+        again) when the broker closed it and its last attempt is ``REOPEN_INTERVAL_SECONDS`` old.
+
+        Raises:
+            PublishFailed: the channel is closed and could not be re-opened now.
+        """
+        if not self._channels[index].is_closed:
+            return self._exchanges[index]
+        async with self._reopen_locks[index]:
+            if not self._channels[index].is_closed:  # re-opened while this call waited
+                return self._exchanges[index]
+            now = time.monotonic()
+            if now < self._next_reopen[index]:
+                raise PublishFailed("broker channel closed (re-opening shortly)")
+            self._next_reopen[index] = now + REOPEN_INTERVAL_SECONDS
+            old = self._channels[index]
+            try:
+                channel, exchange = await asyncio.wait_for(
+                    self._open_channel(declare=True), timeout=self._settings.confirm_timeout
+                )
+            except (TimeoutError, *CONNECTION_EXCEPTIONS) as exc:
+                log.warning("publisher_channel_reopen_failed", channel=index, error=repr(exc))
+                raise PublishFailed(f"broker channel closed: {exc!r}") from exc
+            self._channels[index], self._exchanges[index] = channel, exchange
+            await _close_quietly(old)  # a robust channel would otherwise keep trying to restore itself
+            log.info("publisher_channel_reopened", channel=index)
+            return exchange
+
     async def publish(self, order: OrderMessage) -> None:
         """Publish ``order`` and wait for the publisher confirm.
 
         Raises:
             PublishFailed: nack, unroutable (returned), no confirm within ``confirm_timeout``
-                seconds, or the connection is down. The message may still have reached the
-                broker after a timeout; the consumer's claim on the reservation settles that.
+                seconds, the connection is down, or this turn's channel was closed by the broker
+                and could not be re-opened yet. The message may still have reached the broker
+                after a timeout; the consumer's claim on the reservation settles that.
         """
-        if not self.ready:
+        if self._connection is None or self._connection.is_closed or not self._channels:
             raise PublishFailed("broker connection is down")
         self._turn = (self._turn + 1) % len(self._exchanges)
-        exchange = self._exchanges[self._turn]
+        exchange = await self._exchange_at(self._turn)
         message = aio_pika.Message(
             encode_order(order),
             content_type="application/json",
@@ -151,3 +220,10 @@ class Publisher:
         except (TimeoutError, *CONNECTION_EXCEPTIONS) as exc:
             log.warning("publish_failed", request_id=order.request_id, error=repr(exc))
             raise PublishFailed(repr(exc)) from exc
+
+
+async def _close_quietly(channel: AbstractChannel) -> None:
+    try:
+        await channel.close()
+    except Exception as exc:  # closed by the broker already
+        log.debug("channel_close_failed", error=repr(exc))

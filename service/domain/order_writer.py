@@ -59,6 +59,7 @@ MAX_TRANSACTION_ATTEMPTS = 6
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 _MAX_QUANTITY = 2**31 - 1  # orders.quantity is INT
 _MAX_PRODUCT_ID = 2**63 - 1  # products.id is BIGINT
+_MAX_RESERVED_AT_MS = 2**53  # Unix ms from Redis TIME; no column, but a sane clock and exact as a float
 _rows_encoder = msgspec.json.Encoder()
 
 
@@ -95,6 +96,7 @@ def parse_order(body: bytes) -> OrderMessage:
         and 0 < order.product_id <= _MAX_PRODUCT_ID
         and 0 < order.quantity <= _MAX_QUANTITY
         and 0 <= order.amount <= MAX_AMOUNT
+        and 0 <= order.reserved_at_ms <= _MAX_RESERVED_AT_MS
     ):
         raise InvalidOrder("field out of domain")
     return order

@@ -39,7 +39,14 @@ def _unlike_the_defaults() -> Settings:
     """Settings with every field set to something other than its default."""
     return Settings(
         db=DBSettings(url="mysql+asyncmy://app:pw@db.example:3307/shop", pool_size=7, max_overflow=3),
-        redis=RedisSettings(url="redis://cache.example:6380/2", key_prefix="run_1.x-y", max_connections=17),
+        redis=RedisSettings(
+            url="redis://cache.example:6380/2",
+            key_prefix="run_1.x-y",
+            max_connections=17,
+            socket_timeout=0.75,
+            connect_timeout=1.25,
+            health_check_interval=4.5,
+        ),
         amqp=AMQPSettings(
             url="amqp://u:p@mq.example:5673/vh",
             exchange="x.orders",

@@ -126,8 +126,18 @@ class StockStore:
             await script.registered_client.script_load(script.script)
 
     async def ready(self) -> bool:
-        """True when the server holds every script (one SCRIPT EXISTS round trip)."""
-        return all(await self._redis.script_exists(*(script.sha for script in self._scripts)))
+        """True when the server holds every script: one SCRIPT EXISTS round trip, then SCRIPT
+        LOAD (idempotent) of any script the server lost (restart, failover, SCRIPT FLUSH), so a
+        probe recovers by itself instead of waiting for each script's next call.
+
+        Raises: as every method, when Redis fails.
+        """
+        held = await self._redis.script_exists(*(script.sha for script in self._scripts))
+        for script, present in zip(self._scripts, held, strict=True):
+            if not present:
+                log.info("redis_script_reloaded", sha=script.sha)
+                await self._redis.script_load(script.script)
+        return True
 
     async def ping(self) -> bool:
         """True when Redis answers PING."""

@@ -29,14 +29,15 @@ class HealthController(Controller):
     @get("/ready", summary="Redis runs the script, RabbitMQ has a channel, MySQL answers")
     async def ready(self, resources: NamedDependency[Resources]) -> Response[Readiness]:
         """200 when Redis has every Lua script and this process holds a shard, RabbitMQ has a
-        channel and MySQL answers; 503 (same body) otherwise."""
+        channel and MySQL answers; 503 (same body) otherwise. The probe repairs what it can:
+        scripts Redis lost are loaded again, publisher channels the broker closed re-opened."""
         redis_ok = rabbit_ok = mysql_ok = False
         lease = resources.lease
         try:
             redis_ok = await resources.store.ready() and lease is not None and lease.held
         except Exception:
             pass
-        rabbit_ok = resources.publisher is not None and resources.publisher.ready
+        rabbit_ok = resources.publisher is not None and await resources.publisher.check()
         try:
             async with resources.engine.connect() as conn:
                 mysql_ok = (await conn.execute(text("SELECT 1"))).scalar() == 1

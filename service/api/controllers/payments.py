@@ -7,6 +7,7 @@ from typing import Any
 from litestar import Controller, Request, post
 from litestar.di import NamedDependency
 
+from service.api.media import JSON_BODY_OPT
 from service.bootstrap import Resources
 from service.domain.payments import NotifyResult
 
@@ -19,6 +20,7 @@ class PaymentController(Controller):
         "/notify",
         status_code=200,
         summary="A payment channel's notification (X-Signature: hex HMAC-SHA256 of the body)",
+        opt={JSON_BODY_OPT: True},  # reads the raw body itself (the signature covers it)
     )
     async def notify(self, request: Request[Any, Any, Any], resources: NamedDependency[Resources]) -> NotifyResult:
         """A channel's notification, verified by ``X-Signature`` = hex HMAC-SHA256 of the raw body with

@@ -1,0 +1,162 @@
+"""Redis loses its scripts or its connections, or stalls: the API recovers without a restart.
+
+Everything that would hurt the shared Redis (SCRIPT FLUSH, CLIENT KILL) is done to a private
+``redis-server`` of the test's own (tests/support.private_redis); MySQL and RabbitMQ are the
+run's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from litestar.testing import AsyncTestClient
+from redis.asyncio import Redis
+
+from service.adapters.redis.results import (
+    ClaimOutcome,
+    ReleaseOutcome,
+    ReserveOutcome,
+    RestockOutcome,
+    SaleTerms,
+)
+from service.adapters.redis.stock_store import new_attempt
+from service.api.app import create_app
+from service.bootstrap import make_store
+from service.domain.order_no import compose_order_no
+from service.settings import Settings
+from tests.support import PausableProxy, buy, private_redis
+
+pytestmark = pytest.mark.slow  # starts a redis-server
+
+
+def _on_redis(settings: Settings, url: str) -> Settings:
+    return settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": url})})
+
+
+@pytest.fixture
+async def own_redis(settings: Settings) -> AsyncIterator[tuple[Settings, Redis]]:
+    """The run's settings on a private Redis, and a plain client on it (for the harm done)."""
+    async with private_redis() as url:
+        raw = Redis.from_url(url, decode_responses=True)
+        try:
+            yield _on_redis(settings, url), raw
+        finally:
+            await raw.aclose()
+
+
+@pytest.fixture
+async def api(own_redis) -> AsyncIterator[AsyncTestClient]:
+    on_redis, _ = own_redis
+    async with AsyncTestClient(app=create_app(on_redis), timeout=30) as client:
+        yield client
+
+
+async def _put(client: AsyncTestClient, admin: dict[str, str], product_id: int, stock: int) -> None:
+    body = {"stock": stock, "per_user_limit": 1, "price": 1500}
+    response = await client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)
+    assert response.status_code == 200, response.text
+
+
+async def test_ready_comes_back_after_script_flush_without_a_purchase(api, own_redis):
+    _, raw = own_redis
+    assert (await api.get("/api/v1/health/ready")).status_code == 200
+    await raw.script_flush()
+    ready = await api.get("/api/v1/health/ready")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["redis"] is True
+
+
+async def test_every_script_runs_after_a_flush(own_redis, product_id):
+    on_redis, raw = own_redis
+    store = make_store(on_redis)
+    try:
+        await store.load()
+        terms = SaleTerms(starts_ms=0, ends_ms=0, per_user_limit=5, price=100)
+
+        await raw.script_flush()
+        loaded = await store.realign(
+            product_id, mysql_stock=10, inventory_version=1, terms=terms, resolved=(), units_held=(), dry_run=False
+        )
+        assert loaded.stock_after == 10
+
+        first, second = "0" * 31 + "1", "0" * 31 + "2"
+        await raw.script_flush()
+        reserved = await store.reserve(
+            product_id, first, "u1", 1, compose_order_no("FS", "20261130000000", 1, 1), new_attempt()
+        )
+        assert reserved.outcome is ReserveOutcome.RESERVED
+        second_attempt = new_attempt()
+        await store.reserve(product_id, second, "u2", 1, compose_order_no("FS", "20261130000000", 1, 2), second_attempt)
+
+        await raw.script_flush()
+        assert await store.claim(product_id, first) is ClaimOutcome.HELD
+        await raw.script_flush()
+        assert await store.release(product_id, second, second_attempt) is ReleaseOutcome.RELEASED
+        await raw.script_flush()
+        restocked = await store.restock(
+            product_id, compose_order_no("FS", "20261130000000", 1, 1), "u1", 1, 2, release_quota=True
+        )
+        assert restocked is RestockOutcome.RETURNED
+
+        assert await store.acquire_lease(42, "me", 10_000)
+        await raw.script_flush()
+        assert await store.renew_lease(42, "me", 10_000)
+        await raw.script_flush()
+        assert await store.release_lease(42, "me")
+
+        await raw.script_flush()
+        assert await store.ready()
+        assert all(await raw.script_exists(*(script.sha for script in store._scripts)))
+    finally:
+        await store.aclose()
+
+
+async def test_killed_idle_connections_do_not_answer_503(api, own_redis, admin, token, new_product_id):
+    _, raw = own_redis
+    product_id = new_product_id()
+    await _put(api, admin, product_id, stock=50)
+    first = await buy(api, token("k0"), product_id, key="k0-key")
+    assert first.status_code == 202, first.text
+    for round_ in range(3):
+        # every pooled connection of the API (and of the restock follower: pubsub, not "normal") is cut
+        killed = await raw.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        assert int(killed) >= 1
+        answers = await asyncio.gather(
+            buy(api, token("k0"), product_id, key="k0-key"),  # a duplicate: never a 5xx
+            *(buy(api, token(f"k{round_}-{i}"), product_id) for i in range(5)),
+        )
+        assert [a.status_code for a in answers] == [202] * 6, [a.text for a in answers]
+        assert answers[0].json()["order_no"] == first.json()["order_no"]
+
+
+async def test_a_stalled_redis_answers_503_instead_of_hanging(own_redis, admin, token, new_product_id):
+    on_redis, raw = own_redis
+    host, port = raw.connection_pool.connection_kwargs["host"], raw.connection_pool.connection_kwargs["port"]
+    proxy = PausableProxy((host, port))
+    proxy_port = await proxy.start()
+    stalled = on_redis.model_copy(
+        update={
+            "redis": on_redis.redis.model_copy(
+                update={"url": f"redis://127.0.0.1:{proxy_port}/0", "socket_timeout": 1.0, "connect_timeout": 1.0}
+            )
+        }
+    )
+    try:
+        async with AsyncTestClient(app=create_app(stalled), timeout=60) as api:
+            product_id = new_product_id()
+            await _put(api, admin, product_id, stock=5)
+            assert (await buy(api, token("s1"), product_id)).status_code == 202
+            proxy.paused = True
+            # The bound is the test's own patience, not a timing claim: without a socket timeout
+            # the request would wait for as long as Redis stalls (here: for ever).
+            answer = await asyncio.wait_for(buy(api, token("s2"), product_id), timeout=30)
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["code"] == "unavailable" and "retry-after" in answer.headers
+            proxy.paused = False
+            again = await asyncio.wait_for(buy(api, token("s3"), product_id), timeout=30)
+            assert again.status_code == 202, again.text
+    finally:
+        proxy.paused = False
+        await proxy.stop()
