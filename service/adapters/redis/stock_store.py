@@ -16,7 +16,6 @@ follow it (:meth:`StockStore.follow_restocks`) to drop their sold-out flags.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import Callable, Collection, Iterable, Sequence
 from importlib.resources import files
@@ -35,6 +34,7 @@ from service.adapters.redis.keys import (
     sequence_key,
     shard_lease_key,
 )
+from service.adapters.redis.restock_channel import RESUBSCRIBE_SECONDS, follow
 from service.adapters.redis.results import (
     ClaimOutcome,
     JournalEntry,
@@ -57,8 +57,6 @@ SEQUENCE_KEY_TTL_SECONDS = 120
 """Lifetime of an order-number sequence counter (one shard, one second)."""
 RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
 """Lifetime of the marker that an order's returned units reached Redis (restock runs once)."""
-RESUBSCRIBE_SECONDS = 0.5
-"""Pause before :meth:`StockStore.follow_restocks` subscribes again after losing its connection."""
 
 log = structlog.get_logger(__name__)
 
@@ -273,36 +271,9 @@ class StockStore:
         *,
         resubscribe_seconds: float = RESUBSCRIBE_SECONDS,
     ) -> None:
-        """Follow the restock channel until cancelled, on a connection of its own: ``following()``
-        each time the subscription is confirmed (the first time and after every reconnect, since
-        announcements may have been missed in between), ``restocked(product_id)`` for each
-        announcement, ``lost()`` when the connection fails (then it subscribes again after
-        ``resubscribe_seconds``). Never raises but :class:`asyncio.CancelledError`."""
-        while True:
-            pubsub = self._redis.pubsub()
-            try:
-                await pubsub.subscribe(self._channel)
-                async for message in pubsub.listen():
-                    if message["type"] == "subscribe":
-                        following()
-                    elif message["type"] == "message":
-                        try:
-                            product_id = int(message["data"])
-                        except ValueError:
-                            log.warning("restock_announcement_unreadable", data=repr(message["data"]))
-                            continue
-                        restocked(product_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # Redis down or the connection cut: flags off until subscribed again
-                log.warning("restock_channel_lost", error=repr(exc))
-            finally:
-                lost()
-                try:
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
-                except Exception as exc:  # the connection is gone already
-                    log.debug("restock_channel_close_failed", error=repr(exc))
-            await asyncio.sleep(resubscribe_seconds)
+        """Follow this key prefix's restock channel until cancelled: see
+        :func:`~service.adapters.redis.restock_channel.follow`."""
+        await follow(self._redis, self._channel, restocked, following, lost, resubscribe_seconds)
 
     # -- consumers and the order lifecycle -----------------------------------------------------
 

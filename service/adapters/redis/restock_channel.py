@@ -1,0 +1,56 @@
+"""The restock channel: every script that puts stock back PUBLISHes the product id on
+``<prefix>:restocked`` (``lua/restock.lua``, ``release.lua``, ``realign.lua``); API processes
+follow it to drop their sold-out flags (``service/domain/sold_out.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import structlog
+from redis.asyncio import Redis
+
+log = structlog.get_logger(__name__)
+
+RESUBSCRIBE_SECONDS = 0.5
+"""Wait before subscribing again after the channel's connection failed."""
+
+
+async def follow(
+    redis: Redis,
+    channel: str,
+    restocked: Callable[[int], None],
+    following: Callable[[], None],
+    lost: Callable[[], None],
+    resubscribe_seconds: float = RESUBSCRIBE_SECONDS,
+) -> None:
+    """Follow ``channel`` until cancelled, on a connection of its own: ``following()`` each time
+    the subscription is confirmed (the first time and after every reconnect, since announcements
+    may have been missed in between), ``restocked(product_id)`` for each announcement, ``lost()``
+    when the connection fails (then it subscribes again after ``resubscribe_seconds``). Never
+    raises but :class:`asyncio.CancelledError`."""
+    while True:
+        pubsub = redis.pubsub()
+        try:
+            await pubsub.subscribe(channel)
+            async for message in pubsub.listen():
+                if message["type"] == "subscribe":
+                    following()
+                elif message["type"] == "message":
+                    try:
+                        product_id = int(message["data"])
+                    except ValueError:
+                        log.warning("restock_announcement_unreadable", data=repr(message["data"]))
+                        continue
+                    restocked(product_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Redis down or the connection cut: flags off until subscribed again
+            log.warning("restock_channel_lost", error=repr(exc))
+        finally:
+            lost()
+            try:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+            except Exception as exc:  # the connection is gone already
+                log.debug("restock_channel_close_failed", error=repr(exc))
+        await asyncio.sleep(resubscribe_seconds)
