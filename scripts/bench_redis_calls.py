@@ -49,14 +49,17 @@ async def _counted_pipeline(self, *args, **options):  # type: ignore[no-untyped-
     return await _pipeline_execute(self, *args, **options)
 
 
-async def _run(resources: Resources, product_id: int, users: range) -> tuple[Counter[str], Counter[str]]:
-    """One purchase of 1 unit per user; returns (outcomes, client-side counts)."""
+async def _run(
+    resources: Resources, product_id: int, users: range, keyed: bool = True
+) -> tuple[Counter[str], Counter[str]]:
+    """One purchase of 1 unit per user (``keyed``: as if it carried an Idempotency-Key, so the
+    sold-out flag is not consulted); returns (outcomes, client-side counts)."""
     outcomes: Counter[str] = Counter()
     counts: Counter[str] = Counter()
     _counting.set(counts)
     for user in users:
         try:
-            await resources.purchases.purchase(f"bench-{user}", product_id, 1, mint_request_id())
+            await resources.purchase_service.purchase(f"bench-{user}", product_id, 1, mint_request_id(), keyed=keyed)
             outcomes["accepted"] += 1
         except PurchaseRejected as rejected:
             outcomes[rejected.code] += 1
@@ -79,7 +82,8 @@ async def main(requests: int) -> None:
             await _run(resources, 1, range(warm_up))
             rows = [
                 ("accept path", *await _run(resources, 1, range(warm_up, stock))),
-                ("reject path (sold out)", *await _run(resources, 1, range(stock, stock + requests))),
+                ("reject, Idempotency-Key", *await _run(resources, 1, range(stock, stock + requests))),
+                ("reject, no key (flag)", *await _run(resources, 1, range(stock, stock + requests), keyed=False)),
             ]
         finally:
             Redis.execute_command = _execute_command  # type: ignore[method-assign]

@@ -51,7 +51,7 @@ class FlashsalePlugin(InitPluginProtocol):
         app_config.lifespan.append(lifespan)
         app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)
         app_config.exception_handlers.update(ERROR_HANDLERS)
-        app_config.guards.append(require_json_body)  # 415 for a body that does not say JSON
+        app_config.before_request = require_json_body  # 415 for a body that does not say JSON
         return make_jwt_auth(settings.auth.jwt_secret).on_app_init(app_config)
 
 

@@ -69,7 +69,7 @@ async def _retrieve_user(token: FlashsaleToken, _: ASGIConnection[Any, Any, Any,
     return User(id=token.sub, is_admin=token.role == "admin")
 
 
-def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+async def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """Guard: only callers whose token has ``role: admin``.
 
     Raises:
