@@ -64,15 +64,7 @@ async def test_a_retry_whose_reserve_reply_is_lost_keeps_the_confirmed_original(
         original_attempt = await redis.hget(keys.replay(request_id), "attempt")
         assert await redis.hget(keys.replay(request_id), "state") == "queued"
 
-        watcher.armed = True
-        proxied = await Resources.open(_through(mine, port))
-        try:
-            with pytest.raises(PurchaseRejected) as rejected:
-                await proxied.purchases.purchase("victim", product_id, 1, request_id)
-        finally:
-            await proxied.close()
-        assert rejected.value.code == "unavailable"
-        assert watcher.swallowed == 1
+        await _buy_losing_the_reserve_reply(mine, watcher, port, product_id, request_id)
 
         # Nothing of the original was given back.
         state = await redis_state(redis, settings, product_id)
@@ -113,15 +105,7 @@ async def test_a_concurrent_first_attempt_whose_reply_is_lost_leaves_the_other_r
     record_before = await redis.hgetall(keys.replay(request_id))
     assert (record_before["state"], record_before["attempt"]) == ("pending", "attempt-a")
 
-    watcher.armed = True
-    proxied = await Resources.open(_through(settings, port))
-    try:
-        with pytest.raises(PurchaseRejected) as rejected:
-            await proxied.purchases.purchase("victim", product_id, 1, request_id)
-    finally:
-        await proxied.close()
-    assert rejected.value.code == "unavailable"
-    assert watcher.swallowed == 1
+    await _buy_losing_the_reserve_reply(settings, watcher, port, product_id, request_id)
 
     after = await redis_state(redis, settings, product_id)
     assert (after["stock"], after["journal"], after["quota"]) == (before["stock"], before["journal"], before["quota"])
@@ -201,3 +185,17 @@ async def test_a_release_never_gives_back_a_queued_reservation(settings, put_pro
     assert await store.release(product_id, request_id, "a") is ReleaseOutcome.CLAIMED
     state = await redis_state(redis, settings, product_id)
     assert (state["stock"], list(state["journal"]), state["quota"]) == ("2", [request_id], {"u": "1"})
+
+
+async def _buy_losing_the_reserve_reply(settings, watcher, port: int, product_id: int, request_id: str) -> None:
+    """``victim`` buys through the proxy, which swallows the reserve's reply: the answer is 503
+    ``unavailable`` (the script ran in Redis; what it did is for the caller to check)."""
+    watcher.armed = True
+    proxied = await Resources.open(_through(settings, port))
+    try:
+        with pytest.raises(PurchaseRejected) as rejected:
+            await proxied.purchase_service.purchase("victim", product_id, 1, request_id)
+    finally:
+        await proxied.close()
+    assert rejected.value.code == "unavailable"
+    assert watcher.swallowed == 1
