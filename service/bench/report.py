@@ -126,7 +126,7 @@ def render(report: Report, console: Console) -> None:
     for row in report.rows:
         note = f" ({row.note})" if row.note else ""
         console.print(f"  {row.label}: {DESCRIPTIONS.get(row.key, '')}{note}", highlight=False, soft_wrap=True)
-    targets = Table(title="targets (issue 7; reported, not enforced)")
+    targets = Table(title="performance targets (docs/BENCHMARKS.md; reported, not enforced)")
     targets.add_column("target")
     targets.add_column("measured", justify="right")
     targets.add_column("verdict")

@@ -1,4 +1,4 @@
-"""What ``flashsale bench`` measures: the rows, their references and the targets (issue 7).
+"""What ``flashsale bench`` measures: the rows, their references and the targets (docs/BENCHMARKS.md).
 
 A row is identified by a key. HTTP rows (:data:`HTTP_ROWS`) name the server they run on
 (:data:`SERVERS`); adding a row is adding a spec. ``accept async`` runs the same accept load on
