@@ -13,16 +13,19 @@ import threading
 from collections.abc import AsyncIterator
 
 import aio_pika
+import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers.order_consumer import OrderConsumer
-from service.adapters.broker import OrderMessage, declare_topology
+from service.adapters.broker import OrderMessage, declare_topology, delete_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stock_store import StockStore
+from service.bootstrap import Resources
 from service.domain.order_no import compose_order_no
+from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
 from service.sale.isolation import free_port
 from service.settings import Settings
@@ -179,15 +182,7 @@ async def own_queues(settings: Settings, name: str) -> AsyncIterator[Settings]:
     try:
         yield settings.model_copy(update={"amqp": mine})
     finally:
-        connection = await aio_pika.connect(amqp.url)
-        try:
-            channel = await connection.channel()
-            for queue in (mine.queue, mine.dead_letter_queue):
-                await channel.queue_delete(queue)
-            for exchange in (mine.exchange, mine.dead_letter_exchange):
-                await channel.exchange_delete(exchange)
-        finally:
-            await connection.close()
+        await delete_topology(amqp.url, mine)
 
 
 class ReplySwallowingProxy:
@@ -321,3 +316,22 @@ class PausableProxy:
         await asyncio.gather(
             self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer), return_exceptions=True
         )
+
+
+async def buy_losing_the_reserve_reply(
+    settings: Settings, watcher: ReplySwallowingProxy, port: int, product_id: int, request_id: str
+) -> None:
+    """``victim`` buys through the proxy on ``port``, armed to swallow the reserve's reply: the
+    answer is 503 ``unavailable`` (the script ran in Redis; what it left is for the caller to check)."""
+    through = settings.model_copy(
+        update={"redis": settings.redis.model_copy(update={"url": f"redis://127.0.0.1:{port}/0"})}
+    )
+    watcher.armed = True
+    resources = await Resources.open(through)
+    try:
+        with pytest.raises(PurchaseRejected) as rejected:
+            await resources.purchase_service.purchase("victim", product_id, 1, request_id)
+    finally:
+        await resources.close()
+    assert rejected.value.code == "unavailable"
+    assert watcher.swallowed == 1

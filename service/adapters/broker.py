@@ -79,6 +79,21 @@ async def declare_topology(channel: AbstractChannel, settings: AMQPSettings) -> 
     return exchange, queue
 
 
+async def delete_topology(url: str, settings: AMQPSettings) -> None:
+    """Delete the order and dead-letter queues and exchanges that :func:`declare_topology`
+    declares (their messages with them), on a connection of its own to ``url``; for isolated
+    runs (the sale, tests) that remove everything they made."""
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        for queue in (settings.queue, settings.dead_letter_queue):
+            await channel.queue_delete(queue)
+        for exchange in (settings.exchange, settings.dead_letter_exchange):
+            await channel.exchange_delete(exchange)
+    finally:
+        await connection.close()
+
+
 async def queue_depth(channel: AbstractChannel, name: str) -> int:
     """Messages ready in queue ``name``, asked of the broker now (a passive declare through
     aio-pika's channel would answer from its cache of earlier declarations)."""

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from db.migrate import upgrade
 from db.models import OrderStatus
 from db.queries import inventory, orders, payments
-from service.adapters.broker import queue_depth
+from service.adapters.broker import delete_topology, queue_depth
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources, opened
 from service.domain.lifecycle import expire_unpaid
@@ -199,13 +199,4 @@ async def tear_down(settings: Settings) -> None:
     finally:
         await redis.aclose()
 
-    amqp = settings.amqp
-    connection = await aio_pika.connect(amqp.url)
-    try:
-        channel = await connection.channel()
-        for queue in (amqp.queue, amqp.dead_letter_queue):
-            await channel.queue_delete(queue)
-        for exchange in (amqp.exchange, amqp.dead_letter_exchange):
-            await channel.exchange_delete(exchange)
-    finally:
-        await connection.close()
+    await delete_topology(settings.amqp.url, settings.amqp)

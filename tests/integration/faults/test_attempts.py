@@ -9,17 +9,12 @@ through the StockStore; a reply lost on the wire is lost by a TCP proxy
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
-import pytest
-
 from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
 from service.bootstrap import Resources
 from service.domain.order_no import compose_order_no
-from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
 from tests.support import (
-    ReplySwallowingProxy,
+    buy_losing_the_reserve_reply,
     eventually,
     inventory,
     order_rows,
@@ -27,22 +22,6 @@ from tests.support import (
     redis_state,
     running_consumer,
 )
-
-
-@pytest.fixture
-async def proxy(settings):
-    """A reply-swallowing proxy in front of the real Redis, disarmed until the test arms it."""
-    url = urlsplit(settings.redis.url)
-    proxy = ReplySwallowingProxy(url.hostname or "127.0.0.1", url.port or 6379, armed=False)
-    port = await proxy.start()
-    yield proxy, port
-    await proxy.stop()
-
-
-def _through(settings, port: int):
-    return settings.model_copy(
-        update={"redis": settings.redis.model_copy(update={"url": f"redis://127.0.0.1:{port}/0"})}
-    )
 
 
 async def test_a_retry_whose_reserve_reply_is_lost_keeps_the_confirmed_original(
@@ -64,7 +43,7 @@ async def test_a_retry_whose_reserve_reply_is_lost_keeps_the_confirmed_original(
         original_attempt = await redis.hget(keys.replay(request_id), "attempt")
         assert await redis.hget(keys.replay(request_id), "state") == "queued"
 
-        await _buy_losing_the_reserve_reply(mine, watcher, port, product_id, request_id)
+        await buy_losing_the_reserve_reply(mine, watcher, port, product_id, request_id)
 
         # Nothing of the original was given back.
         state = await redis_state(redis, settings, product_id)
@@ -105,7 +84,7 @@ async def test_a_concurrent_first_attempt_whose_reply_is_lost_leaves_the_other_r
     record_before = await redis.hgetall(keys.replay(request_id))
     assert (record_before["state"], record_before["attempt"]) == ("pending", "attempt-a")
 
-    await _buy_losing_the_reserve_reply(settings, watcher, port, product_id, request_id)
+    await buy_losing_the_reserve_reply(settings, watcher, port, product_id, request_id)
 
     after = await redis_state(redis, settings, product_id)
     assert (after["stock"], after["journal"], after["quota"]) == (before["stock"], before["journal"], before["quota"])
@@ -185,17 +164,3 @@ async def test_a_release_never_gives_back_a_queued_reservation(settings, put_pro
     assert await store.release(product_id, request_id, "a") is ReleaseOutcome.CLAIMED
     state = await redis_state(redis, settings, product_id)
     assert (state["stock"], list(state["journal"]), state["quota"]) == ("2", [request_id], {"u": "1"})
-
-
-async def _buy_losing_the_reserve_reply(settings, watcher, port: int, product_id: int, request_id: str) -> None:
-    """``victim`` buys through the proxy, which swallows the reserve's reply: the answer is 503
-    ``unavailable`` (the script ran in Redis; what it did is for the caller to check)."""
-    watcher.armed = True
-    proxied = await Resources.open(_through(settings, port))
-    try:
-        with pytest.raises(PurchaseRejected) as rejected:
-            await proxied.purchase_service.purchase("victim", product_id, 1, request_id)
-    finally:
-        await proxied.close()
-    assert rejected.value.code == "unavailable"
-    assert watcher.swallowed == 1
