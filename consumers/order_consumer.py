@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aio_pika
@@ -29,6 +30,7 @@ from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources
 from service.domain.order_writer import InvalidOrder, OrderWriter, Outcome, parse_order
 from service.runtime import stop_signal
+from service.settings import AMQPSettings
 
 log = structlog.get_logger(__name__)
 
@@ -206,6 +208,26 @@ class OrderConsumer:
             await asyncio.gather(*list(self._in_hand), return_exceptions=True)
 
 
+@contextlib.asynccontextmanager
+async def consuming(amqp: AMQPSettings, consumer: OrderConsumer, prefetch: int) -> AsyncIterator[None]:
+    """``consumer`` takes deliveries from the order queue (topology declared, at most ``prefetch``
+    in hand) on a robust connection of its own while the block runs; on exit it stops taking
+    them, finishes and acks those in hand, and closes the connection."""
+    connection = await aio_pika.connect_robust(amqp.url)
+    try:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=prefetch)
+        _, queue = await declare_topology(channel, amqp)
+        tag = await queue.consume(consumer.handle)
+        try:
+            yield
+        finally:
+            await queue.cancel(tag)
+            await consumer.drain()
+    finally:
+        await connection.close()
+
+
 async def run_consumer(resources: Resources, prefetch: int) -> None:
     """Consume until SIGTERM/SIGINT, then stop taking messages, finish those in hand, and return.
     ``prefetch``: deliveries in hand at most; batches of ``FLASHSALE_AMQP__BATCH_SIZE`` at most."""
@@ -213,18 +235,11 @@ async def run_consumer(resources: Resources, prefetch: int) -> None:
     consumer = OrderConsumer(
         resources.engine, resources.store, settings.orders.replay_ttl_seconds, batch_size=settings.amqp.batch_size
     )
-    with stop_signal() as stop:
-        connection = await aio_pika.connect_robust(settings.amqp.url)
-        try:
-            channel = await connection.channel()
-            await channel.set_qos(prefetch_count=prefetch)
-            _, queue = await declare_topology(channel, settings.amqp)
-            tag = await queue.consume(consumer.handle)
-            log.info("consuming", queue=settings.amqp.queue, prefetch=prefetch, batch_size=settings.amqp.batch_size)
-            await stop.wait()
-            log.info("stopping", in_hand=consumer.in_hand)
-            await queue.cancel(tag)
-            await consumer.drain()
-        finally:
-            await connection.close()
-            log.info("stopped", **consumer.counts)
+    try:
+        with stop_signal() as stop:
+            async with consuming(settings.amqp, consumer, prefetch):
+                log.info("consuming", queue=settings.amqp.queue, prefetch=prefetch, batch_size=settings.amqp.batch_size)
+                await stop.wait()
+                log.info("stopping", in_hand=consumer.in_hand)
+    finally:
+        log.info("stopped", **consumer.counts)

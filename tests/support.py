@@ -19,8 +19,8 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.order_consumer import OrderConsumer
-from service.adapters.broker import OrderMessage, declare_topology, delete_topology
+from consumers.order_consumer import OrderConsumer, consuming
+from service.adapters.broker import OrderMessage, delete_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources
@@ -147,22 +147,11 @@ class RunsAfterJournalRead:
 
 @contextlib.asynccontextmanager
 async def running_consumer(settings: Settings, engine: AsyncEngine, store: StockStore) -> AsyncIterator[OrderConsumer]:
-    """An in-process consumer on the run's queue while the block runs (the real one, on a robust
-    connection with prefetch 32); it drains what it holds on exit."""
-    connection = await aio_pika.connect_robust(settings.amqp.url)
-    try:
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=32)
-        _, queue = await declare_topology(channel, settings.amqp)
-        order_consumer = OrderConsumer(engine, store)
-        tag = await queue.consume(order_consumer.handle)
-        try:
-            yield order_consumer
-        finally:
-            await queue.cancel(tag)
-            await order_consumer.drain()
-    finally:
-        await connection.close()
+    """An in-process consumer on the run's queue while the block runs (the real one, prefetch 32);
+    it drains what it holds on exit."""
+    order_consumer = OrderConsumer(engine, store)
+    async with consuming(settings.amqp, order_consumer, prefetch=32):
+        yield order_consumer
 
 
 @contextlib.asynccontextmanager

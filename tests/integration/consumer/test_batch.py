@@ -7,7 +7,7 @@ import asyncio
 import aio_pika
 from sqlalchemy import text
 
-from consumers.order_consumer import OrderConsumer
+from consumers.order_consumer import OrderConsumer, consuming
 from service.adapters.broker import OrderMessage, declare_topology, encode_order, queue_depth
 from service.domain.order_no import compose_order_no
 from service.domain.order_writer import OrderWriter, Outcome, apply_order
@@ -142,29 +142,22 @@ async def test_two_consumers_drain_more_demand_than_stock_exactly(settings, engi
     await put_product(product_id, stock=stock, limit=1)
     orders = [message_for(product_id, f"c{i}", 10_000 + i) for i in range(messages)]
     bodies = [encode_order(order) for order in orders] + [encode_order(order) for order in orders[:repeated]]
+    consumers = [OrderConsumer(engine, store, batch_size=100) for _ in range(2)]
     async with own_queues(settings, "two") as mine:
-        connections, consumers = [], []
+        connection = await aio_pika.connect(mine.amqp.url)
         try:
-            for _ in range(3):
-                connections.append(await aio_pika.connect_robust(mine.amqp.url))
-            publishing = await connections[0].channel()
+            publishing = await connection.channel()
             await declare_topology(publishing, mine.amqp)
             for start in range(0, len(bodies), 300):
                 await asyncio.gather(*(publish_raw(publishing, mine, body) for body in bodies[start : start + 300]))
-            for connection in connections[1:]:
-                channel = await connection.channel()
-                await channel.set_qos(prefetch_count=200)
-                _, queue = await declare_topology(channel, mine.amqp)
-                consumer = OrderConsumer(engine, store, batch_size=100)
-                consumers.append((queue, consumer, await queue.consume(consumer.handle)))
-            await eventually(lambda: _handled(consumers, len(bodies)))
-        finally:
-            for queue, consumer, tag in consumers:
-                await queue.cancel(tag)
-                await consumer.drain()
+            async with (
+                consuming(mine.amqp, consumers[0], prefetch=200),
+                consuming(mine.amqp, consumers[1], prefetch=200),
+            ):
+                await eventually(lambda: _handled(consumers, len(bodies)))
             left = await queue_depth(publishing, mine.amqp.queue)
-            for connection in connections:
-                await connection.close()
+        finally:
+            await connection.close()
 
     rows = await order_rows(engine, product_id)
     assert len(rows) == messages
@@ -173,11 +166,11 @@ async def test_two_consumers_drain_more_demand_than_stock_exactly(settings, engi
     assert sum((row.status, row.reason) == (7, "sold_out") for row in rows) == messages - stock
     assert await inventory(engine, product_id) == (0, stock)
     kinds = ("applied", "rejected", "duplicate")
-    totals = {what: sum(c.counts.get(what, 0) for _, c, _ in consumers) for what in kinds}
+    totals = {what: sum(c.counts.get(what, 0) for c in consumers) for what in kinds}
     assert totals == {"applied": stock, "rejected": messages - stock, "duplicate": repeated}
     assert left == 0
 
 
 async def _handled(consumers, count: int) -> bool:
-    done = sum(c.counts.get(what, 0) for _, c, _ in consumers for what in ("applied", "rejected", "duplicate"))
+    done = sum(c.counts.get(what, 0) for c in consumers for what in ("applied", "rejected", "duplicate"))
     return done >= count
