@@ -6,9 +6,11 @@ add ``errors``: a list of ``{"field", "message"}``.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
+import msgspec
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
@@ -127,16 +129,51 @@ STATUS_BY_CODE = {
 """The one place where a domain error's ``code`` becomes an HTTP status (../shared/DESIGN.md)."""
 
 
+def problem_response(exc: DomainError) -> Response[Any]:
+    """A :class:`DomainError` as an RFC 9457 problem+json response: status by ``code``,
+    ``Retry-After`` when the condition is transient, ``errors`` naming the field of an
+    :class:`InvalidInput`.
+
+    The encoded body is cached per distinct error (a stampede's rejections are a handful of
+    distinct bodies), so the sold-out answer costs no JSON encoding.
+
+    Raises:
+        KeyError: ``exc.code`` has no status in :data:`STATUS_BY_CODE` (a programming error).
+    """
+    field = exc.input_field if isinstance(exc, InvalidInput) else None
+    message = exc.message if isinstance(exc, InvalidInput) else None
+    status, body, headers = _encoded_problem(exc.code, exc.detail, exc.retry_after, field, message)
+    return Response(body, status_code=status, media_type=_PROBLEM_JSON, headers=headers)
+
+
+_PROBLEM_JSON = "application/problem+json"
+
+
+@functools.lru_cache(maxsize=1024)
+def _encoded_problem(
+    code: str, detail: str, retry_after: int | None, field: str | None, message: str | None
+) -> tuple[int, bytes, dict[str, str] | None]:
+    status = STATUS_BY_CODE[code]
+    problem = Problem(status, code, detail)
+    body: dict[str, Any] = {
+        "status": status,
+        "type": problem.type_,
+        "title": problem.title,
+        "detail": detail,
+        "code": code,
+    }
+    if field is not None and message is not None:
+        body["errors"] = [{"field": field, "message": message}]
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return status, msgspec.json.encode(body), headers
+
+
 def _domain_error(request: Request[Any, Any, Any], exc: DomainError) -> Response[Any]:
-    """A :class:`DomainError` as problem+json: status by ``code``, ``Retry-After`` when the
-    condition is transient, ``errors`` naming the field of an :class:`InvalidInput`. A code
-    without a status is a programming error: 500, logged."""
-    status = STATUS_BY_CODE.get(exc.code)
-    if status is None:
+    """The exception handler for :class:`DomainError` (:func:`problem_response`). A code without
+    a status is a programming error: 500, logged."""
+    if exc.code not in STATUS_BY_CODE:
         return _unexpected(request, exc)
-    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-    errors = [{"field": exc.input_field, "message": exc.message}] if isinstance(exc, InvalidInput) else None
-    return Problem(status, exc.code, exc.detail, headers=headers, errors=errors).to_response(request)
+    return problem_response(exc)
 
 
 def _too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:

@@ -23,15 +23,17 @@ RAW_CONNECTIONS = 8
 @dataclass(frozen=True, slots=True)
 class Options:
     """``duration`` seconds of measured load per HTTP row and round, wrk ``connections`` and
-    ``threads``, granian ``workers``, ``backlog`` orders for the drain rows, ``batch`` orders
-    per batched transaction, ``rounds`` (every row measured that many times, interleaved),
+    ``threads``, granian ``workers``, ``backlog`` orders for the drain rows, ``consumers``
+    processes draining it together, ``batch`` orders per batched transaction, ``rounds`` (every
+    row measured that many times, interleaved),
     ``profile_dir`` for py-spy output (None: no profiling)."""
 
     duration: int = 8
     connections: int = 64
     threads: int = 1
     workers: int = 1
-    backlog: int = 5000
+    backlog: int = 20_000
+    consumers: int = 2
     batch: int = 100
     rounds: int = 1
     profile_dir: Path | None = None

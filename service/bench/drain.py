@@ -1,9 +1,10 @@
-"""The drain rows: the consumer draining a backlog (N orders published with no consumer, then
-one ``flashsale consume`` started and timed until MySQL holds all N), and beside it the raw
-writers (:mod:`service.bench.raw_writer`) writing N orders each on the same database.
+"""The drain rows: consumers draining a backlog (N orders published with no consumer, then
+``--consumers`` ``flashsale consume`` processes started and timed until MySQL holds all N), and
+beside them the raw writers (:mod:`service.bench.raw_writer`) writing N orders each on the same
+database.
 
 The rate is measured between the first poll that sees an order row and the first that sees all
-of them (the consumer's start-up, imports and connections, is left out); the consumer's CPU is
+of them (the consumers' start-up, imports and connections, is left out); the consumers' CPU is
 read from ``/proc`` over the same window.
 """
 
@@ -18,7 +19,7 @@ import aio_pika
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.adapters.broker import OrderMessage, declare_topology, encode_order
+from service.adapters.broker import OrderMessage, Publisher, declare_topology
 from service.bench.context import (
     DRAIN,
     PRICE,
@@ -36,38 +37,49 @@ from service.settings import Settings
 POLL_SECONDS = 0.05
 STALL_SECONDS = 30.0  # no new order row for this long: the drain is over, some orders missing
 DRAIN_TIMEOUT = 300.0  # seconds
-PUBLISH_CHUNK = 500  # messages awaiting their confirms at once
 
 
-async def publish_backlog(settings: Settings, orders: list[RawOrder]) -> None:
-    """Empty the run's order queue (the accept row's messages), then publish ``orders`` as the
-    API would (persistent, confirmed) for the consumer to find waiting."""
+async def _purge_orders(settings: Settings) -> None:
+    """Empty the run's order queue (the accept rows' messages, which no consumer took)."""
     connection = await aio_pika.connect(settings.amqp.url)
     try:
-        channel = await connection.channel(publisher_confirms=True)
-        exchange, queue = await declare_topology(channel, settings.amqp)
+        _, queue = await declare_topology(await connection.channel(), settings.amqp)
         await queue.purge()
-        now_ms = int(time.time() * 1000)
-        for start in range(0, len(orders), PUBLISH_CHUNK):
-            await asyncio.gather(
-                *(
-                    exchange.publish(
-                        aio_pika.Message(
-                            encode_order(
-                                OrderMessage(o.request_id, o.order_no, o.user_id, o.product_id, 1, now_ms, o.amount)
-                            ),
-                            content_type="application/json",
-                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                            message_id=o.request_id,
-                        ),
-                        routing_key=settings.amqp.queue,
-                        mandatory=True,
-                    )
-                    for o in orders[start : start + PUBLISH_CHUNK]
-                )
-            )
     finally:
         await connection.close()
+
+
+async def publish_backlog(ctx: Context, orders: list[RawOrder]) -> Row:
+    """Empty the run's order queue, then publish ``orders`` for the consumers to find waiting,
+    through the API's own :class:`Publisher` (its channels, persistent, mandatory, each publish
+    awaiting its confirm), ``--connections`` publishes in flight as the HTTP rows have requests.
+
+    Returns the ``publish`` row: messages per second and the CPU of this process (``server``:
+    nothing else runs in it meanwhile), the publish hop alone.
+    """
+    settings = ctx.settings
+    await _purge_orders(settings)
+    publisher = Publisher(settings.amqp)
+    await publisher.connect()
+    try:
+        now_ms = int(time.time() * 1000)
+        messages = iter(
+            [OrderMessage(o.request_id, o.order_no, o.user_id, o.product_id, 1, now_ms, o.amount) for o in orders]
+        )
+
+        async def publish_in_turn() -> None:
+            for message in messages:  # shared: each message is taken by one task
+                await publisher.publish(message)
+
+        groups = {"server": [os.getpid()], **ctx.stores}
+        started, before = time.perf_counter(), CpuSample.take(groups)
+        await asyncio.gather(*(publish_in_turn() for _ in range(ctx.options.connections)))
+        seconds = time.perf_counter() - started
+        cpu = before.shares(CpuSample.take(groups), seconds)
+    finally:
+        await publisher.close()
+    key, label, ref = DRAIN_ROWS[0]
+    return Row(key, label, "msgs/s", round(len(orders) / seconds, 1), len(orders), round(seconds, 3), ref, cpu=cpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,14 +94,14 @@ class DrainResult:
 
 
 async def time_drain(
-    engine: AsyncEngine, product_id: int, expected: int, consumer: Child, cpu_groups: dict[str, list[int]]
+    engine: AsyncEngine, product_id: int, expected: int, consumers: list[Child], cpu_groups: dict[str, list[int]]
 ) -> DrainResult:
     """Poll the product's order rows every :data:`POLL_SECONDS` until ``expected``, or until
     no row was added for :data:`STALL_SECONDS` (a message retried past the delivery limit is
     dead-lettered and never arrives): then the rate counts the rows written until the last one.
 
     Raises:
-        RuntimeError: the consumer exited, wrote nothing, or the drain passed :data:`DRAIN_TIMEOUT` s.
+        RuntimeError: a consumer exited, nothing was written, or the drain passed :data:`DRAIN_TIMEOUT` s.
     """
     query = text("SELECT COUNT(*) FROM orders WHERE product_id = :p")
     deadline = time.monotonic() + DRAIN_TIMEOUT
@@ -97,7 +109,8 @@ async def time_drain(
     last: tuple[float, int, CpuSample] | None = None
     async with engine.connect() as conn:
         while time.monotonic() < deadline:
-            consumer.check_alive()
+            for consumer in consumers:
+                consumer.check_alive()
             rows = (await conn.execute(query, {"p": product_id})).scalar_one()
             await conn.commit()  # a fresh snapshot for the next poll
             now = time.perf_counter()
@@ -112,13 +125,15 @@ async def time_drain(
                 wall = ended - started
                 return DrainResult(written - seen, wall, before.shares(after, wall), expected - written)
             await asyncio.sleep(POLL_SECONDS)
-    raise RuntimeError(f"the consumer did not drain {expected} orders within {DRAIN_TIMEOUT:.0f}s; see {consumer.log}")
+    logs = ", ".join(str(consumer.log) for consumer in consumers)
+    raise RuntimeError(f"the consumers did not drain {expected} orders within {DRAIN_TIMEOUT:.0f}s; see {logs}")
 
 
-def _drain_note(drained: DrainResult, consumer: Child) -> str:
-    note = "rate from the first order row seen to the last"
+def _drain_note(drained: DrainResult, consumers: list[Child]) -> str:
+    note = f"{len(consumers)} consumer process(es); rate from the first order row seen to the last"
     if drained.missing:
-        note += f"; {drained.missing} orders never written (dead-lettered or stuck: see {consumer.log})"
+        logs = ", ".join(str(consumer.log) for consumer in consumers)
+        note += f"; {drained.missing} orders never written (dead-lettered or stuck: see {logs})"
     return note
 
 
@@ -126,18 +141,20 @@ async def drain_rows(ctx: Context, engine: AsyncEngine) -> list[Row]:
     """Per round: the consumer on a published backlog, then the raw writers on the same
     database, each on products of their own (``backlog`` units each)."""
     opts = ctx.options
-    (consumer_key, consumer_label, consumer_ref), one, batch = DRAIN_ROWS
+    _, (consumer_key, consumer_label, consumer_ref), one, batch = DRAIN_ROWS
     measured: dict[str, list[Row]] = {key: [] for key, _, _ in DRAIN_ROWS}
     for r in range(opts.rounds):
         ctx.console.print(f"round {r + 1}/{opts.rounds}: publishing a backlog of {opts.backlog} orders")
-        await publish_backlog(ctx.settings, make_orders(DRAIN + r, opts.backlog, 90, PRICE))
+        measured["publish"].append(await publish_backlog(ctx, make_orders(DRAIN + r, opts.backlog, 90, PRICE)))
         ctx.console.print(f"round {r + 1}/{opts.rounds}: {consumer_label}")
-        consumer = Child("consumer", flashsale_argv("consume"), ctx.env, ctx.log_dir)
+        consumers = [
+            Child(f"consumer-{n}", flashsale_argv("consume"), ctx.env, ctx.log_dir) for n in range(opts.consumers)
+        ]
         try:
-            groups = {"server": [consumer.process.pid], **ctx.stores}
-            drained = await time_drain(engine, DRAIN + r, opts.backlog, consumer, groups)
+            groups = {"server": [consumer.process.pid for consumer in consumers], **ctx.stores}
+            drained = await time_drain(engine, DRAIN + r, opts.backlog, consumers, groups)
         finally:
-            await consumer.stop()
+            await asyncio.gather(*(consumer.stop() for consumer in consumers))
         rate = round(drained.orders / drained.seconds, 1)
         measured[consumer_key].append(
             Row(
@@ -149,7 +166,7 @@ async def drain_rows(ctx: Context, engine: AsyncEngine) -> list[Row]:
                 round(drained.seconds, 3),
                 consumer_ref,
                 cpu=drained.cpu,
-                note=_drain_note(drained, consumer),
+                note=_drain_note(drained, consumers),
             )
         )
         url = ctx.settings.db.url

@@ -37,6 +37,7 @@ class Report:
     options: Options
     rows: list[Row]
     targets: list[Verdict]
+    accept_ceiling: float | None
     profiles: dict[str, ProfileSummary]
     logs: str | None
 
@@ -50,6 +51,7 @@ class Report:
             "options": options,
             "rows": [asdict(r) for r in self.rows],
             "targets": self.targets,
+            "accept_ceiling": self.accept_ceiling,
             "profiles": self.profiles,
             "logs": self.logs,
         }
@@ -75,7 +77,8 @@ def _header(report: Report, console: Console) -> None:
     o = report.options
     console.print(
         f"wrk -t{o.threads} -c{o.connections} -d{o.duration:g}s after a 1 s warm-up; granian workers "
-        f"{o.workers}; backlog {o.backlog} orders; batch {o.batch}; rounds {o.rounds} (interleaved)",
+        f"{o.workers}; backlog {o.backlog} orders drained by {o.consumers} consumers; batch {o.batch}; "
+        f"rounds {o.rounds} (interleaved)",
         soft_wrap=True,
     )
 
@@ -134,6 +137,12 @@ def render(report: Report, console: Console) -> None:
         verdict = "n/a" if t["pass"] is None else ("[green]PASS[/]" if t["pass"] else "[red]FAIL[/]")
         targets.add_row(t["target"], _num(t["ratio"], 2), verdict)
     console.print(targets)
+    if report.accept_ceiling is not None:
+        console.print(
+            f"accept / product no-op could reach at most {report.accept_ceiling:.2f} on one worker if the accept path "
+            "cost a no-op plus the publish hop alone (P / (P + N) from the rows' per server CPU-s)",
+            soft_wrap=True,
+        )
     if report.logs:
         console.print(f"subprocess logs kept (something unexpected happened): {report.logs}", soft_wrap=True)
     for name, summary in report.profiles.items():

@@ -47,6 +47,7 @@ HTTP_ROWS = [
     HttpRow("accept_async", "accept async", "api-async", "accept", 202, "product_noop"),
 ]
 DRAIN_ROWS = [
+    ("publish", "publish only", None),
     ("consumer", "consumer drain", "raw_one"),
     ("raw_one", "raw 1/tx", None),
     ("raw_batch", "raw batched", "raw_one"),
@@ -58,7 +59,9 @@ DESCRIPTIONS = {
     "sold-out flag after the first Redis answer (409 sold_out)",
     "accept": "POST /api/v1/orders with stock for the whole run: reserve + publish + confirm (202)",
     "accept_async": "the accept load on an API in publish mode async: 202 once reserved, published in the background",
-    "consumer": "one `flashsale consume` draining the published backlog into MySQL",
+    "publish": "the API's Publisher alone (no HTTP, no Redis) publishing the drain rows' backlog, confirmed, "
+    "--connections in flight: the publish hop's cost per message",
+    "consumer": "--consumers `flashsale consume` processes draining the published backlog into MySQL together",
     "raw_one": "raw asyncmy writer, 8 connections, one order per transaction (the consumer's statements)",
     "raw_batch": "raw asyncmy writer, 8 connections, --batch orders per transaction (multi-row INSERTs)",
 }
@@ -168,6 +171,17 @@ def fill_ratios(rows: list[Row]) -> None:
             row.ratio = round(row.rate / ref.rate, 3)
         if ref is not None and row.per_server_cpu and ref.per_server_cpu:
             row.cpu_ratio = round(row.per_server_cpu / ref.per_server_cpu, 3)
+
+
+def accept_ceiling(rows: list[Row]) -> float | None:
+    """The highest accept / product no-op ratio one worker could reach if an accept cost no more
+    than a no-op plus the publish hop alone (row ``publish``; its Redis calls and logic free):
+    P / (P + N), with P and N the publishes and no-ops per CPU second. None when not measured."""
+    by_key = {r.key: r for r in rows}
+    publish, noop = by_key.get("publish"), by_key.get("product_noop")
+    if publish is None or noop is None or not publish.per_server_cpu or not noop.per_server_cpu:
+        return None
+    return round(publish.per_server_cpu / (publish.per_server_cpu + noop.per_server_cpu), 3)
 
 
 def judge(rows: list[Row]) -> list[Verdict]:

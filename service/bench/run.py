@@ -4,7 +4,7 @@ Isolation as in ``flashsale sale``: database, Redis key prefix and queue names `
 and a random JWT secret (:mod:`service.sale.isolation`); everything is removed at the end.
 Servers are subprocesses on granian with the same options and ``--workers``; wrk drives them
 (a 1 s warm-up, then ``--duration`` seconds measured; :mod:`service.bench.http_rows`). Then a
-backlog of ``--backlog`` orders is drained by one ``flashsale consume`` and the same number
+backlog of ``--backlog`` orders is drained by ``--consumers`` ``flashsale consume`` processes and the same number
 written by the raw writers (:mod:`service.bench.drain`). With ``--rounds N`` every row is
 measured N times, the rounds interleaved.
 
@@ -42,7 +42,7 @@ from service.bench.drain import drain_rows
 from service.bench.http_rows import http_rows
 from service.bench.procstat import machine_info, store_pids
 from service.bench.report import Report, render
-from service.bench.rows import fill_ratios, judge
+from service.bench.rows import accept_ceiling, fill_ratios, judge
 from service.bench.server import ServerFailed
 from service.bench.wrk import WrkMissing, require_wrk
 from service.sale.isolation import environment, isolated_settings, new_run_id
@@ -115,6 +115,7 @@ async def measure(base: Settings, options: Options, console: Console) -> Report:
         options=options,
         rows=rows,
         targets=judge(rows),
+        accept_ceiling=accept_ceiling(rows),
         profiles=ctx.profiles,
         logs=str(log_dir) if suspicious else None,
     )

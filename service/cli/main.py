@@ -136,10 +136,17 @@ def sale(**options: Any) -> None:
 )
 @click.option(
     "--backlog",
-    default=5000,
+    default=20_000,
     show_default=True,
     type=click.IntRange(1, 1_000_000),
     help="Orders for the consumer and raw-writer rows.",
+)
+@click.option(
+    "--consumers",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 16),
+    help="flashsale consume processes draining the backlog together.",
 )
 @click.option(
     "--batch",

@@ -17,7 +17,7 @@ from litestar.params import (
 from msgspec import Meta
 
 from service.api.auth import User
-from service.api.problems import field_error
+from service.api.problems import field_error, problem_response
 from service.bootstrap import Resources
 from service.domain.catalog import PositiveId
 from service.domain.orders import OrderPage, OrderView
@@ -68,8 +68,11 @@ class OrderController(Controller):
         invalid_idempotency_key, 401, 404 product_not_found, 409 sold_out / limit_exceeded /
         sale_not_active / request_in_progress, 422 idempotency_key_reused, 503 unavailable."""
         await _require_integers(request, ("product_id", "quantity"))
+        purchases = resources.purchase_service
+        if idempotency_key is None and (answer := purchases.standing_rejection(data.product_id, data.quantity)):
+            return problem_response(answer)  # a stampede's usual answer: no Redis, no raise
         request_id = request_id_for(request.user.id, data.product_id, idempotency_key)
-        accepted = await resources.purchase_service.purchase(
+        accepted = await purchases.purchase(
             request.user.id, data.product_id, data.quantity, request_id, keyed=idempotency_key is not None
         )
         body = OrderAccepted(accepted.order_no, accepted.request_id, "queued", accepted.product_id, accepted.quantity)

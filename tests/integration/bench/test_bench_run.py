@@ -35,3 +35,5 @@ def test_a_short_bench_measures_every_row():
         assert row["cpu"]["machine"] >= 0
     assert len(report["targets"]) == len(TARGETS)
     assert all(t["ratio"] is not None for t in report["targets"])
+    assert 0 < report["accept_ceiling"] < 1
+    assert report["options"]["consumers"] == 2

@@ -209,6 +209,21 @@ async def test_a_keyed_replay_of_an_accepted_purchase_still_answers_its_202_whil
     assert (await buy(api.client, token("keeper"), product_id, quantity=2, key="k-2")).json()["code"] == "sold_out"
 
 
+async def test_the_flags_answer_is_the_answer_redis_gives(apis, token, put_product, product_id):
+    """The flag answers with a pre-encoded body, not through the exception handler: a client
+    cannot tell it from the answer that went to Redis (keyed requests always do)."""
+    api = apis[0]
+    await put_product(product_id, stock=0, limit=2)
+    for quantity in (1, 3):  # sold_out, and above the per-user limit
+        from_redis = await buy(api.client, token("a"), product_id, quantity=quantity, key=f"q{quantity}")
+        await buy(api.client, token("a"), product_id, quantity=quantity)  # raises the flag if not yet
+        assert api.flags.verdict(product_id, quantity) is not None
+        from_flag = await buy(api.client, token("b"), product_id, quantity=quantity)
+        assert from_flag.status_code == from_redis.status_code in (400, 409)
+        assert from_flag.headers["content-type"] == from_redis.headers["content-type"] == "application/problem+json"
+        assert from_flag.json() == from_redis.json()
+
+
 async def test_every_script_that_puts_stock_back_announces_the_product(
     put_product, product_id, engine, store, redis, settings
 ):
