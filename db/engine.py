@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import structlog
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 ER_DUP_ENTRY = 1062
 ER_LOCK_WAIT_TIMEOUT = 1205
 ER_LOCK_DEADLOCK = 1213
+MAX_TRANSACTION_ATTEMPTS = 6
+"""Attempts of one transaction that meets deadlocks or lock wait timeouts (:func:`in_transaction`)."""
+
+T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 
 class DuplicateKeyError(Exception):
@@ -28,6 +39,35 @@ def mysql_errno(exc: BaseException) -> int | None:
 def is_retryable(exc: BaseException) -> bool:
     """Deadlock (1213) or lock wait timeout (1205): the whole transaction may be retried."""
     return isinstance(exc, DBAPIError) and mysql_errno(exc) in (ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT)
+
+
+async def in_transaction(
+    engine: AsyncEngine,
+    work: Callable[[AsyncConnection], Awaitable[T]],
+    *,
+    label: str,
+    attempts: int = MAX_TRANSACTION_ATTEMPTS,
+) -> T:
+    """``work(conn)`` in one transaction (committed when it returns, rolled back when it raises),
+    the whole transaction retried on a deadlock (1213) or lock wait timeout (1205), at most
+    ``attempts`` times, with jittered exponential back-off (40 ms doubling, capped at 1 s).
+    ``label`` names the work in the retry log line.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted.
+        Whatever ``work`` raises otherwise (after the rollback).
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            async with engine.begin() as conn:
+                return await work(conn)
+        except DBAPIError as exc:
+            if not is_retryable(exc) or attempt == attempts:
+                raise
+            delay = min(0.02 * 2**attempt, 1.0) * (0.5 + random.random())
+            log.info("transaction_retry", work=label, attempt=attempt, delay=round(delay, 3))
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def as_duplicate_key(exc: DBAPIError) -> DuplicateKeyError | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -46,8 +46,16 @@ class Base(DeclarativeBase):
     pass
 
 
+class StockMode(StrEnum):
+    """How a product's stock is taken (seed "order system database design")."""
+
+    DATABASE = "database"
+    REDIS = "redis"
+
+
 class Product(Base):
-    """A product on sale: price in minor units, per-user limit (units), sale window (UTC, naive)."""
+    """A product on sale: price in minor units, per-user limit (units), sale window (UTC, naive),
+    stock mode and whether a purchase needs an order token."""
 
     __tablename__ = "products"
 
@@ -57,6 +65,11 @@ class Product(Base):
     per_user_limit: Mapped[int] = mapped_column(Integer)
     sale_starts_at: Mapped[datetime] = mapped_column(DateTime)
     sale_ends_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    stock_mode: Mapped[str] = mapped_column(String(8), server_default="database")
+    """``database`` (seed scheme 1: conditional UPDATE in the request's transaction) or ``redis``
+    (scheme 2: Redis pre-decrement, queue, consumer)."""
+    require_token: Mapped[bool] = mapped_column(Boolean, server_default="0")
+    """A purchase needs a server-issued order token (header ``Order-Token``)."""
 
 
 class Inventory(Base):

@@ -6,18 +6,22 @@
 -- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota   KEYS[4] versions   KEYS[5] sale
 -- ARGV[1] MySQL stock in the snapshot   ARGV[2] '1' write, '0' dry run
 -- ARGV[3] inventory version of the snapshot
--- ARGV[4..7] sale terms in the snapshot: starts_ms, ends_ms (0 = no end), per-user limit, price
--- ARGV[8] restock channel   ARGV[9] product id: announced there when a write leaves stock to sell
+-- ARGV[4..8] sale terms in the snapshot: starts_ms, ends_ms (0 = no end), per-user limit, price,
+-- token ('1': a purchase needs an order token)
+-- ARGV[9] stock-mode marker: 'database' writes the sale's mode = database (reserve.lua answers
+-- 'moved'), 'open' removes it (the switch to redis mode), 'keep' leaves it as it is (a pass
+-- whose snapshot says redis must not undo a switch to database that has begun)
+-- ARGV[10] restock channel   ARGV[11] product id: announced there when a write leaves stock to sell
 -- or changes the sale terms, so every API process drops its sold-out flag for the product
--- ARGV[10] n = number of resolved request ids
--- ARGV[11 .. 10+n] request ids whose order has a row in the snapshot
--- ARGV[11+n ..] pairs: user id, units that user holds in MySQL (snapshot)
+-- ARGV[12] n = number of resolved request ids
+-- ARGV[13 .. 12+n] request ids whose order has a row in the snapshot
+-- ARGV[13+n ..] pairs: user id, units that user holds in MySQL (snapshot)
 -- Returns {stock_before or '', stock_after, in_flight_count, in_flight_units, resolved_dropped, stale}.
 -- stale = 1: Redis already reflects a newer MySQL state (another pass, or a restock); nothing
 -- was written (the next pass, with a newer snapshot, writes).
-local n = tonumber(ARGV[10])
+local n = tonumber(ARGV[12])
 local resolved = {}
-for i = 11, 10 + n do resolved[ARGV[i]] = true end
+for i = 13, 12 + n do resolved[ARGV[i]] = true end
 local version = tonumber(ARGV[3])
 local versions = redis.call('HMGET', KEYS[4], 'synced', 'restocked')
 -- Stale: a pass with a newer snapshot already wrote, or units returned after this snapshot
@@ -26,7 +30,7 @@ local stale = tonumber(versions[1] or '0') > version or tonumber(versions[2] or 
 local write = ARGV[2] == '1' and not stale
 
 local quota = {}
-for i = 11 + n, #ARGV, 2 do quota[ARGV[i]] = tonumber(ARGV[i + 1]) end
+for i = 13 + n, #ARGV, 2 do quota[ARGV[i]] = tonumber(ARGV[i + 1]) end
 
 local before = redis.call('GET', KEYS[1]) or ''
 local entries = redis.call('HGETALL', KEYS[2])
@@ -50,11 +54,17 @@ end
 -- More units in flight than MySQL holds: some will be rejected by the consumer; sell nothing more.
 local after = math.max(tonumber(ARGV[1]) - units, 0)
 if write then
-  local terms = redis.call('HMGET', KEYS[5], 'starts_ms', 'ends_ms', 'limit', 'price')
-  if after > 0 or terms[1] ~= ARGV[4] or terms[2] ~= ARGV[5] or terms[3] ~= ARGV[6] or terms[4] ~= ARGV[7] then
-    redis.call('PUBLISH', ARGV[8], ARGV[9])
+  local terms = redis.call('HMGET', KEYS[5], 'starts_ms', 'ends_ms', 'limit', 'price', 'token')
+  if after > 0 or terms[1] ~= ARGV[4] or terms[2] ~= ARGV[5] or terms[3] ~= ARGV[6] or terms[4] ~= ARGV[7]
+      or terms[5] ~= ARGV[8] then
+    redis.call('PUBLISH', ARGV[10], ARGV[11])
   end
-  redis.call('HSET', KEYS[5], 'starts_ms', ARGV[4], 'ends_ms', ARGV[5], 'limit', ARGV[6], 'price', ARGV[7])
+  redis.call('HSET', KEYS[5], 'starts_ms', ARGV[4], 'ends_ms', ARGV[5], 'limit', ARGV[6], 'price', ARGV[7], 'token', ARGV[8])
+  if ARGV[9] == 'database' then
+    redis.call('HSET', KEYS[5], 'mode', 'database')
+  elseif ARGV[9] == 'open' then
+    redis.call('HDEL', KEYS[5], 'mode')
+  end
   redis.call('SET', KEYS[1], after)
   redis.call('DEL', KEYS[3])
   for user, held in pairs(quota) do

@@ -1,11 +1,14 @@
 -- Reserve stock for one purchase, atomically (the hot path: one round trip, accept or reject).
--- KEYS[1] stock   KEYS[2] sale (starts_ms, ends_ms, limit, price)   KEYS[3] journal   KEYS[4] quota   KEYS[5] replay record
+-- KEYS[1] stock   KEYS[2] sale (starts_ms, ends_ms, limit, price, token, mode)   KEYS[3] journal
+-- KEYS[4] quota   KEYS[5] replay record   KEYS[6] order token (user id; seed "order system
+-- database design": the anti-duplicate token, deleted atomically on submit)
 -- ARGV[1] request id   ARGV[2] user id   ARGV[3] quantity   ARGV[4] order number to use
 -- ARGV[5] replay record ttl (seconds)   ARGV[6] attempt token (unique to this HTTP attempt)
+-- ARGV[7] '1' when the request carries an order token (KEYS[6] names it), else '0'
 -- Returns {outcome, order_no[, reserved_at_ms, unit price]}, or for sold_out
 -- {'sold_out', '', stock, per-user limit, ms left in the sale or -1}. outcome: reserved | replay |
--- in_flight | key_reused | abandoned | not_loaded | sale_not_active | over_limit | sold_out |
--- limit_exceeded. Only 'reserved' writes anything.
+-- in_flight | key_reused | abandoned | moved | not_loaded | sale_not_active | over_limit | sold_out |
+-- token_required | token_invalid | limit_exceeded. Only 'reserved' writes anything.
 local quantity = tonumber(ARGV[3])
 local record = redis.call('HMGET', KEYS[5], 'quantity', 'order_no', 'state', 'abandoned:' .. ARGV[6])
 -- This attempt was already answered 503 and release.lua found nothing to give back (this call
@@ -26,7 +29,10 @@ if record[1] then
   order_no = record[2]
 end
 
-local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit', 'price')
+local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit', 'price', 'token', 'mode')
+-- The product sells from MySQL (stock mode 'database'), or is being switched there: the marker
+-- is written before MySQL serves, so no reservation is taken here after it.
+if sale[6] == 'database' then return {'moved', ''} end
 local stock = redis.call('GET', KEYS[1])
 if not sale[1] or not sale[4] or not stock then return {'not_loaded', ''} end
 
@@ -46,6 +52,13 @@ if quantity > limit then return {'over_limit', ''} end
 if tonumber(stock) < quantity then
   return {'sold_out', '', tonumber(stock), limit, ends_ms > 0 and ends_ms - now_ms or -1}
 end
+-- An order token is checked only on a first attempt: a retry after a release ('released'
+-- record above) already consumed it under this very request id (the token is its key).
+local needs_token = sale[5] == '1' and not record[1]
+if needs_token then
+  if ARGV[7] ~= '1' then return {'token_required', ''} end
+  if redis.call('GET', KEYS[6]) ~= ARGV[2] then return {'token_invalid', ''} end
+end
 local held = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '0')
 if held + quantity > limit then return {'limit_exceeded', ''} end
 
@@ -56,4 +69,5 @@ redis.call('HINCRBY', KEYS[4], ARGV[2], quantity)
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. quantity .. '|' .. order_no .. '|' .. now_ms .. '|' .. sale[4] .. '|0')
 redis.call('HSET', KEYS[5], 'quantity', quantity, 'order_no', order_no, 'state', 'pending', 'attempt', ARGV[6])
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
+if needs_token then redis.call('DEL', KEYS[6]) end
 return {'reserved', order_no, now_ms, sale[4]}

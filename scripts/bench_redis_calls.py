@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from db.migrate import upgrade
+from db.models import StockMode
 from service.bootstrap import Resources
 from service.domain.catalog import ProductInput
 from service.domain.purchase import PurchaseRejected
@@ -78,7 +79,7 @@ async def main(requests: int) -> None:
         Pipeline.execute = _counted_pipeline  # type: ignore[method-assign]
         try:
             stock = warm_up + requests
-            await resources.catalog.set(1, ProductInput(stock=stock, per_user_limit=1))
+            await resources.catalog.set(1, ProductInput(stock=stock, per_user_limit=1, stock_mode=StockMode.REDIS))
             await _run(resources, 1, range(warm_up))
             rows = [
                 ("accept path", *await _run(resources, 1, range(warm_up, stock))),

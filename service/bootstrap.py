@@ -150,7 +150,13 @@ class Resources:
                     background.start()
                 sold_out, follower = _follow_sold_out(store, settings.orders.sold_out_flag_seconds)
                 purchases = PurchaseService(
-                    store, minter, publisher, engine=engine, background=background, sold_out=sold_out
+                    store,
+                    minter,
+                    publisher,
+                    engine=engine,
+                    background=background,
+                    sold_out=sold_out,
+                    token_ttl_seconds=settings.orders.token_ttl_seconds,
                 )
         except BaseException:
             await _close(settings, engine, store, publisher, lease, background, follower)

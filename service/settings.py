@@ -69,6 +69,8 @@ class OrderSettings(BaseModel):
 
     order_no_prefix: str = Field("FS", pattern=r"^[A-Z]{2}$")
     replay_ttl_seconds: int = Field(86_400, ge=60)
+    token_ttl_seconds: int = Field(300, ge=1)
+    """How long an order token lives (seed "order system database design": ``SET token EX 300``)."""
     shard_lease_seconds: int = Field(30, ge=3)
     sequence_block: int = Field(100, ge=1, le=999_999)
     """Order-number sequence numbers one Redis call takes (per shard and second)."""

@@ -5,22 +5,38 @@ from __future__ import annotations
 from sqlalchemy import text
 
 UPSERT = text(
-    "INSERT INTO products (id, name, price, per_user_limit, sale_starts_at, sale_ends_at)"
+    "INSERT INTO products (id, name, price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode, require_token)"
     " VALUES (:id, COALESCE(:name, :default_name), COALESCE(:price, 0), COALESCE(:limit, 1),"
-    " COALESCE(:starts, UTC_TIMESTAMP()), :ends)"
+    " COALESCE(:starts, UTC_TIMESTAMP()), :ends, COALESCE(:mode, 'database'), COALESCE(:require_token, 0))"
     " ON DUPLICATE KEY UPDATE name = COALESCE(:name, name), price = COALESCE(:price, price),"
     " per_user_limit = COALESCE(:limit, per_user_limit),"
     " sale_starts_at = COALESCE(:starts, sale_starts_at),"
-    " sale_ends_at = IF(:ends_given, :ends, sale_ends_at)"
+    " sale_ends_at = IF(:ends_given, :ends, sale_ends_at),"
+    " require_token = COALESCE(:require_token, require_token)"
 )
 """Create or update product ``:id``; a NULL parameter keeps the stored value, and the sale end
-is written only when ``:ends_given``."""
+is written only when ``:ends_given``. ``:mode`` is used on creation only (default
+``database``): an existing product changes mode through :data:`SET_MODE` (the switch)."""
 
-TERMS = text("SELECT price, per_user_limit, sale_starts_at, sale_ends_at FROM products WHERE id = :id")
+TERMS = text("SELECT price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode FROM products WHERE id = :id")
+
+ROUTING = text("SELECT stock_mode, require_token FROM products WHERE id = :id")
+"""How product ``:id`` sells: its stock mode and whether it needs an order token."""
+
+PURCHASE_TERMS = text(
+    "SELECT price, per_user_limit, stock_mode, require_token,"
+    " sale_starts_at <= UTC_TIMESTAMP() AND (sale_ends_at IS NULL OR UTC_TIMESTAMP() < sale_ends_at) AS active"
+    " FROM products WHERE id = :id"
+)
+"""What a ``database``-mode purchase checks of product ``:id``, with the sale window judged by
+MySQL's clock (read after the inventory row is locked, see ``service.domain.database_purchase``)."""
+
+SET_MODE = text("UPDATE products SET stock_mode = :mode WHERE id = :id")
+"""Switch product ``:id`` to stock mode ``:mode`` (with the inventory row locked: every
+``database``-mode purchase reads the mode under that lock)."""
 
 VIEW = text(
-    "SELECT p.id, p.name, p.price, p.per_user_limit, p.sale_starts_at, p.sale_ends_at, i.stock"
+    "SELECT p.id, p.name, p.price, p.per_user_limit, p.sale_starts_at, p.sale_ends_at, p.stock_mode,"
+    " p.require_token, i.stock"
     " FROM products p JOIN inventory i ON i.product_id = p.id WHERE p.id = :id"
 )
-
-EXISTS = text("SELECT 1 FROM products WHERE id = :id")

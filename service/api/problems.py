@@ -36,6 +36,7 @@ _TITLES = {
     413: "Payload Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
+    428: "Precondition Required",
     429: "Too Many Requests",
     500: "Internal Server Error",
     503: "Service Unavailable",
@@ -123,7 +124,9 @@ STATUS_BY_CODE = {
     "order_not_cancellable": 409,
     "order_not_refundable": 409,
     "channel_txn_reused": 409,
+    "token_invalid": 409,
     "idempotency_key_reused": 422,
+    "token_required": 428,
     "unavailable": 503,
 }
 """The one place where a domain error's ``code`` becomes an HTTP status (../shared/DESIGN.md)."""

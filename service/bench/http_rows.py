@@ -64,7 +64,13 @@ async def create_products(ctx: Context, port: int) -> None:
             stock[product] = (ctx.options.backlog, 1)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as client:
         for product, (units, limit) in stock.items():
-            body = {"stock": units, "price": PRICE, "per_user_limit": limit, "name": f"bench {product}"}
+            body = {
+                "stock": units,
+                "price": PRICE,
+                "per_user_limit": limit,
+                "name": f"bench {product}",
+                "stock_mode": "redis",
+            }
             answer = await client.put(
                 f"/api/v1/admin/products/{product}", json=body, headers={"Authorization": f"Bearer {admin}"}
             )

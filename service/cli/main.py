@@ -245,6 +245,18 @@ def product() -> None:
 @click.option("--name", default=None, help="Kept when left out.")
 @click.option("--starts", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
 @click.option("--ends", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
+@click.option(
+    "--stock-mode",
+    type=click.Choice(["database", "redis"]),
+    default=None,
+    help="database: a MySQL transaction per purchase (201); redis: Redis pre-decrement and the queue (202). "
+    "Kept when left out (database on creation); a change switches safely mid-sale.",
+)
+@click.option(
+    "--require-token/--no-require-token",
+    default=None,
+    help="A purchase needs an Order-Token from POST /api/v1/orders/tokens (kept when left out; off on creation).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the load report as JSON.")
 def product_set(
     product_id: int,
@@ -254,6 +266,8 @@ def product_set(
     name: str | None,
     starts: datetime | None,
     ends: datetime | None,
+    stock_mode: str | None,
+    require_token: bool | None,
     as_json: bool,
 ) -> None:
     """Create or update PRODUCT_ID: STOCK is the sale's units in all (sold ones included), and
@@ -276,6 +290,8 @@ def product_set(
         "name": name,
         "sale_starts_at": starts,
         "sale_ends_at": ends,
+        "stock_mode": stock_mode,
+        "require_token": require_token,
     }
     try:
         data = msgspec.convert({k: v for k, v in fields.items() if v is not None}, ProductInput)

@@ -9,11 +9,12 @@ import msgspec
 from msgspec import Meta
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from db.models import MAX_AMOUNT
+from db.models import MAX_AMOUNT, StockMode
 from db.queries import inventory, products
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import InvalidInput, ProductNotFound
 from service.domain.realign import Realigner, RealignReport
+from service.domain.stock_modes import switch_to_database, switch_to_redis
 
 PositiveId = Annotated[int, Meta(ge=1, le=2**63 - 1)]
 
@@ -29,7 +30,10 @@ class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
     creation: 0, 1 and "product ID"). The sale window likewise: on creation, without
     ``sale_starts_at`` the sale opens now and without ``sale_ends_at`` it has no end; on update,
     a bound left out is kept and ``"sale_ends_at": null`` removes the end (ISO 8601; naive
-    times are UTC)."""
+    times are UTC). ``stock_mode`` (seed "order system database design": ``database``, scheme 1,
+    or ``redis``, scheme 2; new products default to ``database``) and ``require_token`` (a
+    purchase needs an ``Order-Token``; default false) left out keep their values; a new
+    ``stock_mode`` switches the product safely mid-sale (:mod:`service.domain.stock_modes`)."""
 
     stock: Annotated[int, Meta(ge=0, le=2**31 - 1)]
     price: Annotated[int, Meta(ge=0, le=2**62)] | None = None
@@ -37,10 +41,13 @@ class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
     name: Annotated[str, Meta(min_length=1, max_length=200)] | None = None
     sale_starts_at: datetime | None = None
     sale_ends_at: datetime | None | msgspec.UnsetType = msgspec.UNSET
+    stock_mode: StockMode | None = None
+    require_token: bool | None = None
 
 
 class ProductView(msgspec.Struct):
-    """Public sale info. ``remaining`` is the stock Redis can still sell (MySQL's when not loaded)."""
+    """Public sale info. ``remaining`` is the stock Redis can still sell in ``redis`` mode (MySQL's
+    when not loaded), MySQL's in ``database`` mode."""
 
     id: int
     name: str
@@ -50,16 +57,21 @@ class ProductView(msgspec.Struct):
     sale_ends_at: datetime | None
     sale_active: bool
     remaining: int
+    stock_mode: str
+    require_token: bool
 
 
 def _utc_naive(value: datetime) -> datetime:
     return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
 
 
-async def set_product(engine: AsyncEngine, realigner: Realigner, product_id: int, data: ProductInput) -> RealignReport:
-    """Upsert the product and its MySQL stock (``stock - sold``), then load Redis (sale window,
-    per-user limit, stock) by a realignment pass: exact against reservations in flight, never a
-    blind overwrite of live stock.
+async def set_product(
+    engine: AsyncEngine, store: StockStore, realigner: Realigner, product_id: int, data: ProductInput
+) -> RealignReport:
+    """Upsert the product and its MySQL stock (``stock - sold``), switch its stock mode when
+    ``stock_mode`` names another one (:mod:`service.domain.stock_modes`), then load Redis (sale
+    window, per-user limit, stock, mode marker) by a realignment pass: exact against
+    reservations in flight, never a blind overwrite of live stock.
 
     Raises:
         InvalidProduct: ``sale_ends_at`` is not after ``sale_starts_at``, or ``price x
@@ -77,13 +89,15 @@ async def set_product(engine: AsyncEngine, realigner: Realigner, product_id: int
         "ends": ends,
         "ends_given": data.sale_ends_at is not msgspec.UNSET,
         "stock": data.stock,
+        "mode": data.stock_mode.value if data.stock_mode else None,
+        "require_token": data.require_token,
     }
     async with engine.begin() as conn:
         await conn.execute(
             products.UPSERT,
             row,
         )
-        price, limit, starts_at, ends_at = (await conn.execute(products.TERMS, row)).one()
+        price, limit, starts_at, ends_at, mode = (await conn.execute(products.TERMS, row)).one()
         # Checked on the values now stored (kept ones included); raised inside the transaction,
         # so nothing is written.
         if price * limit > MAX_AMOUNT:
@@ -96,6 +110,10 @@ async def set_product(engine: AsyncEngine, realigner: Realigner, product_id: int
             inventory.SET_SALE_UNITS,
             row,
         )
+    if data.stock_mode is StockMode.DATABASE and mode != StockMode.DATABASE:
+        await switch_to_database(engine, store, realigner, product_id)
+    elif data.stock_mode is StockMode.REDIS and mode != StockMode.REDIS:
+        return await switch_to_redis(engine, realigner, product_id)
     return await realigner.realign(product_id)
 
 
@@ -110,7 +128,8 @@ async def get_product(engine: AsyncEngine, store: StockStore, product_id: int) -
         ).first()
     if row is None:
         return None
-    redis_stock = await store.stock(product_id)
+    database = row.stock_mode == StockMode.DATABASE
+    redis_stock = None if database else await store.stock(product_id)
     now = datetime.now(UTC).replace(tzinfo=None)
     return ProductView(
         id=row.id,
@@ -121,13 +140,9 @@ async def get_product(engine: AsyncEngine, store: StockStore, product_id: int) -
         sale_ends_at=row.sale_ends_at.replace(tzinfo=UTC) if row.sale_ends_at else None,
         sale_active=row.sale_starts_at <= now and (row.sale_ends_at is None or now < row.sale_ends_at),
         remaining=redis_stock if redis_stock is not None else row.stock,
+        stock_mode=row.stock_mode,
+        require_token=bool(row.require_token),
     )
-
-
-async def product_exists(engine: AsyncEngine, product_id: int) -> bool:
-    """True when MySQL has product ``product_id`` (used off the hot path only)."""
-    async with engine.connect() as conn:
-        return (await conn.execute(products.EXISTS, {"id": product_id})).first() is not None
 
 
 class CatalogService:
@@ -148,4 +163,4 @@ class CatalogService:
     async def set(self, product_id: int, data: ProductInput) -> RealignReport:
         """Create or update a product and load Redis by a realignment pass (see :func:`set_product`).
         Raises :class:`InvalidProduct`."""
-        return await set_product(self._engine, self._realigner, product_id, data)
+        return await set_product(self._engine, self._store, self._realigner, product_id, data)

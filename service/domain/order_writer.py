@@ -31,7 +31,6 @@ The brief's per-message rules ("Consumer (authoritative write)"), applied to a b
 from __future__ import annotations
 
 import asyncio
-import random
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -41,10 +40,10 @@ from enum import Enum
 import msgspec
 import structlog
 from redis.exceptions import RedisError
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from db.engine import as_duplicate_key, is_retryable
+from db.engine import as_duplicate_key, in_transaction
 from db.models import MAX_AMOUNT, OrderStatus
 from db.queries import inventory, orders
 from service.adapters.broker import OrderMessage, decode_order
@@ -55,7 +54,6 @@ from service.domain.request_id import USER_ID, reissued_request_id
 
 log = structlog.get_logger(__name__)
 
-MAX_TRANSACTION_ATTEMPTS = 6
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 _MAX_QUANTITY = 2**31 - 1  # orders.quantity is INT
 _MAX_PRODUCT_ID = 2**63 - 1  # products.id is BIGINT
@@ -155,7 +153,7 @@ async def write_orders(
     engine: AsyncEngine, batch: Sequence[OrderMessage], replay_window_seconds: int = 86_400
 ) -> list[Outcome]:
     """Write ``batch`` in one transaction (see the module docstring); one outcome per order, in
-    order. The whole transaction is retried on 1213/1205 (at most ``MAX_TRANSACTION_ATTEMPTS``).
+    order. The whole transaction is retried on 1213/1205 (:func:`db.engine.in_transaction`).
 
     ``replay_window_seconds`` is how long the API keeps replay records
     (``FLASHSALE_ORDERS__REPLAY_TTL_SECONDS``): a request id taken by an order younger than that,
@@ -165,17 +163,9 @@ async def write_orders(
     Raises:
         sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted.
     """
-    for attempt in range(1, MAX_TRANSACTION_ATTEMPTS + 1):
-        try:
-            async with engine.begin() as conn:
-                return await _write(conn, batch, replay_window_seconds)
-        except DBAPIError as exc:
-            if not is_retryable(exc) or attempt == MAX_TRANSACTION_ATTEMPTS:
-                raise
-            delay = min(0.02 * 2**attempt, 1.0) * (0.5 + random.random())
-            log.info("transaction_retry", orders=len(batch), attempt=attempt, delay=round(delay, 3))
-            await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
+    return await in_transaction(
+        engine, lambda conn: _write(conn, batch, replay_window_seconds), label=f"write_orders({len(batch)})"
+    )
 
 
 @dataclass(slots=True)

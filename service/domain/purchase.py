@@ -1,38 +1,65 @@
-"""The purchase path: reserve in Redis (one Lua call), publish with confirm, or give it back
-(publish mode ``confirm``); or reserve, mark queued and publish in the background (``async``).
+"""The purchase path, per product stock mode (seed "order system database design"):
+
+- ``redis`` (scheme 2): reserve in Redis (one Lua call), publish with confirm, or give it back
+  (publish mode ``confirm``); or reserve, mark queued and publish in the background (``async``).
+- ``database`` (scheme 1): one MySQL transaction (:mod:`service.domain.database_purchase`).
 
 ``PurchaseService.purchase`` is the whole hot path; the HTTP controller only authenticates,
 validates and maps the outcome to a status code.
+
+Which mode a product is in is kept per process (:class:`RouteCache`), learned once from MySQL
+and corrected by the answers themselves: ``reserve.lua`` answers ``moved`` for a product that
+sells from MySQL (a marker in the product's Redis slot, written before MySQL serves), and the
+MySQL transaction answers ``MOVED`` for a product that is in ``redis`` mode (read under the
+inventory row lock that a switch takes). So no message has to reach the process for a switch to
+be safe, the ``redis`` hot path costs neither a MySQL query nor an extra Redis round trip, and a
+stale entry costs one bounce.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import structlog
 from redis.exceptions import RedisError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from db.models import StockMode
 from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
 from service.adapters.redis.stock_store import StockStore, new_attempt
-from service.domain.catalog import product_exists
+from service.domain.database_purchase import (
+    DatabaseAnswer,
+    DatabasePurchase,
+    buy_in_database,
+    earlier_order,
+    replay_of,
+)
 from service.domain.errors import DomainError, InvalidInput, ProductNotFound
 from service.domain.order_no import OrderNumberMinter, ShardLost
-from service.domain.sold_out import SoldOutFlags, Verdict
+from service.domain.routes import Route, RouteCache
+from service.domain.sold_out import SoldOutFlags, Token, Verdict
 
 log = structlog.get_logger(__name__)
+
+ORDER_TOKEN_BYTES = 24
+"""Random bytes of an order token: 192 bits, 32 URL-safe characters."""
 
 
 @dataclass(frozen=True, slots=True)
 class Accepted:
-    """A purchase the broker has confirmed (or a replay of one). ``quantity`` in units."""
+    """A purchase the broker has confirmed (or a replay of one). ``quantity`` in units.
+    ``status``: None for an order queued for MySQL (stock mode ``redis``), else the status label
+    of the order MySQL already holds (``database`` mode: ``pending_payment`` when new)."""
 
     order_no: str
     request_id: str
     product_id: int
     quantity: int
+    status: str | None = None
 
 
 class PurchaseRejected(DomainError):
@@ -55,6 +82,10 @@ _REJECTIONS = {
         "This Idempotency-Key was used with a different request body.",
     ),
     ReserveOutcome.NOT_LOADED: ("unavailable", "Stock is not loaded yet, retry shortly."),
+    ReserveOutcome.TOKEN_REQUIRED: ("token_required", "This product needs an Order-Token header."),
+    ReserveOutcome.TOKEN_INVALID: ("token_invalid", "The Order-Token is unknown, expired or not yours."),
+    # Both sides said the other serves: the product is being switched between stock modes.
+    ReserveOutcome.MOVED: ("unavailable", "The product is switching stock mode, retry shortly."),
     # Only a reserve that arrives after its own attempt was released answers this, and by then
     # nobody waits for its reply; mapped for completeness.
     ReserveOutcome.ABANDONED: ("unavailable", "Stock service unavailable, retry shortly."),
@@ -70,6 +101,17 @@ def _flag_answer(verdict: Verdict) -> DomainError:
     return PurchaseRejected(*_REJECTIONS[ReserveOutcome.SOLD_OUT])
 
 
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """One purchase request on its way through either stock mode."""
+
+    user_id: str
+    product_id: int
+    quantity: int
+    request_id: str
+    order_token: str | None
+
+
 class PurchaseService:
     """Runs purchases for one process; holds its stock store, minter and publisher.
 
@@ -78,6 +120,8 @@ class PurchaseService:
     ``confirm``) only after the broker confirmed.
 
     ``sold_out``: the process's sold-out flags (None: every request asks Redis).
+    ``engine`` None: every product is taken to be in ``redis`` mode (no MySQL at hand).
+    ``token_ttl_seconds``: how long an order token lives.
     """
 
     def __init__(
@@ -88,6 +132,7 @@ class PurchaseService:
         engine: AsyncEngine | None = None,
         background: BackgroundPublisher | None = None,
         sold_out: SoldOutFlags | None = None,
+        token_ttl_seconds: int = 300,
     ) -> None:
         self._store = store
         self._engine = engine
@@ -95,6 +140,8 @@ class PurchaseService:
         self._publisher = publisher
         self._background = background
         self._sold_out = sold_out
+        self._routes = RouteCache(engine)
+        self.token_ttl_seconds = token_ttl_seconds
 
     def standing_rejection(self, product_id: int, quantity: int) -> DomainError | None:
         """What a standing sold-out flag answers for a request without an Idempotency-Key, or
@@ -106,44 +153,96 @@ class PurchaseService:
         return _flag_answer(verdict)
 
     async def purchase(
-        self, user_id: str, product_id: int, quantity: int, request_id: str, *, keyed: bool = True
+        self,
+        user_id: str,
+        product_id: int,
+        quantity: int,
+        request_id: str,
+        *,
+        keyed: bool = True,
+        order_token: str | None = None,
     ) -> Accepted:
-        """Reserve ``quantity`` units of ``product_id`` for ``user_id`` and queue the order.
+        """Buy ``quantity`` units of ``product_id`` for ``user_id`` in the product's stock mode.
 
-        Returns the accepted order (once the broker confirmed it, or in publish mode ``async``
-        once it is reserved and marked queued), or the earlier answer for a replayed request id.
-        ``keyed=False`` says ``request_id`` was minted by the server (no Idempotency-Key, so never
-        a replay): then a standing sold-out flag may answer without asking Redis.
+        ``redis``: reserve and queue the order; returns it once the broker confirmed it (or in
+        publish mode ``async`` once it is reserved and marked queued). ``database``: write it in
+        one MySQL transaction; returns it ``pending_payment`` (``status`` set). Either way the
+        earlier answer for a replayed request id. ``keyed=False`` says ``request_id`` was minted
+        by the server (no Idempotency-Key, so never a replay): then a standing sold-out flag may
+        answer without asking Redis. ``order_token``: the ``Order-Token`` header (the request id
+        derives from it); consumed by the purchase it makes.
 
         Raises:
             PurchaseRejected: a business rejection (nothing was written) or ``unavailable``
-                (Redis/RabbitMQ failure; any reservation made was given back).
+                (Redis/RabbitMQ/MySQL failure; any reservation made was given back).
             InvalidInput: ``quantity`` above the product's per-user limit.
-            ProductNotFound: Redis does not know the product and MySQL has no such product.
+            ProductNotFound: neither Redis nor MySQL knows the product.
         """
         flags = self._sold_out
+        token: Token | None = None
         if flags is not None:
             if not keyed and (answer := self.standing_rejection(product_id, quantity)) is not None:
                 raise answer
             token = flags.token(product_id)
+        ask = _Ask(user_id, product_id, quantity, request_id, order_token)
+        route = await self._routes.route(product_id)
+        if route.mode is StockMode.DATABASE:
+            return await self._in_database(ask, route, False)
+        return await self._in_redis(ask, token, False)
+
+    async def issue_token(self, user_id: str, product_id: int) -> str:
+        """A new order token for ``user_id`` and ``product_id`` (32 URL-safe characters), kept in
+        the product's Redis slot for ``token_ttl_seconds`` (seed "order system database design":
+        the anti-duplicate token issued when the order page opens).
+
+        Raises:
+            ProductNotFound: MySQL has no such product.
+            PurchaseRejected: ``unavailable`` (Redis failed).
+        """
+        await self._routes.route(product_id)
+        token = secrets.token_urlsafe(ORDER_TOKEN_BYTES)
         try:
-            candidate = await self._minter.take()
+            await self._store.issue_token(product_id, token, user_id, self.token_ttl_seconds)
+        except (RedisError, OSError) as exc:
+            raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
+        return token
+
+    async def _mint(self) -> str:
+        try:
+            return await self._minter.take()
         except (RedisError, ShardLost, OSError) as exc:
             log.warning("order_no_unavailable", error=repr(exc))
             raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
+
+    async def _in_redis(self, ask: _Ask, flag_token: Token | None, bounced: bool) -> Accepted:
+        """Scheme 2: reserve in Redis, publish. ``bounced``: MySQL already said the product is in
+        ``redis`` mode (a second ``moved`` then means the switch is under way)."""
+        flags = self._sold_out
+        user_id, product_id, quantity, request_id, order_token = (
+            ask.user_id,
+            ask.product_id,
+            ask.quantity,
+            ask.request_id,
+            ask.order_token,
+        )
+        candidate = await self._mint()
         # This HTTP attempt's token: a release names it, so it gives back only what this attempt
         # reserved (never the confirmed original of a retry, nor a concurrent attempt's).
         attempt = new_attempt()
         try:
-            reservation = await self._store.reserve(product_id, request_id, user_id, quantity, candidate, attempt)
+            reservation = await self._store.reserve(
+                product_id, request_id, user_id, quantity, candidate, attempt, order_token
+            )
         except (RedisError, OSError) as exc:
             # The script may have run and only its reply been lost, or it may still be on the
             # wire: give back what this attempt holds, or mark it abandoned so it never takes effect.
             log.warning("reserve_failed", request_id=request_id, error=repr(exc))
             await self._give_back(product_id, request_id, attempt)
             raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
-        if flags is not None and reservation.outcome is ReserveOutcome.SOLD_OUT:
-            flags.sold_out(product_id, token, reservation.stock, reservation.per_user_limit, reservation.sale_left_ms)
+        if flags is not None and flag_token is not None and reservation.outcome is ReserveOutcome.SOLD_OUT:
+            flags.sold_out(
+                product_id, flag_token, reservation.stock, reservation.per_user_limit, reservation.sale_left_ms
+            )
         order_no = reservation.order_no
         if order_no != candidate:
             self._minter.give_back(candidate)
@@ -153,10 +252,11 @@ class PurchaseService:
             return accepted
         if outcome is ReserveOutcome.OVER_LIMIT:
             raise InvalidInput("quantity", _OVER_LIMIT)
-        if outcome is ReserveOutcome.NOT_LOADED and self._engine is not None:
-            # Off the hot path: only a product Redis does not know costs a MySQL look-up.
-            if not await product_exists(self._engine, product_id):
-                raise ProductNotFound(product_id)
+        if outcome is ReserveOutcome.MOVED or (outcome is ReserveOutcome.NOT_LOADED and self._engine is not None):
+            # Off the hot path: the product sells from MySQL, or Redis does not know it.
+            route = await self._routes.refresh(product_id)
+            if route.mode is StockMode.DATABASE and not bounced:
+                return await self._in_database(ask, route, True)
         if outcome is not ReserveOutcome.RESERVED:
             raise PurchaseRejected(*_REJECTIONS[outcome])
 
@@ -182,6 +282,84 @@ class PurchaseService:
             # A consumer already holds the message: the confirm was lost, the order was not.
         await self._mark_queued(message)
         return accepted
+
+    async def _in_database(self, ask: _Ask, route: Route, bounced: bool) -> Accepted:
+        """Scheme 1: one MySQL transaction (:func:`buy_in_database`). An order token is taken
+        from Redis atomically just before the transaction and put back when the transaction
+        does not write the order (the compensation). ``bounced``: Redis already said the product
+        sells from MySQL."""
+        assert self._engine is not None  # a database route is only ever learned from MySQL
+        user_id, product_id, request_id, order_token = ask.user_id, ask.product_id, ask.request_id, ask.order_token
+        purchase = DatabasePurchase(user_id, product_id, ask.quantity, request_id, "")
+        token_left: int | None = None
+        if route.require_token:
+            if order_token is None:
+                if (await self._routes.refresh(product_id)).require_token:
+                    raise PurchaseRejected(*_REJECTIONS[ReserveOutcome.TOKEN_REQUIRED])
+            else:
+                token_left = await self._take_token(product_id, order_token, user_id)
+                if token_left is None:
+                    # Gone: unknown, expired, another user's, or consumed by this very request
+                    # id's first submission (then that purchase is answered again).
+                    replay = replay_of(await self._earlier(request_id), purchase)
+                    if replay is None:
+                        raise PurchaseRejected(*_REJECTIONS[ReserveOutcome.TOKEN_INVALID])
+                    return self._answered(replay, purchase)
+        candidate = await self._mint()
+        purchase = DatabasePurchase(user_id, product_id, ask.quantity, request_id, candidate, token_left is not None)
+        answer: DatabaseAnswer | None = None
+        try:
+            answer = await buy_in_database(self._engine, purchase)
+        except (DBAPIError, OSError) as exc:
+            log.warning("database_purchase_failed", request_id=request_id, error=repr(exc))
+            answer = None
+        finally:
+            if token_left is not None and not (answer and answer.outcome is ReserveOutcome.RESERVED):
+                await self._give_token(product_id, order_token or "", user_id, token_left)
+        if answer is None:
+            self._minter.give_back(candidate)
+            raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.")
+        if answer.outcome is not ReserveOutcome.RESERVED:
+            self._minter.give_back(candidate)
+        if answer.outcome is ReserveOutcome.MOVED:
+            self._routes.forget(product_id)
+            if not bounced:
+                return await self._in_redis(ask, None, True)
+        if answer.outcome is ReserveOutcome.TOKEN_REQUIRED:
+            self._routes.forget(product_id)
+        if answer.outcome is ReserveOutcome.NOT_LOADED:
+            self._routes.forget(product_id)
+            raise ProductNotFound(product_id)
+        return self._answered(answer, purchase)
+
+    @staticmethod
+    def _answered(answer: DatabaseAnswer, purchase: DatabasePurchase) -> Accepted:
+        """The accepted order of a ``database``-mode answer, or the rejection it raises."""
+        if answer.outcome in (ReserveOutcome.RESERVED, ReserveOutcome.REPLAY):
+            return Accepted(answer.order_no, purchase.request_id, purchase.product_id, purchase.quantity, answer.status)
+        if answer.outcome is ReserveOutcome.OVER_LIMIT:
+            raise InvalidInput("quantity", _OVER_LIMIT)
+        raise PurchaseRejected(*_REJECTIONS[answer.outcome])
+
+    async def _earlier(self, request_id: str) -> tuple[str, int, int, int] | None:
+        assert self._engine is not None
+        try:
+            return await earlier_order(self._engine, request_id)
+        except (DBAPIError, OSError) as exc:
+            raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.") from exc
+
+    async def _take_token(self, product_id: int, order_token: str, user_id: str) -> int | None:
+        try:
+            return await self._store.take_token(product_id, order_token, user_id)
+        except (RedisError, OSError) as exc:
+            raise PurchaseRejected("unavailable", "Token store unavailable, retry shortly.") from exc
+
+    async def _give_token(self, product_id: int, order_token: str, user_id: str, left_ms: int) -> None:
+        try:
+            await self._store.give_token(product_id, order_token, user_id, left_ms)
+        except (RedisError, OSError) as exc:
+            # The buyer asks for a new token; nothing was bought with this one.
+            log.warning("give_token_failed", product_id=product_id, error=repr(exc))
 
     async def _mark_queued(self, message: OrderMessage) -> None:
         """Replay record -> ``queued`` and the order's Redis view; a Redis failure is logged only."""

@@ -33,7 +33,7 @@ import msgspec
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from db.models import OrderStatus
+from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.results import JournalEntry, SaleTerms
@@ -70,15 +70,17 @@ class RealignReport(msgspec.Struct, frozen=True):
     skipped_stale: bool = False
 
 
-def sale_terms(per_user_limit: int, price: int, starts_at: datetime, ends_at: datetime | None) -> SaleTerms:
+def sale_terms(
+    per_user_limit: int, price: int, starts_at: datetime, ends_at: datetime | None, require_token: bool = False
+) -> SaleTerms:
     """The product's sale terms in Redis from its MySQL row: window in Unix milliseconds
     (``ends_ms`` 0 = no end; MySQL times are naive UTC), per-user limit in units, unit price in
-    minor currency units."""
+    minor currency units, whether a purchase needs an order token."""
 
     def epoch_ms(value: datetime | None) -> int:
         return 0 if value is None else int(value.replace(tzinfo=UTC).timestamp() * 1000)
 
-    return SaleTerms(epoch_ms(starts_at), epoch_ms(ends_at), per_user_limit, price)
+    return SaleTerms(epoch_ms(starts_at), epoch_ms(ends_at), per_user_limit, price, int(require_token))
 
 
 class Realigner:
@@ -112,8 +114,11 @@ class Realigner:
             return await self.realign_all(dry_run)
         return [await self.realign(product_id, dry_run)]
 
-    async def realign(self, product_id: int, dry_run: bool = False) -> RealignReport:
-        """One exact pass for one product (see the module docstring).
+    async def realign(self, product_id: int, dry_run: bool = False, *, open_sale: bool = False) -> RealignReport:
+        """One exact pass for one product (see the module docstring). A product in stock mode
+        ``database`` gets the Redis marker that makes reserves answer ``moved``; ``open_sale``
+        (the switch to ``redis`` mode, after MySQL says ``redis``) removes it in the same
+        atomic write that loads the stock.
 
         Raises:
             ProductNotFound: the product has no inventory row in MySQL.
@@ -137,7 +142,11 @@ class Realigner:
             units_held = [(user_id, int(units)) for user_id, units in held]
             await conn.rollback()
 
-        terms = sale_terms(row.per_user_limit, row.price, row.sale_starts_at, row.sale_ends_at)
+        terms = sale_terms(row.per_user_limit, row.price, row.sale_starts_at, row.sale_ends_at, row.require_token)
+        if row.stock_mode == StockMode.DATABASE:
+            marker = "database"
+        else:
+            marker = "open" if open_sale else "keep"
         result = await self._store.realign(
             product_id,
             mysql_stock=mysql_stock,
@@ -146,6 +155,7 @@ class Realigner:
             resolved=resolved,
             units_held=units_held,
             dry_run=dry_run,
+            marker=marker,
         )
         redis_before = result.stock_before
 

@@ -89,6 +89,7 @@ async def create_product(client: httpx.AsyncClient, sale: Sale) -> None:
         "price": PRICE,
         "per_user_limit": sale.per_user_limit,
         "name": f"flash sale {sale.run_id}",
+        "stock_mode": "redis",
     }
     try:
         response = await client.put(

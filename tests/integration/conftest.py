@@ -110,7 +110,7 @@ def put_product(client: AsyncTestClient, admin: dict[str, str]):
     """``await put_product(id, stock=, limit=, **fields)`` through the admin route."""
 
     async def put(product_id: int, stock: int, limit: int = 1, **fields) -> dict:
-        body = {"stock": stock, "per_user_limit": limit, "price": 1500, **fields}
+        body = {"stock": stock, "per_user_limit": limit, "price": 1500, "stock_mode": "redis", **fields}
         response = await client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)
         assert response.status_code == 200, response.text
         return response.json()

@@ -63,6 +63,7 @@ def _unlike_the_defaults() -> Settings:
         orders=OrderSettings(
             order_no_prefix="QX",
             replay_ttl_seconds=600,
+            token_ttl_seconds=45,
             shard_lease_seconds=12,
             sequence_block=7,
             publish_mode="async",

@@ -114,7 +114,14 @@ class FakeStore:
         self.calls = 0
 
     async def reserve(
-        self, product_id: int, request_id: str, user: str, quantity: int, order_no: str, attempt: str
+        self,
+        product_id: int,
+        request_id: str,
+        user: str,
+        quantity: int,
+        order_no: str,
+        attempt: str,
+        order_token: str | None = None,
     ) -> Reservation:
         self.calls += 1
         if self.during is not None:

@@ -23,6 +23,10 @@ class ProductKeys:
     - ``versions``: hash ``synced`` (inventory version of the last realignment snapshot) and
       ``restocked`` (highest inventory version whose returned units reached Redis).
     - ``returned(order_no)``: marker that the order's units were given back to Redis.
+    - ``order_token(token)``: string, the user id an order token was issued to (expires).
+
+    The ``sale`` hash also holds ``token`` (``1``: a purchase needs an order token) and, while the
+    product sells from MySQL (stock mode ``database``), ``mode`` = ``database``.
     """
 
     __slots__ = ("tag",)
@@ -56,6 +60,9 @@ class ProductKeys:
 
     def returned(self, order_no: str) -> str:
         return f"{self.tag}:returned:{order_no}"
+
+    def order_token(self, token: str) -> str:
+        return f"{self.tag}:tok:{token}"
 
 
 def order_key(prefix: str, order_no: str) -> str:

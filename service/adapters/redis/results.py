@@ -20,11 +20,14 @@ class ReserveOutcome(StrEnum):
     IN_FLIGHT = "in_flight"  # the request id is reserved but not yet confirmed by the broker
     KEY_REUSED = "key_reused"  # the request id was used with another quantity
     ABANDONED = "abandoned"  # this attempt was already given up (released before its reserve arrived)
+    MOVED = "moved"  # the product sells from MySQL (stock mode database), or is switching there
     NOT_LOADED = "not_loaded"  # no stock or sale terms in Redis (never read as 0)
     SALE_NOT_ACTIVE = "sale_not_active"
     OVER_LIMIT = "over_limit"  # quantity alone is above the per-user limit
     LIMIT_EXCEEDED = "limit_exceeded"  # quantity plus the units the user holds is above it
     SOLD_OUT = "sold_out"
+    TOKEN_REQUIRED = "token_required"  # the product needs an order token and none was sent
+    TOKEN_INVALID = "token_invalid"  # the order token is unknown, expired or another user's
 
 
 class ReleaseOutcome(StrEnum):
@@ -145,12 +148,14 @@ def parse_journal_entry(request_id: str, value: str) -> JournalEntry:
 
 class SaleTerms(NamedTuple):
     """A product's ``sale`` hash: window in Unix milliseconds (``ends_ms`` 0 = no end), per-user
-    limit in units, unit price in minor currency units."""
+    limit in units, unit price in minor currency units, ``token`` 1 when a purchase needs an
+    order token."""
 
     starts_ms: int
     ends_ms: int
     per_user_limit: int
     price: int
+    token: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,6 +106,7 @@ class StockStore:
         self._restock = _script(redis, "restock")
         self._lease_renew = _script(redis, "lease_renew")
         self._lease_release = _script(redis, "lease_release")
+        self._take_token = _script(redis, "take_token")
         self._scripts = (
             self._reserve,
             self._release,
@@ -114,6 +115,7 @@ class StockStore:
             self._restock,
             self._lease_renew,
             self._lease_release,
+            self._take_token,
         )
 
     # -- set-up and health ---------------------------------------------------------------------
@@ -158,7 +160,14 @@ class StockStore:
     # -- the purchase path ---------------------------------------------------------------------
 
     async def reserve(
-        self, product_id: int, request_id: str, user_id: str, quantity: int, order_no: str, attempt: str
+        self,
+        product_id: int,
+        request_id: str,
+        user_id: str,
+        quantity: int,
+        order_no: str,
+        attempt: str,
+        order_token: str | None = None,
     ) -> Reservation:
         """``lua/reserve.lua``, one round trip: replay check for ``request_id``, sale loaded and
         open, per-user limit and quota, numeric stock check, then decrement ``quantity`` units,
@@ -166,24 +175,29 @@ class StockStore:
         ``pending``, naming ``attempt``). ``order_no`` is the candidate order number for a new
         reservation; ``attempt`` a token unique to this HTTP attempt (:func:`new_attempt`): the
         one :meth:`release` needs. ``ABANDONED`` when :meth:`release` for ``attempt`` already
-        ran. Only ``RESERVED`` writes anything. Concurrent calls share a pipeline
-        (:class:`CommandBatcher`)."""
+        ran. ``MOVED`` when the product sells from MySQL (stock mode ``database``). When the
+        product needs an order token, ``order_token`` must be one :meth:`issue_token` gave
+        ``user_id`` (``TOKEN_REQUIRED`` / ``TOKEN_INVALID``); it is deleted in the same call when
+        the reservation is made. Only ``RESERVED`` writes anything. Concurrent calls share a
+        pipeline (:class:`CommandBatcher`)."""
         keys = ProductKeys(self._prefix, product_id)
         command = (
             "EVALSHA",
             self._reserve.sha,
-            5,
+            6,
             keys.stock,
             keys.sale,
             keys.journal,
             keys.quota,
             keys.replay(request_id),
+            keys.order_token(order_token or ""),
             request_id,
             user_id,
             quantity,
             order_no,
             self._replay_ttl,
             attempt,
+            "0" if order_token is None else "1",
         )
         try:
             reply = await self._batcher.call(*command)
@@ -223,6 +237,33 @@ class StockStore:
                 self._replay_ttl,
             ),
         )
+
+    # -- order tokens and stock modes -------------------------------------------------------
+
+    async def issue_token(self, product_id: int, token: str, user_id: str, ttl_seconds: int) -> None:
+        """Keep order token ``token`` for ``user_id`` in the product's slot for ``ttl_seconds``
+        (seed "order system database design": ``SET token EX 300`` when the order page opens)."""
+        await self._redis.set(ProductKeys(self._prefix, product_id).order_token(token), user_id, ex=ttl_seconds)
+
+    async def take_token(self, product_id: int, token: str, user_id: str) -> int | None:
+        """``lua/take_token.lua``: delete ``token`` if it is ``user_id``'s; returns the
+        milliseconds it had left (for :meth:`give_token`), or None (unknown, expired, another
+        user's: nothing written)."""
+        left = int(
+            await self._take_token(keys=[ProductKeys(self._prefix, product_id).order_token(token)], args=[user_id])
+        )
+        return None if left < 0 else left
+
+    async def give_token(self, product_id: int, token: str, user_id: str, left_ms: int) -> None:
+        """Put back a token :meth:`take_token` took, for the ``left_ms`` it had left (the
+        purchase it was taken for did not happen). Never over a token of the same name."""
+        await self._redis.set(ProductKeys(self._prefix, product_id).order_token(token), user_id, px=left_ms, nx=True)
+
+    async def mark_moved(self, product_id: int) -> None:
+        """Write the stock-mode marker ``mode = database`` into the product's sale terms: from
+        this write on, :meth:`reserve` answers ``MOVED`` and takes nothing (the first step of a
+        switch to MySQL; one HSET, atomic against every reserve)."""
+        await self._redis.hset(ProductKeys(self._prefix, product_id).sale, "mode", "database")
 
     async def next_sequence(self, shard: int, second: str, count: int = 1) -> int:
         """One pipeline round trip: INCRBY ``count`` the sequence counter of ``shard`` in UTC
@@ -343,13 +384,16 @@ class StockStore:
         resolved: Collection[str],
         units_held: Iterable[tuple[str, int]],
         dry_run: bool,
+        marker: str = "keep",
     ) -> RealignResult:
         """``lua/realign.lua``, atomically against the journal as it is now: stock =
         ``mysql_stock`` - units of journal entries whose request id is not in ``resolved``;
         per-user quota = ``units_held`` (user id, units held in MySQL) + units still in the
         journal; sale terms = ``terms``; resolved entries dropped. Writes nothing when
         ``dry_run`` or when Redis already reflects an inventory version newer than
-        ``inventory_version`` (``stale``)."""
+        ``inventory_version`` (``stale``). ``marker``: ``database`` writes the stock-mode
+        marker (see :meth:`mark_moved`), ``open`` removes it in the same atomic write (the
+        switch to redis mode), ``keep`` leaves it."""
         keys = ProductKeys(self._prefix, product_id)
         quota = [str(value) for pair in units_held for value in pair]
         reply = await self._realign(
@@ -359,6 +403,7 @@ class StockStore:
                 "0" if dry_run else "1",
                 inventory_version,
                 *terms,
+                marker,
                 self._channel,
                 product_id,
                 len(resolved),

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.di import NamedDependency
+from litestar.openapi import ResponseSpec
 from litestar.params import (
     FromPath,
     FromQuery,
@@ -20,8 +21,9 @@ from service.api.auth import User
 from service.api.problems import field_error, problem_response
 from service.bootstrap import Resources
 from service.domain.catalog import PositiveId
+from service.domain.errors import Conflict
 from service.domain.orders import OrderPage, OrderView
-from service.domain.request_id import request_id_for
+from service.domain.request_id import is_valid_idempotency_key, request_id_for, request_id_from_key
 
 
 class PurchaseRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -32,13 +34,29 @@ class PurchaseRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class OrderAccepted(msgspec.Struct):
-    """The 202 body: the order is queued for MySQL."""
+    """The 202 body (stock mode ``redis``: the order is queued for MySQL, ``status`` ``queued``)
+    or the 201 body (stock mode ``database``: MySQL holds the order, ``status`` its status,
+    ``pending_payment`` when new)."""
 
     order_no: str
     request_id: str
     status: str
     product_id: int
     quantity: int
+
+
+class TokenRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """The product the order page is opened for."""
+
+    product_id: PositiveId
+
+
+class OrderToken(msgspec.Struct):
+    """A server-issued order token (send it as header ``Order-Token`` on the purchase) and its
+    lifetime in seconds."""
+
+    token: str
+    expires_in: int
 
 
 async def _require_integers(request: Request[Any, Any, Any], fields: tuple[str, ...]) -> None:
@@ -54,29 +72,71 @@ class OrderController(Controller):
     path = "/orders"
     tags = ["orders"]
 
-    @post("/", status_code=202, summary="Buy: reserve stock and queue the order")
+    @post(
+        "/",
+        status_code=202,
+        summary="Buy: reserve stock and queue the order (redis mode) or write it (database mode)",
+        responses={
+            201: ResponseSpec(OrderAccepted, description="Stock mode database: the order is written, pending_payment")
+        },
+    )
     async def create_order(
         self,
         request: Request[User, Any, Any],
         data: JSONBody[PurchaseRequest],
         resources: NamedDependency[Resources],
         idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key", required=False)] = None,
+        order_token: Annotated[str | None, HeaderParameter(name="Order-Token", required=False)] = None,
     ) -> Response[OrderAccepted]:
-        """Buy: ``{"product_id", "quantity"}`` (units) -> 202 ``OrderAccepted`` with ``Location``, only
-        after the broker confirmed. ``Idempotency-Key`` (IETF Idempotency-Key draft, 1-64 visible
-        ASCII) makes retries safe. Errors (RFC 9457 problem+json, ``code``): 400 invalid_request /
-        invalid_idempotency_key, 401, 404 product_not_found, 409 sold_out / limit_exceeded /
-        sale_not_active / request_in_progress, 422 idempotency_key_reused, 503 unavailable."""
+        """Buy: ``{"product_id", "quantity"}`` (units). Stock mode ``redis``: 202 ``OrderAccepted``
+        (``queued``) with ``Location``, only after the broker confirmed; ``database``: 201 with the
+        order already ``pending_payment``. ``Idempotency-Key`` (IETF Idempotency-Key draft, 1-64
+        visible ASCII) makes retries safe; ``Order-Token`` (from ``POST /orders/tokens``, required
+        when the product has ``require_token``) is consumed by the purchase and is its idempotency
+        key (it wins over ``Idempotency-Key``). Errors (RFC 9457 problem+json, ``code``): 400
+        invalid_request / invalid_idempotency_key, 401, 404 product_not_found, 409 sold_out /
+        limit_exceeded / sale_not_active / request_in_progress / token_invalid, 422
+        idempotency_key_reused, 428 token_required, 503 unavailable."""
         await _require_integers(request, ("product_id", "quantity"))
         purchases = resources.purchase_service
-        if idempotency_key is None and (answer := purchases.standing_rejection(data.product_id, data.quantity)):
+        if order_token is not None:
+            if not is_valid_idempotency_key(order_token):
+                return problem_response(
+                    Conflict("The Order-Token is unknown, expired or not yours.", code="token_invalid")
+                )
+            request_id = request_id_from_key(request.user.id, data.product_id, f"order-token:{order_token}")
+        elif idempotency_key is None and (answer := purchases.standing_rejection(data.product_id, data.quantity)):
             return problem_response(answer)  # a stampede's usual answer: no Redis, no raise
-        request_id = request_id_for(request.user.id, data.product_id, idempotency_key)
+        else:
+            request_id = request_id_for(request.user.id, data.product_id, idempotency_key)
         accepted = await purchases.purchase(
-            request.user.id, data.product_id, data.quantity, request_id, keyed=idempotency_key is not None
+            request.user.id,
+            data.product_id,
+            data.quantity,
+            request_id,
+            keyed=idempotency_key is not None or order_token is not None,
+            order_token=order_token,
         )
-        body = OrderAccepted(accepted.order_no, accepted.request_id, "queued", accepted.product_id, accepted.quantity)
-        return Response(body, status_code=202, headers={"Location": f"/api/v1/orders/{accepted.order_no}"})
+        status = accepted.status or "queued"
+        body = OrderAccepted(accepted.order_no, accepted.request_id, status, accepted.product_id, accepted.quantity)
+        return Response(
+            body,
+            status_code=202 if accepted.status is None else 201,
+            headers={"Location": f"/api/v1/orders/{accepted.order_no}"},
+        )
+
+    @post("/tokens", status_code=201, summary="An order token for a product (anti-duplicate submit)")
+    async def create_token(
+        self, request: Request[User, Any, Any], data: JSONBody[TokenRequest], resources: NamedDependency[Resources]
+    ) -> OrderToken:
+        """``{"product_id"}`` -> 201 ``{"token", "expires_in"}`` (seconds; seed "order system
+        database design": issued when the order page opens, ``SET token EX 300``, deleted
+        atomically by the purchase that sends it as ``Order-Token``). Errors: 400
+        invalid_request, 401, 404 product_not_found, 503 unavailable."""
+        await _require_integers(request, ("product_id",))
+        purchases = resources.purchase_service
+        token = await purchases.issue_token(request.user.id, data.product_id)
+        return OrderToken(token, purchases.token_ttl_seconds)
 
     @get("/", summary="Your orders, newest first (keyset pages)")
     async def list_orders(

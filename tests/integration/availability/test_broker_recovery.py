@@ -22,7 +22,7 @@ async def test_a_deleted_exchange_is_503_then_recovers_without_restart(settings,
     product_id = new_product_id()
     async with own_queues(settings, "delx") as own:
         async with AsyncTestClient(app=create_app(own), timeout=30) as api:
-            body = {"stock": 100, "per_user_limit": 1, "price": 1500}
+            body = {"stock": 100, "per_user_limit": 1, "price": 1500, "stock_mode": "redis"}
             assert (await api.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
             assert (await buy(api, token("before"), product_id)).status_code == 202
             assert (await api.get("/api/v1/health/ready")).status_code == 200

@@ -54,7 +54,7 @@ async def api(own_redis) -> AsyncIterator[AsyncTestClient]:
 
 
 async def _put(client: AsyncTestClient, admin: dict[str, str], product_id: int, stock: int) -> None:
-    body = {"stock": stock, "per_user_limit": 1, "price": 1500}
+    body = {"stock": stock, "per_user_limit": 1, "price": 1500, "stock_mode": "redis"}
     response = await client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)
     assert response.status_code == 200, response.text
 

@@ -113,7 +113,7 @@ async def test_a_unit_returned_mid_sale_is_bought_again_through_the_other_proces
         await eventually(lambda: _created_before(engine, order_no, seconds_ago=1))
         assert await expire_unpaid(engine, store, window_seconds=1) >= 1
     else:  # `product set` raising the stock, through the first process's admin route
-        body = {"stock": 2, "per_user_limit": 1, "price": 1500}
+        body = {"stock": 2, "per_user_limit": 1, "price": 1500, "stock_mode": "redis"}
         raised = await first.client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)
         assert raised.status_code == 200, raised.text
 

@@ -1,0 +1,77 @@
+"""Which stock mode each product sells in, as one API process knows it (:class:`RouteCache`).
+
+Learned from MySQL once per product and process, then kept: the purchase path reads it without
+a MySQL query. It needs no invalidation message to be safe, because both sides refuse what is
+not theirs: ``reserve.lua`` answers ``moved`` for a product whose Redis slot carries the
+``database`` marker, and the ``database``-mode transaction answers ``MOVED`` for a product MySQL
+says is in ``redis`` mode; the purchase path then :meth:`RouteCache.refresh`es the entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import structlog
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from db.models import StockMode
+from db.queries import products
+from service.domain.errors import ProductNotFound
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How a product sells: its stock mode and whether a purchase needs an order token."""
+
+    mode: StockMode
+    require_token: bool = False
+
+
+_REDIS = Route(StockMode.REDIS)
+
+
+class RouteCache:
+    """Per-process map product id -> :class:`Route`. Without an engine every product is taken
+    to be in ``redis`` mode (Redis then decides, and answers ``moved`` if it is not)."""
+
+    def __init__(self, engine: AsyncEngine | None) -> None:
+        self._engine = engine
+        self._routes: dict[int, Route] = {}
+
+    async def route(self, product_id: int) -> Route:
+        """The product's route, from the cache or else from MySQL (:meth:`refresh`).
+
+        Raises:
+            ProductNotFound: MySQL has no such product.
+        """
+        cached = self._routes.get(product_id)
+        return cached if cached is not None else await self.refresh(product_id)
+
+    async def refresh(self, product_id: int) -> Route:
+        """Read the product's route from MySQL and keep it. When MySQL does not answer, the
+        ``redis`` route (not kept): Redis sells without MySQL, and refuses what is not its own.
+
+        Raises:
+            ProductNotFound: MySQL has no such product.
+        """
+        if self._engine is None:
+            return _REDIS
+        try:
+            async with self._engine.connect() as conn:
+                row = (await conn.execute(products.ROUTING, {"id": product_id})).first()
+        except (DBAPIError, OSError) as exc:
+            log.warning("route_unavailable", product_id=product_id, error=repr(exc))
+            return _REDIS
+        if row is None:
+            self._routes.pop(product_id, None)
+            raise ProductNotFound(product_id)
+        route = Route(StockMode(row.stock_mode), bool(row.require_token))
+        self._routes[product_id] = route
+        return route
+
+    def forget(self, product_id: int) -> None:
+        """Drop the product's entry (its next purchase reads MySQL again)."""
+        self._routes.pop(product_id, None)
