@@ -13,6 +13,7 @@ import threading
 from collections.abc import AsyncIterator
 
 import aio_pika
+import httpx
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -23,6 +24,7 @@ from consumers.order_consumer import OrderConsumer, consuming
 from service.adapters.broker import OrderMessage, delete_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stock_store import StockStore
+from service.api.app import create_app
 from service.bootstrap import Resources
 from service.domain.order_no import compose_order_no
 from service.domain.purchase import PurchaseRejected
@@ -143,6 +145,20 @@ class RunsAfterJournalRead:
         journal = await self._redis.hgetall(key)
         await self._during_read()
         return journal
+
+
+@contextlib.asynccontextmanager
+async def api_in_loop(settings: Settings, pool_size: int = 10) -> AsyncIterator[httpx.AsyncClient]:
+    """The API app (its lifespan run) behind an httpx client in the test's own event loop, with a
+    MySQL pool of ``pool_size`` (+ 5): requests gathered on it really run concurrently, as in one
+    API worker. (Litestar's ``AsyncTestClient`` runs the app in a portal thread and blocks the
+    loop for each request, so its gathered requests run one after another.)"""
+    db = settings.db.model_copy(update={"pool_size": pool_size, "max_overflow": 5})
+    app = create_app(settings.model_copy(update={"db": db}))
+    async with app.lifespan():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api", timeout=60) as client:
+            yield client
 
 
 @contextlib.asynccontextmanager

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import msgspec
 from msgspec import Meta
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from db.engine import in_transaction
 from db.models import MAX_AMOUNT, StockMode
 from db.queries import inventory, products
 from service.adapters.redis.stock_store import StockStore
@@ -92,11 +93,12 @@ async def set_product(
         "mode": data.stock_mode.value if data.stock_mode else None,
         "require_token": data.require_token,
     }
-    async with engine.begin() as conn:
-        await conn.execute(
-            products.UPSERT,
-            row,
-        )
+
+    async def write(conn: AsyncConnection) -> str:
+        # The inventory row first, as every database-mode purchase takes it (one lock order:
+        # inventory, then products; a purchase's order insert reads the product row).
+        await conn.execute(inventory.STOCK_LOCKED, {"p": product_id})
+        await conn.execute(products.UPSERT, row)
         price, limit, starts_at, ends_at, mode = (await conn.execute(products.TERMS, row)).one()
         # Checked on the values now stored (kept ones included); raised inside the transaction,
         # so nothing is written.
@@ -106,10 +108,10 @@ async def set_product(
             raise InvalidProduct("sale_ends_at", "must be after sale_starts_at")
         # ``stock`` is the sale's units in all: what is sold stays sold, the rest is on sale.
         # Setting the same number again changes nothing, mid-sale included.
-        await conn.execute(
-            inventory.SET_SALE_UNITS,
-            row,
-        )
+        await conn.execute(inventory.SET_SALE_UNITS, row)
+        return str(mode)
+
+    mode = await in_transaction(engine, write, label="set_product")
     if data.stock_mode is StockMode.DATABASE and mode != StockMode.DATABASE:
         await switch_to_database(engine, store, realigner, product_id)
     elif data.stock_mode is StockMode.REDIS and mode != StockMode.REDIS:

@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from db.models import OrderStatus
 from service.domain.order_no import is_valid_order_no
-from tests.support import buy, inventory, order_rows, redis_state
+from tests.support import api_in_loop, buy, inventory, order_rows, redis_state
 
 
 async def _history(engine, order_no: str) -> list:
@@ -55,12 +55,16 @@ async def test_new_products_default_to_database_mode_and_answer_201_pending_paym
     assert (await client.get(f"/api/v1/products/{product_id}")).json()["remaining"] == 1
 
 
-async def test_replays_answer_the_same_order_and_a_changed_body_is_422(client, token, put_product, product_id, engine):
+async def test_replays_answer_the_same_order_and_a_changed_body_is_422(
+    settings, client, token, put_product, product_id, engine
+):
     await put_product(product_id, stock=5, limit=3, stock_mode="database")
     headers = token("db-retrier")
-    first = await buy(client, headers, product_id, key="k1")
-    assert first.status_code == 201
-    again = await asyncio.gather(*(buy(client, headers, product_id, key="k1") for _ in range(20)))
+    async with api_in_loop(settings) as api:
+        together = await asyncio.gather(*(buy(api, headers, product_id, key="k1") for _ in range(20)))
+    assert {r.status_code for r in together} == {201}
+    first = together[0]
+    again = await asyncio.gather(*(buy(client, headers, product_id, key="k1") for _ in range(3)))
     assert {(r.status_code, r.json()["order_no"]) for r in again} == {(201, first.json()["order_no"])}
     changed = await buy(client, headers, product_id, quantity=2, key="k1")
     assert (changed.status_code, changed.json()["code"]) == (422, "idempotency_key_reused")
@@ -91,10 +95,11 @@ async def test_rejections_write_nothing(client, token, put_product, new_product_
     assert await inventory(engine, closed) == (10, 0) and await order_rows(engine, closed) == []
 
 
-async def test_300_concurrent_buyers_for_50_units_sell_exactly_50(client, token, put_product, product_id, engine):
+async def test_300_concurrent_buyers_for_50_units_sell_exactly_50(settings, token, put_product, product_id, engine):
     await put_product(product_id, stock=50, limit=2, stock_mode="database")
     headers = [token(f"crowd-{i % 150}") for i in range(300)]  # 150 buyers, two requests each
-    responses = await asyncio.gather(*(buy(client, h, product_id) for h in headers))
+    async with api_in_loop(settings) as api:
+        responses = await asyncio.gather(*(buy(api, h, product_id) for h in headers))
 
     statuses = Counter(r.status_code for r in responses)
     assert statuses[201] == 50 and statuses[201] + statuses[409] == 300, statuses
@@ -106,10 +111,11 @@ async def test_300_concurrent_buyers_for_50_units_sell_exactly_50(client, token,
     assert max(Counter(r.user_id for r in rows).values()) <= 2
 
 
-async def test_per_user_limit_is_exact_under_concurrency(client, token, put_product, product_id, engine):
+async def test_per_user_limit_is_exact_under_concurrency(settings, token, put_product, product_id, engine):
     await put_product(product_id, stock=1000, limit=3, stock_mode="database")
     headers = [token(f"greedy-{i % 40}") for i in range(320)]  # 40 buyers, eight requests each
-    responses = await asyncio.gather(*(buy(client, h, product_id) for h in headers))
+    async with api_in_loop(settings) as api:
+        responses = await asyncio.gather(*(buy(api, h, product_id) for h in headers))
 
     statuses = Counter(r.status_code for r in responses)
     assert statuses == {201: 120, 409: 200}, statuses
