@@ -30,7 +30,7 @@ from db.models import StockMode
 from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
-from service.adapters.redis.stock_store import StockStore, new_attempt
+from service.adapters.redis.stock_store import TOKEN_INVALID, TOKEN_USED, StockStore, new_attempt
 from service.domain.database_purchase import (
     DatabaseAnswer,
     DatabasePurchase,
@@ -298,13 +298,14 @@ class PurchaseService:
                     raise PurchaseRejected(*_REJECTIONS[ReserveOutcome.TOKEN_REQUIRED])
             else:
                 token_left = await self._take_token(product_id, order_token, user_id)
-                if token_left is None:
-                    # Gone: unknown, expired, another user's, or consumed by this very request
-                    # id's first submission (then that purchase is answered again).
+                if token_left in (TOKEN_USED, TOKEN_INVALID):
+                    # Used by this user: by this very request id's first submission (that
+                    # purchase is answered again) or by one still in progress.
                     replay = replay_of(await self._earlier(request_id), purchase)
-                    if replay is None:
-                        raise PurchaseRejected(*_REJECTIONS[ReserveOutcome.TOKEN_INVALID])
-                    return self._answered(replay, purchase)
+                    if replay is not None:
+                        return self._answered(replay, purchase)
+                    refusal = ReserveOutcome.IN_FLIGHT if token_left == TOKEN_USED else ReserveOutcome.TOKEN_INVALID
+                    raise PurchaseRejected(*_REJECTIONS[refusal])
         candidate = await self._mint()
         purchase = DatabasePurchase(user_id, product_id, ask.quantity, request_id, candidate, token_left is not None)
         answer: DatabaseAnswer | None = None
@@ -314,7 +315,8 @@ class PurchaseService:
             log.warning("database_purchase_failed", request_id=request_id, error=repr(exc))
             answer = None
         finally:
-            if token_left is not None and not (answer and answer.outcome is ReserveOutcome.RESERVED):
+            kept = answer is not None and answer.outcome in (ReserveOutcome.RESERVED, ReserveOutcome.REPLAY)
+            if token_left is not None and not kept:
                 await self._give_token(product_id, order_token or "", user_id, token_left)
         if answer is None:
             self._minter.give_back(candidate)
@@ -348,7 +350,7 @@ class PurchaseService:
         except (DBAPIError, OSError) as exc:
             raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.") from exc
 
-    async def _take_token(self, product_id: int, order_token: str, user_id: str) -> int | None:
+    async def _take_token(self, product_id: int, order_token: str, user_id: str) -> int:
         try:
             return await self._store.take_token(product_id, order_token, user_id)
         except (RedisError, OSError) as exc:

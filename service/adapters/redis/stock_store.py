@@ -51,6 +51,10 @@ from service.adapters.redis.results import (
     parse_reservation,
 )
 
+TOKEN_USED = -2
+""":meth:`StockStore.take_token`: this user already used the order token (a purchase took it)."""
+TOKEN_INVALID = -1
+""":meth:`StockStore.take_token`: the order token is unknown, expired or another user's."""
 ATTEMPT_TOKEN_BYTES = 8
 """Random bytes of an attempt token (:func:`new_attempt`): 64 bits, hex-encoded."""
 SEQUENCE_KEY_TTL_SECONDS = 120
@@ -245,19 +249,19 @@ class StockStore:
         (seed "order system database design": ``SET token EX 300`` when the order page opens)."""
         await self._redis.set(ProductKeys(self._prefix, product_id).order_token(token), user_id, ex=ttl_seconds)
 
-    async def take_token(self, product_id: int, token: str, user_id: str) -> int | None:
-        """``lua/take_token.lua``: delete ``token`` if it is ``user_id``'s; returns the
-        milliseconds it had left (for :meth:`give_token`), or None (unknown, expired, another
-        user's: nothing written)."""
-        left = int(
-            await self._take_token(keys=[ProductKeys(self._prefix, product_id).order_token(token)], args=[user_id])
-        )
-        return None if left < 0 else left
+    async def take_token(self, product_id: int, token: str, user_id: str) -> int:
+        """``lua/take_token.lua``: mark ``token`` used if it is ``user_id``'s. Returns the
+        milliseconds it had left (>= 1, for :meth:`give_token`), :data:`TOKEN_USED` when this
+        user already used it, :data:`TOKEN_INVALID` when it is unknown, expired or another
+        user's (nothing written)."""
+        key = ProductKeys(self._prefix, product_id).order_token(token)
+        return int(await self._take_token(keys=[key], args=[user_id]))
 
     async def give_token(self, product_id: int, token: str, user_id: str, left_ms: int) -> None:
-        """Put back a token :meth:`take_token` took, for the ``left_ms`` it had left (the
-        purchase it was taken for did not happen). Never over a token of the same name."""
-        await self._redis.set(ProductKeys(self._prefix, product_id).order_token(token), user_id, px=left_ms, nx=True)
+        """Put back a token :meth:`take_token` marked used, for the ``left_ms`` it had left (the
+        purchase it was taken for did not happen); nothing when it has expired since."""
+        key = ProductKeys(self._prefix, product_id).order_token(token)
+        await self._redis.set(key, user_id, px=left_ms, xx=True)
 
     async def mark_moved(self, product_id: int) -> None:
         """Write the stock-mode marker ``mode = database`` into the product's sale terms: from
