@@ -13,7 +13,8 @@ from service.settings import Settings
 WARMUP_SECONDS = 1.0
 PRICE = 100  # minor currency units
 ACCEPT_USERS = 1000  # tokens the accept row rotates through
-SOLD_OUT, ACCEPT = 1, 2  # product ids of the HTTP rows
+SOLD_OUT, ACCEPT = 1, 2  # product ids of the HTTP rows (stock mode redis)
+DB_SOLD_OUT, DB_ACCEPT = 3, 4  # the same two products in stock mode database
 DRAIN, RAW_ONE, RAW_BATCH = 100, 200, 300  # product ids of the drain rows: + round number
 ACCEPT_STOCK = 100_000_000  # units: the accept row never runs out
 ACCEPT_LIMIT = 1_000_000  # per-user limit of the accept product: never bites

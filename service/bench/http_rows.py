@@ -16,6 +16,8 @@ from service.bench.context import (
     ACCEPT,
     ACCEPT_LIMIT,
     ACCEPT_STOCK,
+    DB_ACCEPT,
+    DB_SOLD_OUT,
     DRAIN,
     PRICE,
     RAW_BATCH,
@@ -31,14 +33,18 @@ from service.bench.server import Child, flashsale_argv, granian_argv
 from service.bench.wrk import run_wrk, write_script
 from service.sale.isolation import free_port
 
-PATHS = {"bare_noop": "/noop", "noop": "/api/v1/bench/noop", "sold_out": "/api/v1/orders", "accept": "/api/v1/orders"}
+PATHS = {"bare_noop": "/noop", "noop": "/api/v1/bench/noop"}
+"""Targets that are not purchases; every other target is ``POST /api/v1/orders`` of :data:`PRODUCTS`."""
+PRODUCTS = {"sold_out": SOLD_OUT, "accept": ACCEPT, "db_sold_out": DB_SOLD_OUT, "db_accept": DB_ACCEPT}
+MANY_BUYERS = {"accept", "db_accept"}
+"""Targets whose load rotates through many buyers (a single one would meet the per-user limit)."""
 
 
 def _target(row: HttpRow, port: int) -> tuple[str, bytes]:
     """URL and body of ``row``'s requests."""
-    product = ACCEPT if row.target == "accept" else SOLD_OUT
+    product = PRODUCTS.get(row.target, SOLD_OUT)
     body = json.dumps({"product_id": product, "quantity": 1}, separators=(",", ":")).encode()
-    return f"http://127.0.0.1:{port}{PATHS[row.target]}", body
+    return f"http://127.0.0.1:{port}{PATHS.get(row.target, '/api/v1/orders')}", body
 
 
 async def _start_server(ctx: Context, kind: str, name: str, env: dict[str, str]) -> tuple[Child, int]:
@@ -55,21 +61,27 @@ async def _start_server(ctx: Context, kind: str, name: str, env: dict[str, str])
 
 
 async def create_products(ctx: Context, port: int) -> None:
-    """Through the admin route: sold out (stock 0), the accept product, and per round one
-    product per drain row with ``backlog`` units."""
+    """Through the admin route: sold out (stock 0) and the accept product, in stock mode
+    ``redis`` and again in ``database``, and per round one product per drain row with
+    ``backlog`` units."""
     admin = issue_token(ctx.settings.auth.jwt_secret, "bench-admin", admin=True)
-    stock = {SOLD_OUT: (0, 1), ACCEPT: (ACCEPT_STOCK, ACCEPT_LIMIT)}
+    stock = {
+        SOLD_OUT: (0, 1, "redis"),
+        ACCEPT: (ACCEPT_STOCK, ACCEPT_LIMIT, "redis"),
+        DB_SOLD_OUT: (0, 1, "database"),
+        DB_ACCEPT: (ACCEPT_STOCK, ACCEPT_LIMIT, "database"),
+    }
     for r in range(ctx.options.rounds):
         for product in (DRAIN + r, RAW_ONE + r, RAW_BATCH + r):
-            stock[product] = (ctx.options.backlog, 1)
+            stock[product] = (ctx.options.backlog, 1, "redis")
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as client:
-        for product, (units, limit) in stock.items():
+        for product, (units, limit, mode) in stock.items():
             body = {
                 "stock": units,
                 "price": PRICE,
                 "per_user_limit": limit,
                 "name": f"bench {product}",
-                "stock_mode": "redis",
+                "stock_mode": mode,
             }
             answer = await client.put(
                 f"/api/v1/admin/products/{product}", json=body, headers={"Authorization": f"Bearer {admin}"}
@@ -92,7 +104,7 @@ async def _measure(ctx: Context, row: HttpRow, child: Child, port: int, profiled
     """One round of ``row``: a probe, a warm-up, then ``duration`` seconds measured."""
     opts = ctx.options
     url, body = _target(row, port)
-    tokens = ctx.tokens["many" if row.target == "accept" else "one"]
+    tokens = ctx.tokens["many" if row.target in MANY_BUYERS else "one"]
     await _probe(row, url, body, tokens[0])
     script = write_script(ctx.log_dir / f"{row.key}.lua", body, tokens)
     await asyncio.to_thread(run_wrk, url, script, WARMUP_SECONDS, opts.connections, opts.threads)

@@ -2,7 +2,10 @@
 
 A row is identified by a key. HTTP rows (:data:`HTTP_ROWS`) name the server they run on
 (:data:`SERVERS`); adding a row is adding a spec. ``accept async`` runs the same accept load on
-an API in publish mode ``async`` (202 once reserved; published in the background).
+an API in publish mode ``async`` (202 once reserved; published in the background). The
+``db_*`` rows run the accept and sold-out loads on products in stock mode ``database`` (seed
+"order system database design", scheme 1), each against the ``redis``-mode row (scheme 2) as
+reference, so one run puts numbers on the seed's advice.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ class ServerSpec:
 
 @dataclass(frozen=True, slots=True)
 class HttpRow:
-    """``POST`` to a target (``bare_noop``, ``noop``, ``sold_out``, ``accept``) on ``server``;
+    """``POST`` to a target (``bare_noop``, ``noop``, ``sold_out``, ``accept``, ``db_sold_out``,
+    ``db_accept``) on ``server``;
     only ``expect`` counts as success; ``reference`` is the row the rate is divided by."""
 
     key: str
@@ -45,6 +49,8 @@ HTTP_ROWS = [
     HttpRow("sold_out", "sold out", "api", "sold_out", 409, "product_noop"),
     HttpRow("accept", "accept", "api", "accept", 202, "product_noop"),
     HttpRow("accept_async", "accept async", "api-async", "accept", 202, "product_noop"),
+    HttpRow("db_accept", "accept, database mode", "api", "db_accept", 201, "accept"),
+    HttpRow("db_sold_out", "sold out, database mode", "api", "db_sold_out", 409, "sold_out"),
 ]
 DRAIN_ROWS = [
     ("publish", "publish only", None),
@@ -59,6 +65,10 @@ DESCRIPTIONS = {
     "sold-out flag after the first Redis answer (409 sold_out)",
     "accept": "POST /api/v1/orders with stock for the whole run: reserve + publish + confirm (202)",
     "accept_async": "the accept load on an API in publish mode async: 202 once reserved, published in the background",
+    "db_accept": "the accept load on a product in stock mode database: one MySQL transaction per purchase, "
+    "all on one inventory row (201); ratio against accept (redis mode)",
+    "db_sold_out": "the sold-out load on a product in stock mode database: each request a MySQL transaction "
+    "that locks the row and rolls back (409 sold_out); ratio against sold out (redis mode)",
     "publish": "the API's Publisher alone (no HTTP, no Redis) publishing the drain rows' backlog, confirmed, "
     "--connections in flight: the publish hop's cost per message",
     "consumer": "--consumers `flashsale consume` processes draining the published backlog into MySQL together",

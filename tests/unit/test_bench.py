@@ -97,6 +97,7 @@ def test_the_report_renders_and_serializes(tmp_path):
         Options(profile_dir=tmp_path),
         rows,
         judge(rows),
+        None,
         {"product_noop": summary},
         None,
     )
