@@ -177,7 +177,12 @@ def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
 @click.argument("order_no")
 @click.option("--amount", type=click.IntRange(0), default=None, help="Minor units (default: the order's amount).")
 @click.option("--txn", "txn_id", default=None, help="The channel's transaction id (default: a new one).")
-@click.option("--event", type=click.Choice(["paid", "refunded"]), default="paid", show_default=True)
+@click.option(
+    "--event",
+    type=click.Choice(["paid", "refunded", "refund_failed", "refund_rejected"]),
+    default="paid",
+    show_default=True,
+)
 @click.option("--channel", default=None, help="Channel name (default: the first configured).")
 @click.option("--currency", default=None, help="ISO 4217 (default: the shop's).")
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The API.")

@@ -27,10 +27,10 @@ ALLOWED: dict[S, frozenset[S]] = {
     S.PENDING_PAYMENT: frozenset({S.PAID, S.CANCELLED, S.REJECTED}),
     S.PAID: frozenset({S.SHIPPED, S.REFUNDING}),
     S.SHIPPED: frozenset({S.COMPLETED}),
-    S.REFUNDING: frozenset({S.REFUNDED}),
+    S.REFUNDING: frozenset({S.REFUNDED, S.PAID}),
 }
 """The whitelist: from-status -> allowed to-statuses. Cancelled, completed, refunded and
-rejected are final."""
+rejected are final; ``refunding -> paid`` when the channel fails or rejects the refund."""
 
 
 class IllegalTransition(ValueError):
