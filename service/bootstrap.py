@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import httpx
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
@@ -23,8 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.engine import make_engine
 from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher
+from service.adapters.channel_client import ChannelClient
 from service.adapters.redis.stock_store import StockStore
 from service.domain.catalog import CatalogService
+from service.domain.checkout import Checkout
 from service.domain.order_no import OrderNumberMinter, ShardLease
 from service.domain.orders import OrderService
 from service.domain.payments import PaymentService
@@ -99,6 +102,18 @@ def make_store(settings: Settings) -> StockStore:
     )
 
 
+def make_channel_client(settings: Settings) -> ChannelClient:
+    """The channels' HTTP API on one pooled client per process: every call bounded by
+    ``channel_timeout`` seconds (connect, read, write and the wait for a pooled connection), at
+    most 20 connections."""
+    payment = settings.payment
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(payment.channel_timeout),
+        limits=httpx.Limits(max_connections=20, max_keepalive_connections=10),
+    )
+    return ChannelClient(payment.channel_urls, http)
+
+
 @dataclass
 class Resources:
     """Everything one process holds: connections and the use cases built on them.
@@ -121,6 +136,8 @@ class Resources:
     orders: OrderService
     catalog: CatalogService
     payments: PaymentService
+    channels: ChannelClient
+    checkout: Checkout
     sold_out: SoldOutFlags | None = None
     _follower: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -157,6 +174,8 @@ class Resources:
             raise
         realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
         payment = settings.payment
+        channels = make_channel_client(settings)
+        payments = PaymentService(engine, store, payment.channel_secrets, payment.currency, channels)
         return cls(
             settings=settings,
             engine=engine,
@@ -168,7 +187,9 @@ class Resources:
             realigner=realigner,
             orders=OrderService(engine, store),
             catalog=CatalogService(engine, store, realigner),
-            payments=PaymentService(engine, store, payment.channel_secrets, payment.currency),
+            payments=payments,
+            channels=channels,
+            checkout=Checkout(engine, store, channels, payments, payment.currency, payment.notify_url),
             sold_out=sold_out,
             _follower=follower,
         )
@@ -188,6 +209,7 @@ class Resources:
         """Stop following restocks, publish what the background publisher holds (up to
         ``confirm_timeout`` seconds; the rest is left to realignment), release the shard lease and
         close every connection."""
+        await self.channels.aclose()
         await _close(
             self.settings, self.engine, self.store, self.publisher, self.lease, self.background, self._follower
         )

@@ -397,3 +397,45 @@ async def payments_of(engine: AsyncEngine, order_no: str) -> list:
                 {"o": order_no},
             )
         )
+
+
+@contextlib.asynccontextmanager
+async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> AsyncIterator[subprocess.Popen]:
+    """``flashsale ARGS`` as a subprocess reading ``settings`` (its own process group), once
+    ``ready_url`` answers 200; SIGTERM on exit (SIGKILL after 20 s)."""
+    import os
+    import signal
+    import sys
+    from pathlib import Path
+
+    import httpx
+
+    from service.sale.isolation import environment
+
+    process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("flashsale")), *args],
+        env={**os.environ, **environment(settings)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    async def ready():
+        assert process.poll() is None, f"flashsale {' '.join(args)} exited {process.returncode}"
+        try:
+            async with httpx.AsyncClient() as http:
+                return (await http.get(ready_url)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        await eventually(ready, interval=0.2)
+        yield process
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.to_thread(process.wait, 20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            await asyncio.to_thread(process.wait)

@@ -212,6 +212,61 @@ def sweep(product_id: int | None, watch: float | None) -> None:
     _run(run_sweep(get_settings(), product_id, watch))
 
 
+@main.group()
+def channel() -> None:
+    """The payment channel simulator (an outside party: two channels, mockpay and altpay)."""
+
+
+@channel.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8100, show_default=True, type=click.IntRange(1, 65535))
+def channel_serve(host: str, port: int) -> None:
+    """Serve the simulated channels over HTTP (one process: the books live in memory)."""
+    from service.cli.serve import serve_app
+
+    serve_app("service.channel.app:create_channel_app", host, port, 1)
+
+
+@channel.command("pay")
+@click.argument("order_no")
+@click.option("--channel", "channel_name", default="mockpay", show_default=True)
+@click.option("--url", default=None, help="The channel's base URL (default: FLASHSALE_PAYMENT__CHANNEL_URLS).")
+def channel_pay(order_no: str, channel_name: str, url: str | None) -> None:
+    """The buyer pays ORDER_NO at a running simulator (after POST /api/v1/orders/{order_no}/pay)."""
+    import httpx
+
+    base = url or get_settings().payment.channel_urls.get(channel_name)
+    if base is None:
+        raise click.BadParameter(f"no URL for channel {channel_name}")
+    response = httpx.post(f"{base}/payments/{order_no}/pay", timeout=10)
+    click.echo(f"{response.status_code} {response.text}")
+    if not response.is_success:
+        sys.exit(1)
+
+
+@main.group()
+def payments() -> None:
+    """Payments at the channels."""
+
+
+@payments.command("sync")
+@click.argument("order_no")
+def payments_sync(order_no: str) -> None:
+    """Ask ORDER_NO's channels about its payment; one paid there is applied (as its notification
+    would be). One JSON line per channel asked; exit 1 when a channel did not answer."""
+    from service.cli.pay import run_sync
+    from service.domain.errors import InvalidInput
+
+    try:
+        states = _run(run_sync(get_settings(), order_no))
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.detail) from None
+    for state in states:
+        click.echo(msgspec.json.encode(state).decode())
+    if any(state["status"] == "unavailable" for state in states):
+        sys.exit(1)
+
+
 @main.command()
 def migrate() -> None:
     """Create the database if missing and upgrade the schema to head (Alembic)."""

@@ -36,8 +36,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.engine import as_duplicate_key
 from db.models import OrderStatus as S
 from db.queries import attempts, payments, refunds
+from service.adapters.channel_client import ChannelClient, ChannelUnavailable
 from service.adapters.redis.stock_store import StockStore
-from service.domain.errors import Conflict, DomainError, InvalidInput, OrderNotFound
+from service.domain.errors import Conflict, DomainError, InvalidInput, OrderNotFound, Unavailable
 from service.domain.lifecycle import (
     OrderRow,
     ReturnedUnits,
@@ -94,6 +95,15 @@ class OrderQueued(Conflict):
 
     def __init__(self, order_no: str) -> None:
         super().__init__(f"Order {order_no} is still queued; retry in a moment.", retry_after=1)
+
+
+class ChannelDown(Unavailable):
+    """A payment channel did not answer (``channel_unavailable``, retry after 1 s)."""
+
+    code = "channel_unavailable"
+
+    def __init__(self, channel: str) -> None:
+        super().__init__(f"Channel {channel} did not answer; retry.")
 
 
 class SignatureInvalid(DomainError):
@@ -379,20 +389,39 @@ async def request_refund(engine: AsyncEngine, order_no: str, restock: bool) -> R
     return request
 
 
+async def abandon_refund(engine: AsyncEngine, request: RefundRequest) -> None:
+    """The channel did not take ``request`` in: ``refunding -> paid``, the refund ``failed``. Should
+    the channel have refunded after all, its ``refunded`` notification (naming the payment)
+    still refunds the order from ``paid``."""
+    async with engine.begin() as conn:
+        await conn.execute(refunds.SETTLE, {"s": "failed", "r": request.refund_no})
+        await transition(conn, request.order_no, S.REFUNDING, S.PAID, "channel_unavailable")
+
+
 _notification = msgspec.json.Decoder(Notification)
 
 
 class PaymentService:
     """Payment use cases: a channel's signed notification, an operator's refund. One per process.
 
-    ``secrets``: channel -> HMAC-SHA256 secret; ``currency``: the shop's ISO 4217 code.
+    ``secrets``: channel -> HMAC-SHA256 secret; ``currency``: the shop's ISO 4217 code;
+    ``channels``: the channels' HTTP API (refunds are asked of the channel that took the payment
+    when it has a URL; otherwise its ``refunded`` notification is awaited as it comes).
     """
 
-    def __init__(self, engine: AsyncEngine, store: StockStore, secrets: dict[str, str], currency: str) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        store: StockStore,
+        secrets: dict[str, str],
+        currency: str,
+        channels: ChannelClient | None = None,
+    ) -> None:
         self._engine = engine
         self._store = store
         self._secrets = secrets
         self._currency = currency
+        self._channels = channels
 
     async def notify(self, raw: bytes, signature: str | None) -> NotifyResult:
         """Decode, verify (``signature`` = hex HMAC-SHA256 of ``raw``) and apply a notification.
@@ -435,9 +464,17 @@ class PaymentService:
             InvalidInput: ``invalid_order_no``.
             OrderNotFound: unknown order.
             Conflict: ``order_not_refundable`` (not paid, a repeated refund included).
+            ChannelDown: the channel did not take the refund in; the order is ``paid`` again.
         """
         require_valid_order_no(order_no)
         try:
-            return await request_refund(self._engine, order_no, restock)
+            request = await request_refund(self._engine, order_no, restock)
         except TransitionLost as lost:
             raise Conflict(f"The order is {lost.current.label}.", code="order_not_refundable") from None
+        if self._channels is not None and request.channel in self._channels.channels:
+            try:
+                await self._channels.refund(request.channel, request.refund_no, order_no, request.amount)
+            except ChannelUnavailable:
+                await abandon_refund(self._engine, request)
+                raise ChannelDown(request.channel) from None
+        return request
