@@ -33,6 +33,7 @@ from service.domain.orders import OrderService
 from service.domain.payments import PaymentService
 from service.domain.purchase import PurchaseService
 from service.domain.realign import Realigner
+from service.domain.reconcile import Reconciler
 from service.domain.sold_out import SoldOutFlags
 from service.settings import Settings
 
@@ -138,6 +139,7 @@ class Resources:
     payments: PaymentService
     channels: ChannelClient
     checkout: Checkout
+    reconciler: Reconciler
     sold_out: SoldOutFlags | None = None
     _follower: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -190,6 +192,7 @@ class Resources:
             payments=payments,
             channels=channels,
             checkout=Checkout(engine, store, channels, payments, payment.currency, payment.notify_url),
+            reconciler=Reconciler(engine, channels, payments, payment.currency),
             sold_out=sold_out,
             _follower=follower,
         )

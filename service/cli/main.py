@@ -268,6 +268,25 @@ def payments_sync(order_no: str) -> None:
 
 
 @main.command()
+@click.option("--date", "day", required=True, type=click.DateTime(["%Y-%m-%d"]), help="The UTC day (YYYY-MM-DD).")
+@click.option("--channel", "channel_name", default=None, help="Only this channel (default: every channel with a URL).")
+@click.option("--apply", "apply_fixes", is_flag=True, help="Apply the safe fixes (payments missing here).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def reconcile(day: datetime, channel_name: str | None, apply_fixes: bool, as_json: bool) -> None:
+    """Compare the channels' bills of DATE with the payments table: missing here, missing at the
+    channel, amount mismatch, owed back. Exit 0 when clean (after --apply), 1 otherwise."""
+    from service.cli.reconcile import print_reconciliation, run_reconcile
+    from service.domain.errors import InvalidInput
+
+    try:
+        report = _run(run_reconcile(get_settings(), day.date(), channel_name, apply_fixes))
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.detail) from None
+    print_reconciliation(report, as_json)
+    sys.exit(0 if report.clean else 1)
+
+
+@main.command()
 def migrate() -> None:
     """Create the database if missing and upgrade the schema to head (Alembic)."""
     from db.migrate import upgrade
