@@ -178,6 +178,7 @@ class Resources:
         payment = settings.payment
         channels = make_channel_client(settings)
         payments = PaymentService(engine, store, payment.channel_secrets, payment.currency, channels)
+        checkout = Checkout(engine, store, channels, payments, payment.currency, payment.notify_url)
         return cls(
             settings=settings,
             engine=engine,
@@ -187,11 +188,11 @@ class Resources:
             purchases=purchases,
             background=background,
             realigner=realigner,
-            orders=OrderService(engine, store),
+            orders=OrderService(engine, store, checkout.may_cancel),
             catalog=CatalogService(engine, store, realigner),
             payments=payments,
             channels=channels,
-            checkout=Checkout(engine, store, channels, payments, payment.currency, payment.notify_url),
+            checkout=checkout,
             reconciler=Reconciler(engine, channels, payments, payment.currency),
             sold_out=sold_out,
             _follower=follower,

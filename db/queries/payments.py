@@ -38,7 +38,7 @@ MARK_REFUNDED = text("UPDATE payments SET status = 'refunded' WHERE id = :id")
 """A payment whose money went back to the payer (owed back, or the order was refunded)."""
 
 OF_PRODUCT = text(
-    "SELECT p.order_no, p.event, p.status FROM payments p"
+    "SELECT p.order_no, p.event, p.status, p.channel, p.channel_txn_id FROM payments p"
     " JOIN orders o ON o.order_no = p.order_no WHERE o.product_id = :p"
 )
 """Every payment row of product ``:p``'s orders (the sale's invariant 7)."""

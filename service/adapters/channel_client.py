@@ -68,6 +68,8 @@ class ChannelClient:
         return frozenset(self._urls)
 
     async def _call(self, method: str, channel: str, path: str, **kwargs: object) -> httpx.Response:
+        if channel not in self._urls:
+            raise ChannelUnavailable(f"{channel}: no URL for this channel")
         try:
             response = await self._http.request(method, self._urls[channel] + path, **kwargs)  # type: ignore[arg-type]
         except httpx.HTTPError as exc:

@@ -196,9 +196,8 @@ def bill(
 
 @get("/faults", sync_to_thread=False)
 def get_faults(state: State) -> dict[str, Any]:
-    """The fault knobs and the notifier's counters."""
-    notifier = _sim(state).notifier
-    return {"faults": msgspec.to_builtins(notifier.faults), "stats": dict(notifier.stats)}
+    """The fault knobs, the notifier's counters and how many notifications are in flight."""
+    return _faults_view(_sim(state).notifier)
 
 
 @put("/faults", sync_to_thread=False)
@@ -206,7 +205,15 @@ def set_faults(data: Faults, state: State) -> dict[str, Any]:
     """Set the fault knobs (what is left out is 0)."""
     notifier = _sim(state).notifier
     notifier.faults = data
-    return {"faults": msgspec.to_builtins(notifier.faults), "stats": dict(notifier.stats)}
+    return _faults_view(notifier)
+
+
+def _faults_view(notifier: Notifier) -> dict[str, Any]:
+    return {
+        "faults": msgspec.to_builtins(notifier.faults),
+        "stats": dict(notifier.stats),
+        "in_flight": notifier.in_flight,
+    }
 
 
 @get("/health", sync_to_thread=False)

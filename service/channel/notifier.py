@@ -61,6 +61,11 @@ class Notifier:
         self._held: list[asyncio.Event] = []
         self._random = random.Random()
 
+    @property
+    def in_flight(self) -> int:
+        """Notifications not yet delivered nor given up (held, delayed, or being retried)."""
+        return len(self._tasks)
+
     def chance(self, probability: float) -> bool:
         """True with ``probability`` (a fault knob's draw)."""
         return self._random.random() < probability

@@ -7,12 +7,15 @@
 - Parallel channel attempts: an order has at most one ``open`` attempt. Paying at another
   channel first closes the open one at its channel; only a confirmed close lets the new attempt
   open (``409 payment_in_progress`` otherwise), and a close refused because the buyer already
-  paid there applies that payment instead.
+  paid there applies that payment instead. A start holds the order's row lock across its calls
+  to the channels (each bounded by the channel timeout), so the starts of one order are
+  serialised: no create can reach a channel after the close of its own attempt.
 - Active query: before the payment-timeout sweep cancels an order it asks every channel where
-  an attempt is not closed; paid there -> the order is paid through the same path and
+  an attempt was opened; paid there -> the order is paid through the same path and
   idempotency keys as the notification (``UNIQUE(channel, channel_txn_id)``, ``pay:<order>:paid``),
   so a notification arriving at the same time is a no-op; not paid -> closed at the channel, and
-  the order is cancelled only once every attempt is closed.
+  the order is cancelled only once every attempt is closed (every channel where it ever had an
+  attempt is asked, so a payment created after a close is still found).
 """
 
 from __future__ import annotations
@@ -93,17 +96,8 @@ class Checkout:
         require_valid_order_no(order_no)
         if channel not in self._channels.channels:
             raise InvalidInput("channel", f"unknown channel; one of {sorted(self._channels.channels)}")
-        for _ in range(2):
-            amount, others = await self._open(user_id, order_no, channel)
-            if not others:
-                return await self._create(order_no, channel, amount)
-            for other in others:
-                await self._close_other(order_no, other)
-        raise Conflict("Another payment of this order is in progress.", code="payment_in_progress", retry_after=1)
-
-    async def _open(self, user_id: str, order_no: str, channel: str) -> tuple[int, list[str]]:
-        """Under the order's row lock: the attempt at ``channel`` opened when no other is open;
-        returns (amount, the channels of other open attempts)."""
+        paid_elsewhere: ChannelPayment | None = None
+        created: ChannelPayment | None = None
         async with self._engine.begin() as conn:
             order = await load_order(conn, order_no, for_update=True)
             if order is None or order.user_id != user_id:
@@ -114,34 +108,35 @@ class Checkout:
             if order.status is not S.PENDING_PAYMENT:
                 raise Conflict(f"The order is {order.status.label}.", code="order_not_payable")
             rows = (await conn.execute(attempts.OF_ORDER, {"o": order_no})).all()
-            others = [row.channel for row in rows if row.status == "open" and row.channel != channel]
-            if not others:
+            for other in [row.channel for row in rows if row.status == "open" and row.channel != channel]:
+                try:
+                    closed = await self._channels.close(other, order_no)
+                except ChannelUnavailable:
+                    raise Conflict(
+                        f"The payment at {other} could not be closed; retry.",
+                        code="payment_in_progress",
+                        retry_after=1,
+                    ) from None
+                if closed is not None and closed.status == "paid":
+                    paid_elsewhere = closed
+                    break
+                await conn.execute(attempts.SET_STATUS, {"s": "closed", "o": order_no, "c": other})
+            else:
                 await conn.execute(attempts.OPEN, {"o": order_no, "c": channel})
-            return order.amount, others
-
-    async def _create(self, order_no: str, channel: str, amount: int) -> PayParameters:
-        try:
-            payment = await self._channels.create(channel, order_no, amount, self._currency, self._notify_url)
-        except ChannelUnavailable as exc:
-            log.warning("channel_create_failed", order_no=order_no, channel=channel, error=str(exc))
-            raise ChannelDown(channel) from None
+                try:
+                    created = await self._channels.create(
+                        channel, order_no, order.amount, self._currency, self._notify_url
+                    )
+                except ChannelUnavailable as exc:  # the attempt stays open: the channel may have it
+                    log.warning("channel_create_failed", order_no=order_no, channel=channel, error=str(exc))
+        if paid_elsewhere is not None:  # applied outside the row lock: the notification path takes it
+            await self._apply(paid_elsewhere)
+            raise Conflict(f"The order was paid at {paid_elsewhere.channel}.", code="order_not_payable")
+        if created is None:
+            raise ChannelDown(channel)
         return PayParameters(
-            order_no, channel, payment.channel_txn_id, payment.amount, payment.currency, payment.pay_url, payment.status
+            order_no, channel, created.channel_txn_id, created.amount, created.currency, created.pay_url, created.status
         )
-
-    async def _close_other(self, order_no: str, channel: str) -> None:
-        """Close the open attempt at ``channel`` there; a payment found there is applied and the
-        order is then not payable any more.
-
-        Raises: Conflict ``payment_in_progress`` / ``order_not_payable``.
-        """
-        state = await self._close(order_no, channel)
-        if state.status == "unavailable":
-            raise Conflict(
-                f"The payment at {channel} could not be closed; retry.", code="payment_in_progress", retry_after=1
-            )
-        if state.status == "paid":
-            raise Conflict(f"The order was paid at {channel}.", code="order_not_payable")
 
     async def _close(self, order_no: str, channel: str) -> ChannelState:
         """Close ``order_no``'s payment at ``channel``: ``closed``/``unknown`` mark the attempt
@@ -170,7 +165,8 @@ class Checkout:
             return list((await conn.execute(attempts.CHANNELS_OF_ORDER, {"o": order_no})).scalars())
 
     async def sync(self, order_no: str) -> list[ChannelState]:
-        """Ask every channel where ``order_no`` has an attempt not closed; a payment found paid
+        """Ask every channel where ``order_no`` has an attempt (closed ones too: a create still on
+        the wire when the close arrived may have left a payment there); a payment found paid
         there is applied (``flashsale payments sync``). Nothing is closed.
 
         Raises: InvalidInput ``invalid_order_no``.

@@ -9,11 +9,12 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 
 from db.models import OrderStatus as S
 from service.bootstrap import opened
@@ -302,3 +303,64 @@ async def test_the_fault_knobs_duplicate_drop_and_reorder(
     assert delta == {"sent": 3, "dropped": 1, "duplicated": 1, "reordered": 1}
     assert await status_of(engine, dropped) is S.PENDING_PAYMENT
     assert len(await payments_of(engine, dup)) == 1
+
+
+async def test_a_hundred_orders_start_paying_at_once(
+    clean_faults, client, token, put_product, product_id, engine, consumer
+):
+    live = clean_faults
+    await put_product(product_id, stock=100, limit=1)
+    users = [f"crowd-{n}" for n in range(100)]
+    order_nos = await buy_and_settle(client, token, engine, product_id, users)
+    channels = ["mockpay", "altpay"]
+    answers = await asyncio.gather(
+        *(_pay(live, token, user, o, channels[n % 2]) for n, (user, o) in enumerate(zip(users, order_nos, strict=True)))
+    )
+    assert Counter(a.status_code for a in answers) == {200: 100}, [a.text for a in answers if a.status_code != 200]
+    assert len({a.json()["channel_txn_id"] for a in answers}) == 100
+    async with engine.connect() as conn:
+        query = text("SELECT status, COUNT(*) FROM payment_attempts WHERE order_no IN :o GROUP BY status")
+        counts = dict((await conn.execute(query.bindparams(bindparam("o", expanding=True)), {"o": order_nos})).all())
+    assert counts == {"open": 100}
+
+
+async def test_forty_clicks_on_two_channels_leave_one_open_attempt_and_a_cancel_closes_both(
+    clean_faults, client, token, put_product, product_id, engine, consumer
+):
+    live = clean_faults
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["clicker"])
+    answers = await asyncio.gather(
+        *(_pay(live, token, "clicker", order_no, ("mockpay", "altpay")[n % 2]) for n in range(40))
+    )
+    codes = Counter(a.status_code if a.status_code == 200 else a.json()["code"] for a in answers)
+    assert set(codes) <= {200, "payment_in_progress"} and codes[200] >= 1, codes
+    assert {a.json()["channel_txn_id"] for a in answers if a.status_code == 200} <= {
+        (await live.sim.get(f"/{c}/payments/{order_no}")).json().get("channel_txn_id") for c in ("mockpay", "altpay")
+    }
+    async with engine.connect() as conn:
+        query = text("SELECT status FROM payment_attempts WHERE order_no = :o")
+        statuses = Counter((await conn.execute(query, {"o": order_no})).scalars())
+    assert statuses["open"] == 1
+
+    cancelled = await client.post(f"/api/v1/orders/{order_no}/cancel", headers=token("clicker"))
+    assert cancelled.status_code == 409  # the in-process API has no channel URLs: it cannot close them
+    cancelled = await live.api.post(f"/api/v1/orders/{order_no}/cancel", headers=token("clicker"))
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    for channel in ("mockpay", "altpay"):
+        assert (await live.sim.get(f"/{channel}/payments/{order_no}")).json()["status"] == "closed"
+
+
+async def test_a_buyer_cannot_cancel_an_order_paid_at_its_channel(
+    clean_faults, client, token, put_product, product_id, engine, consumer
+):
+    live = clean_faults
+    await put_product(product_id, stock=2, limit=1)
+    [order_no] = await buy_and_settle(client, token, engine, product_id, ["regretful"])
+    assert (await _pay(live, token, "regretful", order_no, "mockpay")).status_code == 200
+    await live.faults(drop=1.0)
+    assert (await live.buyer_pays("mockpay", order_no)).status_code == 200
+    refused = await live.api.post(f"/api/v1/orders/{order_no}/cancel", headers=token("regretful"))
+    assert refused.status_code == 409 and refused.json()["code"] == "order_not_cancellable"
+    assert "retry-after" not in refused.headers
+    assert await status_of(engine, order_no) is S.PAID
