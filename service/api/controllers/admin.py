@@ -59,7 +59,8 @@ class AdminController(Controller):
         data: JSONBody[RefundBody | None] = None,
     ) -> RefundStarted:
         """``paid -> refunding`` and the refund asked of the paying channel; ``{"restock": true}``
-        puts the units back on sale once the channel confirms it."""
+        puts the units back on sale once the channel confirms it. 400 invalid_order_no, 404
+        order_not_found, 409 order_not_refundable, 503 channel_unavailable (the order is paid again)."""
         restock = bool(data and data.restock)
         started = await resources.payments.refund(order_no, restock)
         return RefundStarted(order_no, "refunding", started.refund_no, started.channel, restock)
