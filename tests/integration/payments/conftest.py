@@ -66,3 +66,17 @@ async def clean_faults(live: Live) -> AsyncIterator[Live]:
     await live.faults()
     yield live
     await live.faults()
+
+
+@pytest.fixture
+def one_order(client, token, put_product, product_id, engine):
+    """``await one_order(user, stock=2) -> order_no``: product ``product_id`` on sale (limit 1)
+    and one order of ``user`` written to MySQL (needs the ``consumer`` fixture)."""
+    from tests.support import buy_and_settle
+
+    async def make(user: str, stock: int = 2) -> str:
+        await put_product(product_id, stock=stock, limit=1)
+        [order_no] = await buy_and_settle(client, token, engine, product_id, [user])
+        return order_no
+
+    return make

@@ -29,6 +29,13 @@ async def _pay(live, token, user: str, order_no: str, channel: str):
     return await live.api.post(f"/api/v1/orders/{order_no}/pay", json={"channel": channel}, headers=token(user))
 
 
+async def _paid_with_the_notification_lost(live, token, user: str, order_no: str, channel: str) -> None:
+    """The buyer starts paying at ``channel`` and pays there; the channel drops the notification."""
+    assert (await _pay(live, token, user, order_no, channel)).status_code == 200
+    await live.faults(drop=1.0)
+    assert (await live.buyer_pays(channel, order_no)).status_code == 200
+
+
 async def _becomes(engine, order_no: str, status: S) -> None:
     async def reached():
         return await status_of(engine, order_no) is status
@@ -48,11 +55,10 @@ async def _overdue(engine, order_no: str) -> None:
 
 
 async def test_the_pay_route_reuses_one_merchant_order_number_and_the_notification_pays(
-    clean_faults, client, token, put_product, product_id, engine, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["payer"])
+    order_no = await one_order("payer", stock=2)
     first = await _pay(live, token, "payer", order_no, "mockpay")
     assert first.status_code == 200, first.text
     params = first.json()
@@ -84,11 +90,10 @@ async def test_the_pay_route_reuses_one_merchant_order_number_and_the_notificati
 
 
 async def test_a_second_channel_closes_the_first_at_its_channel_first(
-    clean_faults, client, token, put_product, product_id, engine, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["switcher"])
+    order_no = await one_order("switcher", stock=2)
     assert (await _pay(live, token, "switcher", order_no, "mockpay")).status_code == 200
     switched = await _pay(live, token, "switcher", order_no, "altpay")
     assert switched.status_code == 200 and switched.json()["channel"] == "altpay"
@@ -101,11 +106,10 @@ async def test_a_second_channel_closes_the_first_at_its_channel_first(
 
 
 async def test_a_second_channel_while_the_first_cannot_be_closed_is_payment_in_progress(
-    clean_faults, client, token, put_product, product_id, engine, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["stuck"])
+    order_no = await one_order("stuck", stock=2)
     down = await _pay(live, token, "stuck", order_no, "deadpay")
     assert down.status_code == 503 and down.json()["code"] == "channel_unavailable" and down.headers["retry-after"]
     refused = await _pay(live, token, "stuck", order_no, "mockpay")
@@ -115,24 +119,22 @@ async def test_a_second_channel_while_the_first_cannot_be_closed_is_payment_in_p
 
 
 async def test_paid_at_the_first_channel_with_the_notification_lost_is_found_by_the_switch(
-    clean_faults, client, token, put_product, product_id, engine, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["lost-note"])
-    assert (await _pay(live, token, "lost-note", order_no, "mockpay")).status_code == 200
-    await live.faults(drop=1.0)
-    assert (await live.buyer_pays("mockpay", order_no)).status_code == 200
+    order_no = await one_order("lost-note", stock=2)
+    await _paid_with_the_notification_lost(live, token, "lost-note", order_no, "mockpay")
     switched = await _pay(live, token, "lost-note", order_no, "altpay")
     assert switched.status_code == 409 and switched.json()["code"] == "order_not_payable"
     assert await status_of(engine, order_no) is S.PAID
     assert (await live.sim.get(f"/altpay/payments/{order_no}")).status_code == 404
 
 
-async def test_bad_pay_requests_are_4xx(clean_faults, client, token, put_product, product_id, engine, consumer):
+async def test_bad_pay_requests_are_4xx(
+    one_order, clean_faults, client, token, put_product, product_id, engine, consumer
+):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["bad-pay"])
+    order_no = await one_order("bad-pay", stock=2)
     for body, code in (
         ({"channel": "nopay"}, "invalid_request"),
         ({"channel": "mockpay", "extra": 1}, "invalid_request"),
@@ -178,11 +180,10 @@ async def test_the_sweep_asks_the_channel_before_cancelling(
 
 
 async def test_a_notification_racing_the_sweeps_query_pays_once(
-    clean_faults, client, token, put_product, product_id, engine, store, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, store, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["racer"])
+    order_no = await one_order("racer", stock=2)
     assert (await _pay(live, token, "racer", order_no, "mockpay")).status_code == 200
     await live.faults(delay=0.3, duplicate=1.0)
     assert (await live.buyer_pays("mockpay", order_no)).status_code == 200
@@ -204,14 +205,11 @@ async def test_a_notification_racing_the_sweeps_query_pays_once(
 
 
 async def test_payments_sync_applies_a_payment_whose_notification_was_lost(
-    clean_faults, client, token, put_product, product_id, engine, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["syncer"])
-    assert (await _pay(live, token, "syncer", order_no, "altpay")).status_code == 200
-    await live.faults(drop=1.0)
-    assert (await live.buyer_pays("altpay", order_no)).status_code == 200
+    order_no = await one_order("syncer", stock=2)
+    await _paid_with_the_notification_lost(live, token, "syncer", order_no, "altpay")
     await asyncio.sleep(0.3)
     assert await status_of(engine, order_no) is S.PENDING_PAYMENT
     script = str(Path(sys.executable).with_name("flashsale"))
@@ -231,11 +229,10 @@ async def test_payments_sync_applies_a_payment_whose_notification_was_lost(
 
 
 async def test_refunds_go_through_the_channel_and_restock_only_when_it_confirms(
-    clean_faults, client, token, admin, put_product, product_id, engine, redis, settings, consumer
+    one_order, clean_faults, client, token, admin, put_product, product_id, engine, redis, settings, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=1, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["refundee"])
+    order_no = await one_order("refundee", stock=1)
     assert (await _pay(live, token, "refundee", order_no, "mockpay")).status_code == 200
     assert (await live.buyer_pays("mockpay", order_no)).status_code == 200
     await _becomes(engine, order_no, S.PAID)
@@ -261,15 +258,14 @@ async def test_refunds_go_through_the_channel_and_restock_only_when_it_confirms(
 
 
 async def test_a_refund_the_channel_does_not_take_in_leaves_the_order_paid(
-    clean_faults, client, token, admin, put_product, product_id, engine, settings, consumer
+    one_order, clean_faults, client, token, admin, put_product, product_id, engine, settings, consumer
 ):
     """The order's payment is recorded at deadpay (a channel whose URL nobody answers on): the
     refund cannot reach it, so the order is paid again and the answer is 503."""
     from tests.support import notify
 
     live = clean_faults
-    await put_product(product_id, stock=1, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["dead-refund"])
+    order_no = await one_order("dead-refund", stock=1)
     paid = await notify(client, settings, order_no, txn=f"P-{order_no}")
     assert paid.json()["result"] == "paid"
     async with engine.begin() as conn:  # the payment came from a channel with no URL here: as if deadpay
@@ -325,11 +321,10 @@ async def test_a_hundred_orders_start_paying_at_once(
 
 
 async def test_forty_clicks_on_two_channels_leave_one_open_attempt_and_a_cancel_closes_both(
-    clean_faults, client, token, put_product, product_id, engine, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["clicker"])
+    order_no = await one_order("clicker", stock=2)
     answers = await asyncio.gather(
         *(_pay(live, token, "clicker", order_no, ("mockpay", "altpay")[n % 2]) for n in range(40))
     )
@@ -352,14 +347,11 @@ async def test_forty_clicks_on_two_channels_leave_one_open_attempt_and_a_cancel_
 
 
 async def test_a_buyer_cannot_cancel_an_order_paid_at_its_channel(
-    clean_faults, client, token, put_product, product_id, engine, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["regretful"])
-    assert (await _pay(live, token, "regretful", order_no, "mockpay")).status_code == 200
-    await live.faults(drop=1.0)
-    assert (await live.buyer_pays("mockpay", order_no)).status_code == 200
+    order_no = await one_order("regretful", stock=2)
+    await _paid_with_the_notification_lost(live, token, "regretful", order_no, "mockpay")
     refused = await live.api.post(f"/api/v1/orders/{order_no}/cancel", headers=token("regretful"))
     assert refused.status_code == 409 and refused.json()["code"] == "order_not_cancellable"
     assert "retry-after" not in refused.headers

@@ -133,10 +133,9 @@ async def test_an_order_nobody_accepted_is_still_404(client, settings):
 
 @pytest.mark.parametrize("extra", [{"paid_at": "2026-11-30T12:00:00Z"}, {"fee": 6}, {"metadata": {"k": [1, 2]}}])
 async def test_notifications_ignore_fields_they_do_not_know(
-    client, token, put_product, product_id, engine, settings, consumer, extra
+    one_order, client, token, put_product, product_id, engine, settings, consumer, extra
 ):
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["extra-fields"])
+    order_no = await one_order("extra-fields", stock=2)
     paid = await notify(client, settings, order_no, txn=f"P-{order_no}", **extra)
     assert paid.json() == {"result": "paid", "order_status": "paid"}
     refunded = await notify(client, settings, order_no, txn=f"R-{order_no}", event="refunded", **extra)
@@ -145,13 +144,12 @@ async def test_notifications_ignore_fields_they_do_not_know(
 
 @pytest.mark.parametrize("failure", ["refund_failed", "refund_rejected"])
 async def test_units_return_to_sale_only_once_the_refund_is_confirmed(
-    client, token, admin, put_product, product_id, engine, redis, settings, consumer, failure
+    one_order, client, token, admin, put_product, product_id, engine, redis, settings, consumer, failure
 ):
     """A refund with restock keeps the unit off sale while the channel may still fail it; a
     failed or rejected refund puts the order back to ``paid``; a later confirmed refund returns
     the unit and a second buyer gets it."""
-    await put_product(product_id, stock=1, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["refund-me"])
+    order_no = await one_order("refund-me", stock=1)
     assert (await notify(client, settings, order_no, txn=f"P-{order_no}")).json()["result"] == "paid"
 
     first = await client.post(f"/api/v1/admin/orders/{order_no}/refund", json={"restock": True}, headers=admin)
@@ -173,10 +171,9 @@ async def test_units_return_to_sale_only_once_the_refund_is_confirmed(
 
 
 async def test_a_refund_failure_without_a_refund_in_progress_changes_nothing(
-    client, token, put_product, product_id, engine, settings, consumer
+    one_order, client, token, put_product, product_id, engine, settings, consumer
 ):
-    await put_product(product_id, stock=1, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["not-refunding"])
+    order_no = await one_order("not-refunding", stock=1)
     assert (await notify(client, settings, order_no, txn=f"P-{order_no}")).json()["result"] == "paid"
     stray = await notify(client, settings, order_no, txn=f"F-{order_no}", event="refund_failed")
     assert stray.json() == {"result": "unexpected", "order_status": "paid"}

@@ -15,7 +15,7 @@ import pytest
 from db.models import OrderStatus as S
 from service.bootstrap import opened
 from service.sale.isolation import environment
-from tests.support import buy_and_settle, eventually, notify, payments_of, status_of
+from tests.support import eventually, notify, payments_of, status_of
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +41,10 @@ async def _paid_at_channel(live, token, user: str, order_no: str, channel: str =
 
 
 async def test_a_payment_missing_here_is_reported_then_applied(
-    clean_faults, client, token, put_product, product_id, engine, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["rc-missing"])
+    order_no = await one_order("rc-missing", stock=2)
     await live.faults(drop=1.0)
     await _paid_at_channel(live, token, "rc-missing", order_no)
     assert await _mismatches(live, order_no, "mockpay") == [("missing_here", 1500, None, None)]
@@ -56,21 +55,19 @@ async def test_a_payment_missing_here_is_reported_then_applied(
 
 
 async def test_a_payment_the_channel_never_made_is_missing_at_the_channel(
-    clean_faults, client, token, put_product, product_id, engine, settings, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, settings, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["rc-forged"])
+    order_no = await one_order("rc-forged", stock=2)
     assert (await notify(client, settings, order_no, txn=f"FORGED-{order_no}")).json()["result"] == "paid"
     assert await _mismatches(live, order_no, "mockpay", apply=True) == [("missing_at_channel", None, 1500, None)]
 
 
 async def test_different_amounts_on_both_sides_are_an_amount_mismatch(
-    clean_faults, client, token, put_product, product_id, engine, settings, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, settings, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["rc-amount"])
+    order_no = await one_order("rc-amount", stock=2)
     await live.faults(drop=1.0)
     txn = await _paid_at_channel(live, token, "rc-amount", order_no)
     recorded = await notify(client, settings, order_no, txn=txn, amount=1)
@@ -83,11 +80,10 @@ async def test_different_amounts_on_both_sides_are_an_amount_mismatch(
 
 
 async def test_a_second_payment_is_owed_back_until_its_channel_refunds_it(
-    clean_faults, client, token, put_product, product_id, engine, consumer
+    one_order, clean_faults, client, token, put_product, product_id, engine, consumer
 ):
     live = clean_faults
-    await put_product(product_id, stock=2, limit=1)
-    [order_no] = await buy_and_settle(client, token, engine, product_id, ["rc-twice"])
+    order_no = await one_order("rc-twice", stock=2)
     await _paid_at_channel(live, token, "rc-twice", order_no, "mockpay")
     await eventually(lambda: _is_paid(engine, order_no))
     # The buyer also pays at altpay, outside our pay route (an old payment page, say).
