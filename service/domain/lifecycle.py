@@ -9,6 +9,7 @@ with the status in the WHERE clause a matched row is a changed row.)
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -27,10 +28,10 @@ ALLOWED: dict[S, frozenset[S]] = {
     S.PENDING_PAYMENT: frozenset({S.PAID, S.CANCELLED, S.REJECTED}),
     S.PAID: frozenset({S.SHIPPED, S.REFUNDING}),
     S.SHIPPED: frozenset({S.COMPLETED}),
-    S.REFUNDING: frozenset({S.REFUNDED}),
+    S.REFUNDING: frozenset({S.REFUNDED, S.PAID}),
 }
 """The whitelist: from-status -> allowed to-statuses. Cancelled, completed, refunded and
-rejected are final."""
+rejected are final; ``refunding -> paid`` when the channel fails or rejects the refund."""
 
 
 class IllegalTransition(ValueError):
@@ -162,25 +163,34 @@ async def expire_unpaid(
     *,
     product_id: int | None = None,
     batch: int = 500,
+    may_cancel: Callable[[str], Awaitable[bool]] | None = None,
 ) -> int:
     """One sweep: cancel every order (of ``product_id``, or of every product) still
     ``pending_payment`` ``window_seconds`` after it was created (reason ``payment_timeout``) and
-    give its units back. Returns how many it cancelled; an order paid in the meantime loses
-    nothing (the conditional update skips it)."""
+    give its units back. ``may_cancel(order_no)`` is asked first (the channels: a payment found
+    there pays the order instead; an order whose channel cannot confirm it is unpaid is left for
+    the next sweep). Returns how many it cancelled; an order paid in the meantime loses nothing
+    (the conditional update skips it)."""
     cancelled = 0
+    after_id = 0
     while True:
         async with engine.connect() as conn:
             due = (
-                (
-                    await conn.execute(
-                        orders.due_unpaid(one_product=product_id is not None),
-                        {"pending": S.PENDING_PAYMENT, "product": product_id, "window": window_seconds, "batch": batch},
-                    )
+                await conn.execute(
+                    orders.due_unpaid(one_product=product_id is not None),
+                    {
+                        "pending": S.PENDING_PAYMENT,
+                        "product": product_id,
+                        "window": window_seconds,
+                        "batch": batch,
+                        "after": after_id,
+                    },
                 )
-                .scalars()
-                .all()
-            )
-        for order_no in due:
+            ).all()
+        for order_id, order_no in due:
+            after_id = order_id
+            if may_cancel is not None and not await may_cancel(order_no):
+                continue
             try:
                 returned = await cancel_order(engine, order_no, "payment_timeout")
             except TransitionLost:

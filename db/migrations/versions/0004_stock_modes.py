@@ -4,16 +4,16 @@ Seed "order system database design", schemes 1 (MySQL row lock, ``database``) an
 pre-decrement, ``redis``). Products that exist before this revision were sold through Redis
 and stay ``redis``; new products default to ``database``.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 Create Date: 2026-11-30
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003"
-down_revision = "0002"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
