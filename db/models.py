@@ -125,6 +125,8 @@ class OrderStatusLog(Base):
     from_status: Mapped[int | None] = mapped_column(TINYINT, nullable=True)
     to_status: Mapped[int] = mapped_column(TINYINT)
     reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    actor: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    """Who made the change (``service.domain.actors``); NULL on rows older than the column."""
     created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
 
 

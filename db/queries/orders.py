@@ -35,11 +35,11 @@ PRESENT_REQUEST_IDS = text("SELECT request_id FROM orders WHERE request_id IN :r
 """Which of request ids ``:r`` have a row."""
 
 LOG_MANY = text(
-    "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
-    " SELECT id, :from_, :to, :reason FROM orders WHERE request_id IN :r ORDER BY id"
+    "INSERT INTO order_status_log (order_id, from_status, to_status, reason, actor)"
+    " SELECT id, :from_, :to, :reason, :actor FROM orders WHERE request_id IN :r ORDER BY id"
 ).bindparams(bindparam("r", expanding=True))
-"""One history entry (``:from_`` -> ``:to``, ``:reason``; ``:from_`` NULL when the order is
-created) for each order in request ids ``:r``, written in the change's transaction."""
+"""One history entry (``:from_`` -> ``:to``, ``:reason``, by ``:actor``; ``:from_`` NULL when the
+order is created) for each order in request ids ``:r``, written in the change's transaction."""
 
 REJECT_MANY = text(
     "UPDATE orders SET status = :to, reason = :reason WHERE request_id IN :r AND status = :from_"
@@ -49,10 +49,10 @@ REJECT_MANY = text(
 
 
 LOG_TRANSITION = text(
-    "INSERT INTO order_status_log (order_id, from_status, to_status, reason)"
-    " SELECT id, :from_, :to, :reason FROM orders WHERE order_no = :o"
+    "INSERT INTO order_status_log (order_id, from_status, to_status, reason, actor)"
+    " SELECT id, :from_, :to, :reason, :actor FROM orders WHERE order_no = :o"
 )
-"""A status change of order ``:o``, written in the change's transaction."""
+"""A status change of order ``:o`` by ``:actor``, written in the change's transaction."""
 
 TRANSITION = text("UPDATE orders SET status = :to, reason = :reason WHERE order_no = :o AND status = :from_")
 """The conditional status change: matches one row only while the order is in ``:from_``."""
@@ -68,7 +68,7 @@ AMOUNT = text("SELECT amount FROM orders WHERE order_no = :o")
 
 VIEW_BY_ORDER_NO = text(f"SELECT {_VIEW_COLUMNS} FROM orders WHERE order_no = :o")
 HISTORY = text(
-    "SELECT from_status, to_status, reason, created_at FROM order_status_log WHERE order_id = :id ORDER BY id"
+    "SELECT from_status, to_status, reason, actor, created_at FROM order_status_log WHERE order_id = :id ORDER BY id"
 )
 
 

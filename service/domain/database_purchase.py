@@ -33,6 +33,7 @@ from db.engine import as_duplicate_key, in_transaction
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
 from service.adapters.redis.results import ReserveOutcome
+from service.domain import actors
 
 _RELEASED_STATUSES = [OrderStatus.CANCELLED, OrderStatus.REJECTED]
 """Orders that hold no units against the per-user limit (as in realignment)."""
@@ -145,6 +146,12 @@ async def _buy(conn: AsyncConnection, p: DatabasePurchase) -> DatabaseAnswer:
     taken = await conn.execute(inventory.TAKE, {"product_id": p.product_id, "quantity": p.quantity})
     if taken.rowcount != 1:
         raise _Refused(ReserveOutcome.SOLD_OUT)
-    created = {"from_": None, "to": OrderStatus.PENDING_PAYMENT, "reason": None, "r": [p.request_id]}
+    created = {
+        "from_": None,
+        "to": OrderStatus.PENDING_PAYMENT,
+        "reason": None,
+        "actor": actors.buyer(p.user_id),
+        "r": [p.request_id],
+    }
     await conn.execute(orders.LOG_MANY, created)
     return DatabaseAnswer(ReserveOutcome.RESERVED, p.order_no, OrderStatus.PENDING_PAYMENT.label)

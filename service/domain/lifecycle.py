@@ -20,6 +20,7 @@ from db.models import OrderStatus as S
 from db.queries import inventory, orders
 from service.adapters.redis.results import RestockOutcome
 from service.adapters.redis.stock_store import StockStore
+from service.domain import actors
 from service.domain.errors import OrderNotFound
 
 log = structlog.get_logger(__name__)
@@ -83,8 +84,11 @@ async def load_order(conn: AsyncConnection, order_no: str, *, for_update: bool =
     return OrderRow(row.id, row.order_no, row.user_id, row.product_id, row.quantity, row.amount, S(row.status))
 
 
-async def transition(conn: AsyncConnection, order_no: str, from_: S, to: S, reason: str | None = None) -> None:
-    """Change ``order_no`` from ``from_`` to ``to`` inside the caller's transaction and log it.
+async def transition(
+    conn: AsyncConnection, order_no: str, from_: S, to: S, reason: str | None = None, *, actor: str
+) -> None:
+    """Change ``order_no`` from ``from_`` to ``to`` inside the caller's transaction and log it with
+    ``reason`` and ``actor`` (who: :mod:`service.domain.actors`).
 
     Raises:
         IllegalTransition: ``to`` is not allowed after ``from_``.
@@ -101,7 +105,7 @@ async def transition(conn: AsyncConnection, order_no: str, from_: S, to: S, reas
         raise TransitionLost(order_no, S(current) if current is not None else from_)
     await conn.execute(
         orders.LOG_TRANSITION,
-        {"from_": from_, "to": to, "reason": reason, "o": order_no},
+        {"from_": from_, "to": to, "reason": reason, "actor": actor, "o": order_no},
     )
 
 
@@ -115,11 +119,13 @@ async def return_stock(conn: AsyncConnection, order: OrderRow, *, release_quota:
     return ReturnedUnits(order.order_no, order.user_id, order.product_id, order.quantity, version, release_quota)
 
 
-async def cancel_order(engine: AsyncEngine, order_no: str, reason: str, *, owner: str | None = None) -> ReturnedUnits:
+async def cancel_order(
+    engine: AsyncEngine, order_no: str, reason: str, *, actor: str, owner: str | None = None
+) -> ReturnedUnits:
     """Cancel a ``pending_payment`` order and return its units to MySQL stock, one transaction.
 
     ``owner``: when given, only that user's order can be cancelled. ``reason`` is logged
-    (``buyer_cancelled``, ``payment_timeout``).
+    (``buyer_cancelled``, ``payment_timeout``) with ``actor``.
 
     Raises:
         OrderNotFound: unknown, or not ``owner``'s.
@@ -129,7 +135,7 @@ async def cancel_order(engine: AsyncEngine, order_no: str, reason: str, *, owner
         order = await load_order(conn, order_no)
         if order is None or (owner is not None and order.user_id != owner):
             raise OrderNotFound(order_no)
-        await transition(conn, order_no, S.PENDING_PAYMENT, S.CANCELLED, reason)
+        await transition(conn, order_no, S.PENDING_PAYMENT, S.CANCELLED, reason, actor=actor)
         returned = await return_stock(conn, order, release_quota=True)
     log.info("order_cancelled", order_no=order_no, reason=reason, quantity=order.quantity)
     return returned
@@ -192,7 +198,7 @@ async def expire_unpaid(
             if may_cancel is not None and not await may_cancel(order_no):
                 continue
             try:
-                returned = await cancel_order(engine, order_no, "payment_timeout")
+                returned = await cancel_order(engine, order_no, "payment_timeout", actor=actors.SWEEP)
             except TransitionLost:
                 continue
             await give_back_to_redis(store, returned)

@@ -49,6 +49,7 @@ from db.queries import inventory, orders
 from service.adapters.broker import OrderMessage, decode_order
 from service.adapters.redis.results import ClaimOutcome
 from service.adapters.redis.stock_store import StockStore
+from service.domain.actors import CONSUMER
 from service.domain.order_no import is_valid_order_no
 from service.domain.request_id import USER_ID, reissued_request_id
 
@@ -209,7 +210,7 @@ async def _write_round(
     if not written:
         return
     request_ids = [row.request_id for row in written]
-    created = {"from_": None, "to": OrderStatus.PENDING_PAYMENT, "reason": None, "r": request_ids}
+    created = {"from_": None, "to": OrderStatus.PENDING_PAYMENT, "reason": None, "actor": CONSUMER, "r": request_ids}
     await conn.execute(orders.LOG_MANY, created)
     rejected: dict[str, list[_Row]] = defaultdict(list)
     by_product: dict[int, list[_Row]] = defaultdict(list)
@@ -330,6 +331,7 @@ async def _reject(conn: AsyncConnection, rows: list[_Row], reason: str) -> None:
         "from_": OrderStatus.PENDING_PAYMENT,
         "to": OrderStatus.REJECTED,
         "reason": reason,
+        "actor": CONSUMER,
         "r": [row.request_id for row in rows],
     }
     changed = await conn.execute(orders.REJECT_MANY, params)

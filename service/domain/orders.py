@@ -15,18 +15,22 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.models import OrderStatus
 from db.queries import orders as queries
 from service.adapters.redis.stock_store import StockStore
+from service.domain import actors
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound
 from service.domain.lifecycle import TransitionLost, cancel_order, give_back_to_redis
 from service.domain.order_no import require_valid_order_no
 
 
 class StatusChange(msgspec.Struct):
-    """One entry of an order's status history (``from`` is None for the creation)."""
+    """One entry of an order's status history (``from`` is None for the creation). ``actor``:
+    who made the change (``buyer:<id>``, ``admin:<id>``, ``channel:<name>``, ``system:<job>``;
+    None for changes logged before it was recorded)."""
 
     to: str
     at: datetime
     reason: str | None = None
     from_: str | None = msgspec.field(default=None, name="from")
+    actor: str | None = None
 
 
 class OrderView(msgspec.Struct):
@@ -92,6 +96,7 @@ async def find_order(engine: AsyncEngine, store: StockStore, user_id: str, order
                     at=_utc(entry.created_at),
                     reason=entry.reason,
                     from_=None if entry.from_status is None else OrderStatus(entry.from_status).label,
+                    actor=entry.actor,
                 )
                 for entry in log
             ]
@@ -193,7 +198,9 @@ class OrderService:
                     retry_after=1,
                 )
         try:
-            returned = await cancel_order(self._engine, order_no, "buyer_cancelled", owner=user_id)
+            returned = await cancel_order(
+                self._engine, order_no, "buyer_cancelled", actor=actors.buyer(user_id), owner=user_id
+            )
         except OrderNotFound:
             if await find_order(self._engine, self._store, user_id, order_no) is not None:
                 raise Conflict(

@@ -38,6 +38,7 @@ from db.models import OrderStatus as S
 from db.queries import attempts, payments, refunds
 from service.adapters.channel_client import ChannelClient, ChannelUnavailable
 from service.adapters.redis.stock_store import StockStore
+from service.domain import actors
 from service.domain.errors import Conflict, DomainError, InvalidInput, OrderNotFound, Unavailable
 from service.domain.lifecycle import (
     OrderRow,
@@ -194,16 +195,21 @@ class Applied:
     returned: ReturnedUnits | None = None
 
 
-async def handle_notification(engine: AsyncEngine, note: Notification, raw: bytes, currency: str) -> Applied:
+async def handle_notification(
+    engine: AsyncEngine, note: Notification, raw: bytes, currency: str, actor: str | None = None
+) -> Applied:
     """Apply a verified notification (see the module docstring), one transaction.
 
-    ``currency`` is the shop's currency (orders carry amounts in its minor units).
+    ``currency`` is the shop's currency (orders carry amounts in its minor units). ``actor``
+    (:mod:`service.domain.actors`) is logged with each status change: by default the channel
+    (``channel:<name>``), ``system:reconciliation`` when a bill line is applied.
 
     Raises:
         OrderNotFound: no order row ``note.order_no`` (nothing is recorded).
         ChannelTxnReused: the channel transaction id belongs to another order (nothing is recorded).
     """
     returned = None
+    by = actor or actors.channel(note.channel)
     async with engine.begin() as conn:
         order = await load_order(conn, note.order_no, for_update=True)
         if order is None:
@@ -220,11 +226,11 @@ async def handle_notification(engine: AsyncEngine, note: Notification, raw: byte
                 raise ChannelTxnReused(note.channel_txn_id)
             return Applied(NotifyResult("already_processed", order.status.label))
         if note.event == "paid":
-            result = await _paid(conn, payment_id, note, order.amount, order.status, currency)
+            result = await _paid(conn, payment_id, note, order.amount, order.status, currency, by)
         elif note.event == "refunded":
-            result, returned = await _refunded(conn, payment_id, note, order, currency)
+            result, returned = await _refunded(conn, payment_id, note, order, currency, by)
         else:
-            result = await _refund_failed(conn, payment_id, note, order.status)
+            result = await _refund_failed(conn, payment_id, note, order.status, by)
         after = await load_order(conn, note.order_no)
         assert after is not None  # row-locked since the start of this transaction
         status = after.status
@@ -237,13 +243,13 @@ def _matches(note: Notification, amount: int, currency: str) -> bool:
 
 
 async def _paid(
-    conn: AsyncConnection, payment_id: int, note: Notification, amount: int, status: S, currency: str
+    conn: AsyncConnection, payment_id: int, note: Notification, amount: int, status: S, currency: str, actor: str
 ) -> str:
     if not _matches(note, amount, currency):
         await _settle(conn, payment_id, "mismatch", flagged=True)
         return "amount_mismatch"
     if status is S.PENDING_PAYMENT:
-        await transition(conn, note.order_no, S.PENDING_PAYMENT, S.PAID, f"channel:{note.channel}")
+        await transition(conn, note.order_no, S.PENDING_PAYMENT, S.PAID, f"channel:{note.channel}", actor=actor)
         await _settle(conn, payment_id, "applied", idem_key=f"pay:{note.order_no}:paid")
         await conn.execute(attempts.SET_STATUS, {"s": "paid", "o": note.order_no, "c": note.channel})
         return "paid"
@@ -260,7 +266,7 @@ _OWED = ("refunding", "duplicate", "mismatch")
 
 
 async def _refunded(
-    conn: AsyncConnection, payment_id: int, note: Notification, order: OrderRow, currency: str
+    conn: AsyncConnection, payment_id: int, note: Notification, order: OrderRow, currency: str, actor: str
 ) -> tuple[str, ReturnedUnits | None]:
     """A refund settles one payment of the notifying channel, matched by channel + transaction +
     order: the one ``payment_txn_id`` names; without it, money owed back at that channel first,
@@ -293,7 +299,7 @@ async def _refunded(
         if not _matches(note, order.amount, currency):
             await _settle(conn, payment_id, "mismatch", flagged=True)
             return "amount_mismatch", None
-    return await _refund_order(conn, payment_id, note, order)
+    return await _refund_order(conn, payment_id, note, order, actor)
 
 
 async def _settle_owed(conn: AsyncConnection, payment_id: int, owed_id: int) -> str:
@@ -303,19 +309,19 @@ async def _settle_owed(conn: AsyncConnection, payment_id: int, owed_id: int) -> 
 
 
 async def _refund_order(
-    conn: AsyncConnection, payment_id: int, note: Notification, order: OrderRow
+    conn: AsyncConnection, payment_id: int, note: Notification, order: OrderRow, actor: str
 ) -> tuple[str, ReturnedUnits | None]:
     """``refunding -> refunded`` (``paid -> refunding`` first when the channel refunded on its
     own); the open refund request is settled and, if it asked for it, the units go back on sale."""
-    actor = f"channel:{note.channel}"
+    reason = f"channel:{note.channel}"
     status = order.status
     if status is S.PAID:
-        await transition(conn, note.order_no, S.PAID, S.REFUNDING, actor)
+        await transition(conn, note.order_no, S.PAID, S.REFUNDING, reason, actor=actor)
         status = S.REFUNDING
     if status is not S.REFUNDING:
         await _settle(conn, payment_id, "unexpected", flagged=True)
         return "unexpected", None
-    await transition(conn, note.order_no, S.REFUNDING, S.REFUNDED, actor)
+    await transition(conn, note.order_no, S.REFUNDING, S.REFUNDED, reason, actor=actor)
     await _settle(conn, payment_id, "applied", idem_key=f"refund:{note.order_no}:refunded")
     request = (await conn.execute(refunds.OPEN_OF_ORDER, {"o": note.order_no})).first()
     returned = None
@@ -326,7 +332,7 @@ async def _refund_order(
     return "refunded", returned
 
 
-async def _refund_failed(conn: AsyncConnection, payment_id: int, note: Notification, status: S) -> str:
+async def _refund_failed(conn: AsyncConnection, payment_id: int, note: Notification, status: S, actor: str) -> str:
     """``refund_failed`` / ``refund_rejected`` from the channel asked: ``refunding -> paid``."""
     request = (await conn.execute(refunds.OPEN_OF_ORDER, {"o": note.order_no})).first()
     if (
@@ -337,7 +343,7 @@ async def _refund_failed(conn: AsyncConnection, payment_id: int, note: Notificat
     ):
         await _settle(conn, payment_id, "unexpected", flagged=True)
         return "unexpected"
-    await transition(conn, note.order_no, S.REFUNDING, S.PAID, f"channel:{note.channel}")
+    await transition(conn, note.order_no, S.REFUNDING, S.PAID, f"channel:{note.channel}", actor=actor)
     await conn.execute(refunds.SETTLE, {"s": note.event.removeprefix("refund_"), "r": request.refund_no})
     await _settle(conn, payment_id, "applied", idem_key=f"refund:{request.refund_no}:{note.event}")
     return note.event
@@ -356,10 +362,11 @@ class RefundRequest:
     currency: str
 
 
-async def request_refund(engine: AsyncEngine, order_no: str, restock: bool) -> RefundRequest:
-    """Operator refund of a paid order: ``paid -> refunding`` and a ``refunds`` row for the
-    channel that took the payment, one transaction. ``restock``: the units go back on sale once
-    the channel confirms the refund (never before: it may still fail).
+async def request_refund(engine: AsyncEngine, order_no: str, restock: bool, actor: str) -> RefundRequest:
+    """Operator refund of a paid order: ``paid -> refunding`` (logged with ``actor``, the
+    operator) and a ``refunds`` row for the channel that took the payment, one transaction.
+    ``restock``: the units go back on sale once the channel confirms the refund (never before:
+    it may still fail).
 
     Raises:
         OrderNotFound: unknown order.
@@ -369,7 +376,8 @@ async def request_refund(engine: AsyncEngine, order_no: str, restock: bool) -> R
         order = await load_order(conn, order_no, for_update=True)
         if order is None:
             raise OrderNotFound(order_no)
-        await transition(conn, order_no, S.PAID, S.REFUNDING, "admin:refund_restock" if restock else "admin:refund")
+        reason = "admin:refund_restock" if restock else "admin:refund"
+        await transition(conn, order_no, S.PAID, S.REFUNDING, reason, actor=actor)
         paying = (await conn.execute(payments.APPLIED_PAYMENT, {"idem": f"pay:{order_no}:paid"})).one()
         count = (await conn.execute(refunds.COUNT_OF_ORDER, {"o": order_no})).scalar_one()
         request = RefundRequest(
@@ -389,13 +397,14 @@ async def request_refund(engine: AsyncEngine, order_no: str, restock: bool) -> R
     return request
 
 
-async def abandon_refund(engine: AsyncEngine, request: RefundRequest) -> None:
-    """The channel did not take ``request`` in: ``refunding -> paid``, the refund ``failed``. Should
-    the channel have refunded after all, its ``refunded`` notification (naming the payment)
-    still refunds the order from ``paid``."""
+async def abandon_refund(engine: AsyncEngine, request: RefundRequest, actor: str) -> None:
+    """The channel did not take ``request`` in: ``refunding -> paid`` (logged with ``actor``, the
+    operator whose request it undoes), the refund ``failed``. Should the channel have refunded
+    after all, its ``refunded`` notification (naming the payment) still refunds the order from
+    ``paid``."""
     async with engine.begin() as conn:
         await conn.execute(refunds.SETTLE, {"s": "failed", "r": request.refund_no})
-        await transition(conn, request.order_no, S.REFUNDING, S.PAID, "channel_unavailable")
+        await transition(conn, request.order_no, S.REFUNDING, S.PAID, "channel_unavailable", actor=actor)
 
 
 _notification = msgspec.json.Decoder(Notification)
@@ -443,11 +452,12 @@ class PaymentService:
         require_valid_order_no(note.order_no)
         return await self.apply(note, raw)
 
-    async def apply(self, note: Notification, raw: bytes) -> NotifyResult:
+    async def apply(self, note: Notification, raw: bytes, actor: str | None = None) -> NotifyResult:
         """Apply a verified notification (or a channel query's answer in its form), give units a
-        confirmed refund returned back to Redis; the errors of :meth:`notify` but the decoding."""
+        confirmed refund returned back to Redis; the errors of :meth:`notify` but the decoding.
+        ``actor``: who the status changes are logged for (default: the channel)."""
         try:
-            applied = await handle_notification(self._engine, note, raw, self._currency)
+            applied = await handle_notification(self._engine, note, raw, self._currency, actor)
         except OrderNotFound:
             if await self._store.queued_order(note.order_no) is not None:
                 raise OrderQueued(note.order_no) from None
@@ -456,9 +466,10 @@ class PaymentService:
             await give_back_to_redis(self._store, applied.returned)
         return applied.result
 
-    async def refund(self, order_no: str, restock: bool) -> RefundRequest:
-        """Start the refund of a paid order (``paid -> refunding``); with ``restock`` its units go
-        back on sale once the channel confirms it (the buyer keeps the per-user quota).
+    async def refund(self, order_no: str, restock: bool, admin_id: str) -> RefundRequest:
+        """Start the refund of a paid order (``paid -> refunding``, by operator ``admin_id``); with
+        ``restock`` its units go back on sale once the channel confirms it (the buyer keeps the
+        per-user quota).
 
         Raises:
             InvalidInput: ``invalid_order_no``.
@@ -468,13 +479,13 @@ class PaymentService:
         """
         require_valid_order_no(order_no)
         try:
-            request = await request_refund(self._engine, order_no, restock)
+            request = await request_refund(self._engine, order_no, restock, actors.admin(admin_id))
         except TransitionLost as lost:
             raise Conflict(f"The order is {lost.current.label}.", code="order_not_refundable") from None
         if self._channels is not None and request.channel in self._channels.channels:
             try:
                 await self._channels.refund(request.channel, request.refund_no, order_no, request.amount)
             except ChannelUnavailable:
-                await abandon_refund(self._engine, request)
+                await abandon_refund(self._engine, request, actors.admin(admin_id))
                 raise ChannelDown(request.channel) from None
         return request

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.queries import payments
 from service.adapters.channel_client import BillLine, ChannelClient, ChannelUnavailable
+from service.domain import actors
 from service.domain.errors import DomainError, InvalidInput
 from service.domain.payments import Notification, PaymentService
 
@@ -136,7 +137,8 @@ class Reconciler:
         if apply and line.type == "payment":
             note = Notification(channel, line.channel_txn_id, line.order_no, line.amount, line.currency, "paid")
             try:
-                mismatch.fixed = (await self._payments.apply(note, msgspec.json.encode(line))).result
+                raw = msgspec.json.encode(line)
+                mismatch.fixed = (await self._payments.apply(note, raw, actors.RECONCILIATION)).result
             except DomainError as exc:  # the order is unknown or still queued: left for an operator
                 log.warning("reconcile_apply_failed", channel=channel, txn=line.channel_txn_id, code=exc.code)
         return mismatch

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
-from litestar import Controller, get, post, put
+from litestar import Controller, Request, get, post, put
 from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
-from service.api.auth import admin_only
+from service.api.auth import User, admin_only
 from service.api.params import ProductIdPath
 from service.bootstrap import Resources
 from service.domain.catalog import ProductInput
@@ -54,6 +54,7 @@ class AdminController(Controller):
     @post("/orders/{order_no:str}/refund", status_code=200, summary="Start the refund of a paid order")
     async def refund(
         self,
+        request: Request[User, Any, Any],
         order_no: FromPath[str],
         resources: NamedDependency[Resources],
         data: JSONBody[RefundBody | None] = None,
@@ -62,7 +63,7 @@ class AdminController(Controller):
         puts the units back on sale once the channel confirms it. 400 invalid_order_no, 404
         order_not_found, 409 order_not_refundable, 503 channel_unavailable (the order is paid again)."""
         restock = bool(data and data.restock)
-        started = await resources.payments.refund(order_no, restock)
+        started = await resources.payments.refund(order_no, restock, request.user.id)
         return RefundStarted(order_no, "refunding", started.refund_no, started.channel, restock)
 
     @post("/realign", status_code=200, summary="One realignment pass")

@@ -38,7 +38,7 @@ async def test_whitelist_refuses_illegal_changes(engine, client, token, put_prod
             (S.PAID, S.PENDING_PAYMENT),
         ]:
             with pytest.raises(IllegalTransition):
-                await transition(conn, order_no, frm, to)
+                await transition(conn, order_no, frm, to, actor="system:test")
     assert await status_of(engine, order_no) is S.PENDING_PAYMENT
 
 
@@ -308,7 +308,9 @@ async def test_when_the_redis_step_of_a_cancel_is_lost_realignment_restores_stoc
 
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["lost-step"])
-    returned = await cancel_order(engine, order_no, "buyer_cancelled")  # MySQL committed; Redis never told
+    returned = await cancel_order(
+        engine, order_no, "buyer_cancelled", actor="buyer:u"
+    )  # MySQL committed; Redis never told
     before = await redis_state(redis, settings, product_id)
     assert (before["stock"], before["quota"]) == ("1", {"lost-step": "1"})
 

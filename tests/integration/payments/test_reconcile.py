@@ -52,6 +52,8 @@ async def test_a_payment_missing_here_is_reported_then_applied(
     assert await _mismatches(live, order_no, "mockpay", apply=True) == [("missing_here", 1500, None, "paid")]
     assert await status_of(engine, order_no) is S.PAID
     assert await _mismatches(live, order_no, "mockpay") == []
+    history = (await client.get(f"/api/v1/orders/{order_no}", headers=token("rc-missing"))).json()["history"]
+    assert [(entry["to"], entry["actor"]) for entry in history][-1] == ("paid", "system:reconciliation")
 
 
 async def test_a_payment_the_channel_never_made_is_missing_at_the_channel(
