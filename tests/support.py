@@ -18,10 +18,12 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from structlog.testing import capture_logs
 
 from consumers.order_consumer import OrderConsumer, consuming
+from db.engine import make_engine
 from db.models import OrderStatus
 from service.adapters.broker import OrderMessage, delete_topology
 from service.adapters.redis.keys import ProductKeys
@@ -93,6 +95,44 @@ async def redis_state(redis: Redis, settings: Settings, product_id: int) -> dict
         "journal": await redis.hgetall(keys.journal),
         "quota": await redis.hgetall(keys.quota),
     }
+
+
+async def behind_a_row_lock(settings: Settings, engine: AsyncEngine, product_id: int, work) -> tuple[object, list]:
+    """Run ``work(impatient)`` while another transaction holds product ``product_id``'s inventory
+    row lock; ``impatient`` is an engine whose sessions give up a lock wait after 1 s (1205). The
+    lock is released once ``work`` has logged ``transaction_retry`` (its first attempt hit the
+    timeout). Returns ``work``'s result and the captured log entries."""
+    impatient = make_engine(settings.db.url, pool_size=2, max_overflow=settings.db.max_overflow)
+
+    def short_lock_wait(dbapi_connection, _record):
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+        cursor.close()
+
+    event.listen(impatient.sync_engine, "connect", short_lock_wait)
+    holding, release = asyncio.Event(), asyncio.Event()
+
+    async def hold_row_lock():
+        async with engine.begin() as conn:
+            await conn.execute(text("SELECT stock FROM inventory WHERE product_id = :p FOR UPDATE"), {"p": product_id})
+            holding.set()
+            await release.wait()
+
+    async def retried() -> bool:
+        return any(entry["event"] == "transaction_retry" for entry in logs)
+
+    try:
+        blocker = asyncio.create_task(hold_row_lock())
+        await holding.wait()
+        with capture_logs() as logs:
+            running = asyncio.create_task(work(impatient))
+            await eventually(retried)
+            release.set()
+            await blocker
+            result = await running
+    finally:
+        await impatient.dispose()
+    return result, logs
 
 
 async def publish_raw(channel, settings, body: bytes, message_id: str = "x") -> None:

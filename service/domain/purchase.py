@@ -185,7 +185,7 @@ class PurchaseService:
                 raise answer
             token = flags.token(product_id)
         ask = _Ask(user_id, product_id, quantity, request_id, order_token)
-        route = await self._routes.route(product_id)
+        route = self._routes.cached(product_id) or await self._routes.refresh(product_id)
         if route.mode is StockMode.DATABASE:
             return await self._in_database(ask, route, False)
         return await self._in_redis(ask, token, False)
@@ -218,20 +218,14 @@ class PurchaseService:
         """Scheme 2: reserve in Redis, publish. ``bounced``: MySQL already said the product is in
         ``redis`` mode (a second ``moved`` then means the switch is under way)."""
         flags = self._sold_out
-        user_id, product_id, quantity, request_id, order_token = (
-            ask.user_id,
-            ask.product_id,
-            ask.quantity,
-            ask.request_id,
-            ask.order_token,
-        )
+        product_id, quantity, request_id = ask.product_id, ask.quantity, ask.request_id
         candidate = await self._mint()
         # This HTTP attempt's token: a release names it, so it gives back only what this attempt
         # reserved (never the confirmed original of a retry, nor a concurrent attempt's).
         attempt = new_attempt()
         try:
             reservation = await self._store.reserve(
-                product_id, request_id, user_id, quantity, candidate, attempt, order_token
+                product_id, request_id, ask.user_id, quantity, candidate, attempt, ask.order_token
             )
         except (RedisError, OSError) as exc:
             # The script may have run and only its reply been lost, or it may still be on the
@@ -263,7 +257,7 @@ class PurchaseService:
         message = OrderMessage(
             request_id,
             order_no,
-            user_id,
+            ask.user_id,
             product_id,
             quantity,
             reservation.reserved_at_ms,

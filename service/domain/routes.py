@@ -41,6 +41,10 @@ class RouteCache:
         self._engine = engine
         self._routes: dict[int, Route] = {}
 
+    def cached(self, product_id: int) -> Route | None:
+        """The product's kept route, or None (then :meth:`refresh`): no coroutine on the hot path."""
+        return self._routes.get(product_id)
+
     async def route(self, product_id: int) -> Route:
         """The product's route, from the cache or else from MySQL (:meth:`refresh`).
 

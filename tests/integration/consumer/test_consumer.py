@@ -11,16 +11,15 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-from sqlalchemy import event, text
-from structlog.testing import capture_logs
+from sqlalchemy import text
 
-from db.engine import make_engine
 from service.adapters.broker import OrderMessage, encode_order, queue_depth
 from service.adapters.redis.stock_store import StockStore
 from service.domain.order_writer import Outcome, apply_order
 from service.sale.isolation import environment
 from tests.support import (
     PATIENCE,
+    behind_a_row_lock,
     eventually,
     inventory,
     message_for,
@@ -137,40 +136,13 @@ async def test_unknown_product_is_dead_lettered_after_bounded_attempts(new_produ
 
 async def test_lock_wait_timeout_retries_the_whole_transaction(settings, engine, put_product, product_id):
     await put_product(product_id, stock=3, limit=1)
-    impatient = make_engine(settings.db.url, pool_size=2, max_overflow=settings.db.max_overflow)
-
-    def short_lock_wait(dbapi_connection, _record):  # this engine's sessions give up a lock wait after 1 s
-        cursor = dbapi_connection.cursor()
-        cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
-        cursor.close()
-
-    event.listen(impatient.sync_engine, "connect", short_lock_wait)
-    blocker_holding, release_blocker = asyncio.Event(), asyncio.Event()
-
-    async def hold_row_lock():
-        async with engine.begin() as conn:
-            await conn.execute(text("SELECT stock FROM inventory WHERE product_id = :p FOR UPDATE"), {"p": product_id})
-            blocker_holding.set()
-            await release_blocker.wait()
-
-    try:
-        blocker = asyncio.create_task(hold_row_lock())
-        await blocker_holding.wait()
-        with capture_logs() as logs:
-            apply = asyncio.create_task(apply_order(impatient, message_for(product_id, "waiter", 4)))
-            await eventually(lambda: _logged(logs, "transaction_retry"))  # the first attempt has hit 1205
-            release_blocker.set()
-            await blocker
-            assert await apply is Outcome.APPLIED
-    finally:
-        await impatient.dispose()
+    outcome, logs = await behind_a_row_lock(
+        settings, engine, product_id, lambda impatient: apply_order(impatient, message_for(product_id, "waiter", 4))
+    )
+    assert outcome is Outcome.APPLIED
     assert any(entry["event"] == "transaction_retry" for entry in logs)
     assert await inventory(engine, product_id) == (2, 1)
     assert len(await order_rows(engine, product_id)) == 1
-
-
-async def _logged(logs, event: str) -> bool:
-    return any(entry["event"] == event for entry in logs)
 
 
 @pytest.mark.slow

@@ -10,8 +10,11 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import text
 
 from db.models import OrderStatus
-from service.domain.order_no import is_valid_order_no
-from tests.support import api_in_loop, buy, inventory, order_rows, redis_state
+from service.adapters.redis.results import ReserveOutcome
+from service.domain.database_purchase import DatabasePurchase, buy_in_database
+from service.domain.order_no import compose_order_no, is_valid_order_no
+from service.domain.request_id import mint_request_id
+from tests.support import api_in_loop, behind_a_row_lock, buy, inventory, order_rows, redis_state
 
 
 async def _history(engine, order_no: str) -> list:
@@ -123,3 +126,14 @@ async def test_per_user_limit_is_exact_under_concurrency(settings, token, put_pr
     rows = await order_rows(engine, product_id)
     assert Counter(r.user_id for r in rows) == {f"greedy-{i}": 3 for i in range(40)}
     assert await inventory(engine, product_id) == (880, 120)
+
+
+async def test_a_lock_wait_timeout_retries_the_whole_purchase(settings, engine, put_product, product_id):
+    await put_product(product_id, stock=3, limit=1, stock_mode="database")
+    order_no = compose_order_no("FS", "20261130000000", 98, 1)
+    purchase = DatabasePurchase("waiter", product_id, 1, mint_request_id(), order_no)
+    answer, logs = await behind_a_row_lock(settings, engine, product_id, lambda e: buy_in_database(e, purchase))
+    assert (answer.outcome, answer.order_no) == (ReserveOutcome.RESERVED, order_no)
+    assert [entry["work"] for entry in logs if entry["event"] == "transaction_retry"][:1] == ["buy_in_database"]
+    assert await inventory(engine, product_id) == (2, 1)
+    assert [r.order_no for r in await order_rows(engine, product_id)] == [order_no]
