@@ -321,8 +321,11 @@ class PurchaseService:
             self._routes.forget(product_id)
             if not bounced:
                 return await self._in_redis(ask, None, True)
-        if answer.outcome is ReserveOutcome.TOKEN_REQUIRED:
-            self._routes.forget(product_id)
+        if answer.outcome is ReserveOutcome.TOKEN_REQUIRED and not route.require_token:
+            # The kept route predates require_token: with a token in hand, take it this time.
+            fresh = await self._routes.refresh(product_id)
+            if order_token is not None and fresh.require_token:
+                return await self._in_database(ask, fresh, bounced)
         if answer.outcome is ReserveOutcome.NOT_LOADED:
             self._routes.forget(product_id)
             raise ProductNotFound(product_id)

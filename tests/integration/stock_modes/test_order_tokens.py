@@ -102,3 +102,22 @@ async def test_a_database_mode_rejection_gives_the_token_back(client, token, put
     assert (answer.status_code, answer.json()["code"]) == (409, "sold_out")
     key = store.product_keys(product_id).order_token(issued)
     assert await redis.get(key) == "tok-d" and await redis.ttl(key) > 0
+
+
+async def test_a_process_that_knew_the_product_before_require_token_changed_answers_the_new_rule(
+    client, token, put_product, product_id, redis, store
+):
+    """The API process keeps each product's route; turning require_token on or off is honoured
+    at once all the same (the transaction reads the rule; a refusal refreshes the route)."""
+    buyer = token("tok-e")
+    await put_product(product_id, stock=5, limit=3, stock_mode="database")
+    assert (await _submit(client, buyer, product_id, None)).status_code == 201  # kept: no token needed
+    await put_product(product_id, stock=5, limit=3, stock_mode="database", require_token=True)
+    answer = await _submit(client, buyer, product_id, None)
+    assert (answer.status_code, answer.json()["code"]) == (428, "token_required")  # kept: token needed
+    await put_product(product_id, stock=5, limit=3, stock_mode="database", require_token=False)
+    assert (await _submit(client, buyer, product_id, None)).status_code == 201  # kept: no token needed
+    await put_product(product_id, stock=5, limit=3, stock_mode="database", require_token=True)
+    issued = await _token(client, buyer, product_id)
+    assert (await _submit(client, buyer, product_id, issued)).status_code == 201
+    assert await redis.get(store.product_keys(product_id).order_token(issued)) == "used:tok-e"
