@@ -136,11 +136,10 @@ async def test_unknown_product_is_dead_lettered_after_bounded_attempts(new_produ
 
 async def test_lock_wait_timeout_retries_the_whole_transaction(settings, engine, put_product, product_id):
     await put_product(product_id, stock=3, limit=1)
-    outcome, logs = await behind_a_row_lock(
+    outcome, timeouts = await behind_a_row_lock(
         settings, engine, product_id, lambda impatient: apply_order(impatient, message_for(product_id, "waiter", 4))
     )
-    assert outcome is Outcome.APPLIED
-    assert any(entry["event"] == "transaction_retry" for entry in logs)
+    assert outcome is Outcome.APPLIED and timeouts >= 1  # the first attempt hit 1205, a retry wrote it
     assert await inventory(engine, product_id) == (2, 1)
     assert len(await order_rows(engine, product_id)) == 1
 

@@ -132,8 +132,8 @@ async def test_a_lock_wait_timeout_retries_the_whole_purchase(settings, engine, 
     await put_product(product_id, stock=3, limit=1, stock_mode="database")
     order_no = compose_order_no("FS", "20261130000000", 98, 1)
     purchase = DatabasePurchase("waiter", product_id, 1, mint_request_id(), order_no)
-    answer, logs = await behind_a_row_lock(settings, engine, product_id, lambda e: buy_in_database(e, purchase))
+    answer, timeouts = await behind_a_row_lock(settings, engine, product_id, lambda e: buy_in_database(e, purchase))
     assert (answer.outcome, answer.order_no) == (ReserveOutcome.RESERVED, order_no)
-    assert [entry["work"] for entry in logs if entry["event"] == "transaction_retry"][:1] == ["buy_in_database"]
+    assert timeouts >= 1  # the first attempt hit 1205; a retry bought
     assert await inventory(engine, product_id) == (2, 1)
     assert [r.order_no for r in await order_rows(engine, product_id)] == [order_no]
