@@ -105,7 +105,7 @@ async def test_a_republished_reservation_keeps_its_price_through_a_price_change(
 
 
 async def test_a_payment_for_a_queued_order_is_answered_retryably_then_applied(
-    client, token, put_product, product_id, engine, store, settings
+    client, token, admin, put_product, product_id, engine, store, settings
 ):
     """No consumer: the order is queued. The channel's notification gets 409 ``order_queued`` with
     ``Retry-After`` and nothing is recorded; once the row lands, the same notification pays it."""
@@ -117,6 +117,8 @@ async def test_a_payment_for_a_queued_order_is_answered_retryably_then_applied(
     assert early.status_code == 409 and early.json()["code"] == "order_queued"
     assert early.headers["retry-after"] == "1"
     assert await payments_of(engine, order_no) == []
+    refund = await client.post(f"/api/v1/admin/orders/{order_no}/refund", headers=admin)
+    assert refund.status_code == 409 and refund.json()["code"] == "order_not_refundable"  # not a 404 either
     async with running_consumer(settings, engine, store):
         await eventually(lambda: order_rows(engine, product_id))
     retried = await notify(client, settings, order_no, txn=f"early-{order_no}")
