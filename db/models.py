@@ -141,3 +141,42 @@ class Payment(Base):
     idem_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
     updated_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
+
+
+class PaymentAttempt(Base):
+    """One order's payment at one channel (seed "Payment Order Number Design": the order's one
+    merchant order number is reused on every attempt). ``status``: ``open`` (created at the
+    channel), ``closed`` (closed at the channel, it can no longer be paid there) or ``paid``."""
+
+    __tablename__ = "payment_attempts"
+    __table_args__ = (UniqueConstraint("order_no", "channel", name="uq_payment_attempts_order_channel"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    order_no: Mapped[str] = mapped_column(String(26))
+    channel: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
+    updated_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
+
+
+class Refund(Base):
+    """An operator's refund of a paid order, asked of the channel that took the payment
+    (``channel`` + ``payment_txn_id``); amount in minor units; ``restock``: the units go back on
+    sale once the channel confirms. ``status``: ``requested``, ``refunded``, ``failed``, ``rejected``."""
+
+    __tablename__ = "refunds"
+    __table_args__ = (
+        UniqueConstraint("refund_no", name="uq_refunds_refund_no"),
+        Index("ix_refunds_order_no", "order_no"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    refund_no: Mapped[str] = mapped_column(String(32))
+    order_no: Mapped[str] = mapped_column(String(26))
+    channel: Mapped[str] = mapped_column(String(32))
+    payment_txn_id: Mapped[str] = mapped_column(String(64))
+    amount: Mapped[int] = mapped_column(BigInteger)
+    restock: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
+    updated_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())

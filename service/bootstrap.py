@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import httpx
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
@@ -23,13 +24,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.engine import make_engine
 from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher
+from service.adapters.channel_client import ChannelClient
 from service.adapters.redis.stock_store import StockStore
 from service.domain.catalog import CatalogService
+from service.domain.checkout import Checkout
 from service.domain.order_no import OrderNumberMinter, ShardLease
 from service.domain.orders import OrderService
 from service.domain.payments import PaymentService
 from service.domain.purchase import PurchaseService
 from service.domain.realign import Realigner
+from service.domain.reconcile import Reconciler
 from service.domain.sold_out import SoldOutFlags
 from service.settings import Settings
 
@@ -99,6 +103,18 @@ def make_store(settings: Settings) -> StockStore:
     )
 
 
+def make_channel_client(settings: Settings) -> ChannelClient:
+    """The channels' HTTP API on one pooled client per process: every call bounded by
+    ``channel_timeout`` seconds (connect, read, write and the wait for a pooled connection), at
+    most 20 connections."""
+    payment = settings.payment
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(payment.channel_timeout),
+        limits=httpx.Limits(max_connections=20, max_keepalive_connections=10),
+    )
+    return ChannelClient(payment.channel_urls, http)
+
+
 @dataclass
 class Resources:
     """Everything one process holds: connections and the use cases built on them.
@@ -121,6 +137,9 @@ class Resources:
     orders: OrderService
     catalog: CatalogService
     payments: PaymentService
+    channels: ChannelClient
+    checkout: Checkout
+    reconciler: Reconciler
     sold_out: SoldOutFlags | None = None
     _follower: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -157,6 +176,9 @@ class Resources:
             raise
         realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
         payment = settings.payment
+        channels = make_channel_client(settings)
+        payments = PaymentService(engine, store, payment.channel_secrets, payment.currency, channels)
+        checkout = Checkout(engine, store, channels, payments, payment.currency, payment.notify_url)
         return cls(
             settings=settings,
             engine=engine,
@@ -166,9 +188,12 @@ class Resources:
             purchases=purchases,
             background=background,
             realigner=realigner,
-            orders=OrderService(engine, store),
+            orders=OrderService(engine, store, checkout.may_cancel),
             catalog=CatalogService(engine, store, realigner),
-            payments=PaymentService(engine, store, payment.channel_secrets, payment.currency),
+            payments=payments,
+            channels=channels,
+            checkout=checkout,
+            reconciler=Reconciler(engine, channels, payments, payment.currency),
             sold_out=sold_out,
             _follower=follower,
         )
@@ -188,6 +213,7 @@ class Resources:
         """Stop following restocks, publish what the background publisher holds (up to
         ``confirm_timeout`` seconds; the rest is left to realignment), release the shard lease and
         close every connection."""
+        await self.channels.aclose()
         await _close(
             self.settings, self.engine, self.store, self.publisher, self.lease, self.background, self._follower
         )

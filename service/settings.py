@@ -88,12 +88,26 @@ class PaymentSettings(BaseModel):
     """Payment channels and the payment window (seconds).
 
     ``channel_secrets`` is a JSON object channel -> HMAC-SHA256 secret
-    (``FLASHSALE_PAYMENT__CHANNEL_SECRETS='{"mockpay": "..."}'``).
+    (``FLASHSALE_PAYMENT__CHANNEL_SECRETS='{"mockpay": "..."}'``); ``channel_urls`` likewise
+    channel -> base URL.
     """
 
-    channel_secrets: dict[str, str] = {"mockpay": "dev-only-mockpay-secret-change-me"}
+    channel_secrets: dict[str, str] = {
+        "mockpay": "dev-only-mockpay-secret-change-me",
+        "altpay": "dev-only-altpay-secret-change-me",
+    }
     window_seconds: int = Field(900, ge=1)
     currency: str = Field("CNY", pattern=r"^[A-Z]{3}$")
+    channel_urls: dict[str, str] = {
+        "mockpay": "http://127.0.0.1:8100/mockpay",
+        "altpay": "http://127.0.0.1:8100/altpay",
+    }
+    """Channel -> base URL of its merchant API (create, query, close, refund, bill); the defaults
+    are the two channels of ``flashsale channel serve``."""
+    channel_timeout: float = Field(5.0, gt=0)
+    """Seconds one call to a channel may take (connect, read, write, pool wait)."""
+    notify_url: str = "http://127.0.0.1:8000/api/v1/payments/notify"
+    """Where channels send their notifications (given to the channel with every payment)."""
 
 
 class Settings(BaseSettings):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import threading
 from collections.abc import AsyncIterator
@@ -20,11 +21,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers.order_consumer import OrderConsumer, consuming
+from db.models import OrderStatus
 from service.adapters.broker import OrderMessage, delete_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources
 from service.domain.order_no import compose_order_no
+from service.domain.payments import sign
 from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
 from service.sale.isolation import free_port
@@ -324,3 +327,115 @@ async def buy_losing_the_reserve_reply(
         await resources.close()
     assert rejected.value.code == "unavailable"
     assert watcher.swallowed == 1
+
+
+async def buy_and_settle(client, token, engine, product_id: int, users: list[str], quantity: int = 1) -> list[str]:
+    """Buy once per user through the API and wait until every order is in MySQL; order numbers."""
+    responses = await asyncio.gather(
+        *(
+            client.post("/api/v1/orders", json={"product_id": product_id, "quantity": quantity}, headers=token(u))
+            for u in users
+        )
+    )
+    assert all(r.status_code == 202 for r in responses), [r.text for r in responses if r.status_code != 202]
+
+    order_nos = [r.json()["order_no"] for r in responses]
+
+    async def all_written():
+        return set(order_nos) <= {row.order_no for row in await order_rows(engine, product_id)}
+
+    await eventually(all_written)
+    return order_nos
+
+
+def notification(
+    settings: Settings,
+    order_no: str,
+    amount: int = 1500,
+    txn: str = "t1",
+    event: str = "paid",
+    channel: str = "mockpay",
+    **extra,
+) -> tuple[bytes, dict]:
+    """The raw body and headers of ``channel``'s signed notification (``extra``: more fields)."""
+    body = json.dumps(
+        {
+            "channel": channel,
+            "channel_txn_id": txn,
+            "order_no": order_no,
+            "amount": amount,
+            "currency": settings.payment.currency,
+            "event": event,
+            **extra,
+        }
+    ).encode()
+    secret = settings.payment.channel_secrets[channel]
+    return body, {"content-type": "application/json", "X-Signature": sign(secret, body)}
+
+
+async def notify(client, settings: Settings, order_no: str, **kwargs):
+    """POST :func:`notification` to the API's notify route."""
+    body, headers = notification(settings, order_no, **kwargs)
+    return await client.post("/api/v1/payments/notify", content=body, headers=headers)
+
+
+async def status_of(engine: AsyncEngine, order_no: str) -> OrderStatus:
+    async with engine.connect() as conn:
+        status = (await conn.execute(text("SELECT status FROM orders WHERE order_no = :o"), {"o": order_no})).scalar()
+    return OrderStatus(status)
+
+
+async def payments_of(engine: AsyncEngine, order_no: str) -> list:
+    """Order ``order_no``'s payments rows, oldest first."""
+    async with engine.connect() as conn:
+        return list(
+            await conn.execute(
+                text(
+                    "SELECT channel, channel_txn_id, event, status, flagged, idem_key FROM payments"
+                    " WHERE order_no = :o ORDER BY id"
+                ),
+                {"o": order_no},
+            )
+        )
+
+
+@contextlib.asynccontextmanager
+async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> AsyncIterator[subprocess.Popen]:
+    """``flashsale ARGS`` as a subprocess reading ``settings`` (its own process group), once
+    ``ready_url`` answers 200; SIGTERM on exit (SIGKILL after 20 s)."""
+    import os
+    import signal
+    import sys
+    from pathlib import Path
+
+    import httpx
+
+    from service.sale.isolation import environment
+
+    process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("flashsale")), *args],
+        env={**os.environ, **environment(settings)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    async def ready():
+        assert process.poll() is None, f"flashsale {' '.join(args)} exited {process.returncode}"
+        try:
+            async with httpx.AsyncClient() as http:
+                return (await http.get(ready_url)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        await eventually(ready, interval=0.2)
+        yield process
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.to_thread(process.wait, 20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            await asyncio.to_thread(process.wait)

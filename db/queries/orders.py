@@ -89,18 +89,20 @@ _PAGE_AFTER = text(
 
 
 def due_unpaid(*, one_product: bool) -> TextClause:
-    """Order numbers still ``:pending`` ``:window`` seconds after creation, oldest first, at most
-    ``:batch``; with ``one_product`` only product ``:product``'s (``(status, created_at)`` index)."""
+    """(id, order_no) of orders still ``:pending`` ``:window`` seconds after creation with an id
+    above ``:after``, by id, at most ``:batch`` (a sweep pages on the id, so orders it leaves
+    pending are not read again in the same pass); with ``one_product`` only product
+    ``:product``'s (``(status, created_at)`` index)."""
     return _DUE_OF_PRODUCT if one_product else _DUE
 
 
 _DUE = text(
-    "SELECT order_no FROM orders WHERE status = :pending"
-    " AND created_at < NOW() - INTERVAL :window SECOND ORDER BY created_at LIMIT :batch"
+    "SELECT id, order_no FROM orders WHERE status = :pending AND id > :after"
+    " AND created_at < NOW() - INTERVAL :window SECOND ORDER BY id LIMIT :batch"
 )
 _DUE_OF_PRODUCT = text(
-    "SELECT order_no FROM orders WHERE status = :pending AND product_id = :product"
-    " AND created_at < NOW() - INTERVAL :window SECOND ORDER BY created_at LIMIT :batch"
+    "SELECT id, order_no FROM orders WHERE status = :pending AND product_id = :product AND id > :after"
+    " AND created_at < NOW() - INTERVAL :window SECOND ORDER BY id LIMIT :batch"
 )
 
 PRESENT_ORDER_NOS = text("SELECT order_no FROM orders WHERE order_no IN :order_nos").bindparams(

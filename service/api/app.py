@@ -14,6 +14,7 @@ from litestar.plugins import InitPluginProtocol
 from service.api.auth import make_jwt_auth
 from service.api.controllers.admin import AdminController
 from service.api.controllers.bench import BenchController
+from service.api.controllers.checkout import CheckoutController
 from service.api.controllers.health import HealthController
 from service.api.controllers.orders import OrderController
 from service.api.controllers.payments import PaymentController
@@ -44,7 +45,14 @@ class FlashsalePlugin(InitPluginProtocol):
         def provide_resources() -> Resources:
             return resources["current"]
 
-        controllers = [OrderController, ProductController, AdminController, HealthController, PaymentController]
+        controllers = [
+            OrderController,
+            CheckoutController,
+            ProductController,
+            AdminController,
+            HealthController,
+            PaymentController,
+        ]
         if settings.bench_routes:
             controllers.append(BenchController)
         app_config.route_handlers.append(Router("/api/v1", route_handlers=controllers))

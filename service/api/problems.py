@@ -123,6 +123,10 @@ STATUS_BY_CODE = {
     "order_not_cancellable": 409,
     "order_not_refundable": 409,
     "channel_txn_reused": 409,
+    "order_queued": 409,
+    "payment_in_progress": 409,
+    "order_not_payable": 409,
+    "channel_unavailable": 503,
     "idempotency_key_reused": 422,
     "unavailable": 503,
 }

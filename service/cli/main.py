@@ -184,7 +184,12 @@ def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
 @click.argument("order_no")
 @click.option("--amount", type=click.IntRange(0), default=None, help="Minor units (default: the order's amount).")
 @click.option("--txn", "txn_id", default=None, help="The channel's transaction id (default: a new one).")
-@click.option("--event", type=click.Choice(["paid", "refunded"]), default="paid", show_default=True)
+@click.option(
+    "--event",
+    type=click.Choice(["paid", "refunded", "refund_failed", "refund_rejected"]),
+    default="paid",
+    show_default=True,
+)
 @click.option("--channel", default=None, help="Channel name (default: the first configured).")
 @click.option("--currency", default=None, help="ISO 4217 (default: the shop's).")
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The API.")
@@ -212,6 +217,80 @@ def sweep(product_id: int | None, watch: float | None) -> None:
     from service.cli.pay import run_sweep
 
     _run(run_sweep(get_settings(), product_id, watch))
+
+
+@main.group()
+def channel() -> None:
+    """The payment channel simulator (an outside party: two channels, mockpay and altpay)."""
+
+
+@channel.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8100, show_default=True, type=click.IntRange(1, 65535))
+def channel_serve(host: str, port: int) -> None:
+    """Serve the simulated channels over HTTP (one process: the books live in memory)."""
+    from service.cli.serve import serve_app
+
+    serve_app("service.channel.app:create_channel_app", host, port, 1)
+
+
+@channel.command("pay")
+@click.argument("order_no")
+@click.option("--channel", "channel_name", default="mockpay", show_default=True)
+@click.option("--url", default=None, help="The channel's base URL (default: FLASHSALE_PAYMENT__CHANNEL_URLS).")
+def channel_pay(order_no: str, channel_name: str, url: str | None) -> None:
+    """The buyer pays ORDER_NO at a running simulator (after POST /api/v1/orders/{order_no}/pay)."""
+    import httpx
+
+    base = url or get_settings().payment.channel_urls.get(channel_name)
+    if base is None:
+        raise click.BadParameter(f"no URL for channel {channel_name}")
+    response = httpx.post(f"{base}/payments/{order_no}/pay", timeout=10)
+    click.echo(f"{response.status_code} {response.text}")
+    if not response.is_success:
+        sys.exit(1)
+
+
+@main.group()
+def payments() -> None:
+    """Payments at the channels."""
+
+
+@payments.command("sync")
+@click.argument("order_no")
+def payments_sync(order_no: str) -> None:
+    """Ask ORDER_NO's channels about its payment; one paid there is applied (as its notification
+    would be). One JSON line per channel asked; exit 1 when a channel did not answer."""
+    from service.cli.pay import run_sync
+    from service.domain.errors import InvalidInput
+
+    try:
+        states = _run(run_sync(get_settings(), order_no))
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.detail) from None
+    for state in states:
+        click.echo(msgspec.json.encode(state).decode())
+    if any(state["status"] == "unavailable" for state in states):
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--date", "day", required=True, type=click.DateTime(["%Y-%m-%d"]), help="The UTC day (YYYY-MM-DD).")
+@click.option("--channel", "channel_name", default=None, help="Only this channel (default: every channel with a URL).")
+@click.option("--apply", "apply_fixes", is_flag=True, help="Apply the safe fixes (payments missing here).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def reconcile(day: datetime, channel_name: str | None, apply_fixes: bool, as_json: bool) -> None:
+    """Compare the channels' bills of DATE with the payments table: missing here, missing at the
+    channel, amount mismatch, owed back. Exit 0 when clean (after --apply), 1 otherwise."""
+    from service.cli.reconcile import print_reconciliation, run_reconcile
+    from service.domain.errors import InvalidInput
+
+    try:
+        report = _run(run_reconcile(get_settings(), day.date(), channel_name, apply_fixes))
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.detail) from None
+    print_reconciliation(report, as_json)
+    sys.exit(0 if report.clean else 1)
 
 
 @main.command()

@@ -1,4 +1,5 @@
-"""``flashsale pay`` (sign and send a notification like a channel) and ``flashsale sweep``."""
+"""``flashsale pay`` (sign and send a notification like a channel), ``flashsale sweep`` and
+``flashsale payments sync``."""
 
 from __future__ import annotations
 
@@ -70,7 +71,22 @@ async def run_sweep(settings: Settings, product_id: int | None, every: float | N
     async with opened(settings, publish=False) as resources:
 
         async def one_pass() -> None:
-            cancelled = await expire_unpaid(resources.engine, resources.store, window, product_id=product_id)
+            cancelled = await expire_unpaid(
+                resources.engine,
+                resources.store,
+                window,
+                product_id=product_id,
+                may_cancel=resources.checkout.may_cancel,
+            )
             print(f"cancelled {cancelled} unpaid order(s) past {window}s", flush=True)
 
         await watch(every, one_pass)
+
+
+async def run_sync(settings: Settings, order_no: str) -> list[dict[str, str | None]]:
+    """``flashsale payments sync``: ask the order's channels; a payment found paid is applied.
+    One ``{"channel", "status", "applied"}`` per channel asked."""
+    configure_logging("WARNING")
+    async with opened(settings, publish=False) as resources:
+        states = await resources.checkout.sync(order_no)
+    return [{"channel": s.channel, "status": s.status, "applied": s.applied} for s in states]

@@ -9,6 +9,7 @@ with the status in the WHERE clause a matched row is a changed row.)
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -16,7 +17,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import OrderStatus as S
-from db.queries import inventory, orders
+from db.queries import attempts, inventory, orders
 from service.adapters.redis.results import RestockOutcome
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import OrderNotFound
@@ -27,10 +28,19 @@ ALLOWED: dict[S, frozenset[S]] = {
     S.PENDING_PAYMENT: frozenset({S.PAID, S.CANCELLED, S.REJECTED}),
     S.PAID: frozenset({S.SHIPPED, S.REFUNDING}),
     S.SHIPPED: frozenset({S.COMPLETED}),
-    S.REFUNDING: frozenset({S.REFUNDED}),
+    S.REFUNDING: frozenset({S.REFUNDED, S.PAID}),
 }
 """The whitelist: from-status -> allowed to-statuses. Cancelled, completed, refunded and
-rejected are final."""
+rejected are final; ``refunding -> paid`` when the channel fails or rejects the refund."""
+
+
+class PaymentOpen(Exception):
+    """The order has a payment attempt still open at a channel: it may be paid there, so it is
+    not cancelled (the channel must close it first; see :mod:`service.domain.checkout`)."""
+
+    def __init__(self, order_no: str) -> None:
+        super().__init__(f"order {order_no} has a payment open at a channel")
+        self.order_no = order_no
 
 
 class IllegalTransition(ValueError):
@@ -123,11 +133,15 @@ async def cancel_order(engine: AsyncEngine, order_no: str, reason: str, *, owner
     Raises:
         OrderNotFound: unknown, or not ``owner``'s.
         TransitionLost: the order is no longer pending payment (paid, cancelled, ...).
+        PaymentOpen: a payment attempt of the order is still open at a channel (a start that
+            came after the channels were asked).
     """
     async with engine.begin() as conn:
-        order = await load_order(conn, order_no)
+        order = await load_order(conn, order_no, for_update=True)
         if order is None or (owner is not None and order.user_id != owner):
             raise OrderNotFound(order_no)
+        if (await conn.execute(attempts.ANY_OPEN, {"o": order_no})).first() is not None:
+            raise PaymentOpen(order_no)
         await transition(conn, order_no, S.PENDING_PAYMENT, S.CANCELLED, reason)
         returned = await return_stock(conn, order, release_quota=True)
     log.info("order_cancelled", order_no=order_no, reason=reason, quantity=order.quantity)
@@ -162,28 +176,37 @@ async def expire_unpaid(
     *,
     product_id: int | None = None,
     batch: int = 500,
+    may_cancel: Callable[[str], Awaitable[bool]] | None = None,
 ) -> int:
     """One sweep: cancel every order (of ``product_id``, or of every product) still
     ``pending_payment`` ``window_seconds`` after it was created (reason ``payment_timeout``) and
-    give its units back. Returns how many it cancelled; an order paid in the meantime loses
-    nothing (the conditional update skips it)."""
+    give its units back. ``may_cancel(order_no)`` is asked first (the channels: a payment found
+    there pays the order instead; an order whose channel cannot confirm it is unpaid is left for
+    the next sweep). Returns how many it cancelled; an order paid in the meantime loses nothing
+    (the conditional update skips it)."""
     cancelled = 0
+    after_id = 0
     while True:
         async with engine.connect() as conn:
             due = (
-                (
-                    await conn.execute(
-                        orders.due_unpaid(one_product=product_id is not None),
-                        {"pending": S.PENDING_PAYMENT, "product": product_id, "window": window_seconds, "batch": batch},
-                    )
+                await conn.execute(
+                    orders.due_unpaid(one_product=product_id is not None),
+                    {
+                        "pending": S.PENDING_PAYMENT,
+                        "product": product_id,
+                        "window": window_seconds,
+                        "batch": batch,
+                        "after": after_id,
+                    },
                 )
-                .scalars()
-                .all()
-            )
-        for order_no in due:
+            ).all()
+        for order_id, order_no in due:
+            after_id = order_id
+            if may_cancel is not None and not await may_cancel(order_no):
+                continue
             try:
                 returned = await cancel_order(engine, order_no, "payment_timeout")
-            except TransitionLost:
+            except (TransitionLost, PaymentOpen):
                 continue
             await give_back_to_redis(store, returned)
             cancelled += 1

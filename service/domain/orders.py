@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,7 +16,7 @@ from db.models import OrderStatus
 from db.queries import orders as queries
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound
-from service.domain.lifecycle import TransitionLost, cancel_order, give_back_to_redis
+from service.domain.lifecycle import PaymentOpen, TransitionLost, cancel_order, give_back_to_redis
 from service.domain.order_no import require_valid_order_no
 
 
@@ -140,11 +141,18 @@ async def list_orders(engine: AsyncEngine, user_id: str, limit: int, cursor: str
 
 
 class OrderService:
-    """The buyer's use cases on their orders: read one, list, cancel. One instance per process."""
+    """The buyer's use cases on their orders: read one, list, cancel. One instance per process.
 
-    def __init__(self, engine: AsyncEngine, store: StockStore) -> None:
+    ``may_cancel(order_no)``: asked before a cancel (the channels: a payment found there pays
+    the order instead, an attempt that cannot be closed there keeps it); None: always.
+    """
+
+    def __init__(
+        self, engine: AsyncEngine, store: StockStore, may_cancel: Callable[[str], Awaitable[bool]] | None = None
+    ) -> None:
         self._engine = engine
         self._store = store
+        self._may_cancel = may_cancel
 
     async def get(self, user_id: str, order_no: str) -> OrderView:
         """``user_id``'s order ``order_no`` with its status history.
@@ -169,10 +177,21 @@ class OrderService:
         Raises:
             InvalidInput: ``invalid_order_no``.
             OrderNotFound: unknown, or someone else's.
-            Conflict: ``order_not_cancellable`` (paid, cancelled, ...; or still queued, with
+            Conflict: ``order_not_cancellable`` (paid, cancelled, ...; paid at a channel; or
+                still queued, or its payment at a channel could not be closed, with
                 ``retry_after`` 1 s).
         """
         require_valid_order_no(order_no)
+        if self._may_cancel is not None and (view := await self.get(user_id, order_no)).status == "pending_payment":
+            if not await self._may_cancel(order_no):
+                now = await self.get(user_id, order_no)
+                if now.status != view.status:
+                    raise Conflict(f"The order is {now.status}.", code="order_not_cancellable")
+                raise Conflict(
+                    "The payment at a channel could not be closed; retry in a moment.",
+                    code="order_not_cancellable",
+                    retry_after=1,
+                )
         try:
             returned = await cancel_order(self._engine, order_no, "buyer_cancelled", owner=user_id)
         except OrderNotFound:
@@ -183,5 +202,11 @@ class OrderService:
             raise
         except TransitionLost as lost:
             raise Conflict(f"The order is {lost.current.label}.", code="order_not_cancellable") from None
+        except PaymentOpen:
+            raise Conflict(
+                "A payment of the order is open at a channel; retry in a moment.",
+                code="order_not_cancellable",
+                retry_after=1,
+            ) from None
         await give_back_to_redis(self._store, returned)
         return await self.get(user_id, order_no)

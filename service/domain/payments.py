@@ -1,8 +1,9 @@
 """Payment notifications and refunds (seeds "Payment Order Number Design and Idempotency Tables"
 and the dedup-table design notes).
 
-A channel notification is verified (HMAC-SHA256 over the raw body), then handled in one MySQL
-transaction that row-locks the order, so it serialises with a cancel or another notification:
+A channel notification is verified (HMAC-SHA256 over the raw body; fields it does not know are
+ignored), then handled in one MySQL transaction that row-locks the order, so it serialises with
+a cancel or another notification:
 
 - the ``payments`` row is inserted first; ``UNIQUE(channel, channel_txn_id)`` makes the same
   notification, however often and however late, a no-op ("already processed");
@@ -11,7 +12,12 @@ transaction that row-locks the order, so it serialises with a cancel or another 
   most once whatever the channel sends;
 - money that cannot pay the order (amount or currency mismatch, order cancelled or already paid)
   is recorded and flagged, never applied; money for a cancelled order starts a refund (payment
-  status ``refunding``) for operators to settle.
+  status ``refunding``) for operators to settle;
+- a refund settles one payment of the notifying channel (channel + transaction + order), never
+  another channel's; units go back on sale only once a refund is confirmed, and a failed or
+  rejected refund returns the order to ``paid``.
+- an order that is accepted but still queued (no row yet) is answered ``409 order_queued`` with
+  ``Retry-After``: never a final 404 for money that may be real.
 """
 
 from __future__ import annotations
@@ -29,10 +35,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import as_duplicate_key
 from db.models import OrderStatus as S
-from db.queries import payments
+from db.queries import attempts, payments, refunds
+from service.adapters.channel_client import ChannelClient, ChannelUnavailable
 from service.adapters.redis.stock_store import StockStore
-from service.domain.errors import Conflict, DomainError, InvalidInput, OrderNotFound
+from service.domain.errors import Conflict, DomainError, InvalidInput, OrderNotFound, Unavailable
 from service.domain.lifecycle import (
+    OrderRow,
     ReturnedUnits,
     TransitionLost,
     give_back_to_redis,
@@ -45,15 +53,29 @@ from service.domain.order_no import require_valid_order_no
 log = structlog.get_logger(__name__)
 
 
-class Notification(msgspec.Struct, forbid_unknown_fields=True):
-    """A channel's notification. ``amount`` in minor currency units; ``currency`` ISO 4217."""
+Event = Literal["paid", "refunded", "refund_failed", "refund_rejected"]
+"""What a notification tells: a payment, a refund done, a refund the channel failed or rejected."""
+
+TxnId = Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,64}$")]
+
+
+class Notification(msgspec.Struct, omit_defaults=True):
+    """A channel's notification. ``amount`` in minor currency units; ``currency`` ISO 4217.
+
+    Unknown fields are ignored (channels add fields such as ``paid_at`` or ``fee``; the signature
+    covers the raw body, so nothing unread can be forged). On refund events ``payment_txn_id``
+    names the channel's transaction of the payment being refunded and ``refund_no`` our refund
+    request; both optional (a refund the channel started on its own carries neither).
+    """
 
     channel: Annotated[str, Meta(pattern=r"^[a-z0-9_-]{1,32}$")]
-    channel_txn_id: Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,64}$")]
+    channel_txn_id: TxnId
     order_no: Annotated[str, Meta(min_length=26, max_length=26)]
     amount: Annotated[int, Meta(ge=0, le=2**62)]
     currency: Annotated[str, Meta(pattern=r"^[A-Z]{3}$")]
-    event: Literal["paid", "refunded"]
+    event: Event
+    payment_txn_id: TxnId | None = None
+    refund_no: Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,32}$")] | None = None
 
 
 class ChannelTxnReused(Conflict):
@@ -63,6 +85,25 @@ class ChannelTxnReused(Conflict):
 
     def __init__(self, channel_txn_id: str) -> None:
         super().__init__(f"Channel transaction {channel_txn_id} belongs to another order.")
+
+
+class OrderQueued(Conflict):
+    """The order was accepted but MySQL has no row for it yet (``order_queued``, retry after 1 s):
+    never a final 404 for money that may be real."""
+
+    code = "order_queued"
+
+    def __init__(self, order_no: str) -> None:
+        super().__init__(f"Order {order_no} is still queued; retry in a moment.", retry_after=1)
+
+
+class ChannelDown(Unavailable):
+    """A payment channel did not answer (``channel_unavailable``, retry after 1 s)."""
+
+    code = "channel_unavailable"
+
+    def __init__(self, channel: str) -> None:
+        super().__init__(f"Channel {channel} did not answer; retry.")
 
 
 class SignatureInvalid(DomainError):
@@ -144,15 +185,25 @@ async def _settle(
     )
 
 
-async def handle_notification(engine: AsyncEngine, note: Notification, raw: bytes, currency: str) -> NotifyResult:
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What :func:`handle_notification` did: the answer, and units a confirmed refund with
+    restock returned to MySQL (to be given back to Redis after the commit), else None."""
+
+    result: NotifyResult
+    returned: ReturnedUnits | None = None
+
+
+async def handle_notification(engine: AsyncEngine, note: Notification, raw: bytes, currency: str) -> Applied:
     """Apply a verified notification (see the module docstring), one transaction.
 
     ``currency`` is the shop's currency (orders carry amounts in its minor units).
 
     Raises:
-        OrderNotFound: no order ``note.order_no`` (nothing is recorded).
+        OrderNotFound: no order row ``note.order_no`` (nothing is recorded).
         ChannelTxnReused: the channel transaction id belongs to another order (nothing is recorded).
     """
+    returned = None
     async with engine.begin() as conn:
         order = await load_order(conn, note.order_no, for_update=True)
         if order is None:
@@ -167,27 +218,34 @@ async def handle_notification(engine: AsyncEngine, note: Notification, raw: byte
             ).scalar()
             if recorded_for != note.order_no:
                 raise ChannelTxnReused(note.channel_txn_id)
-            return NotifyResult("already_processed", order.status.label)
+            return Applied(NotifyResult("already_processed", order.status.label))
         if note.event == "paid":
             result = await _paid(conn, payment_id, note, order.amount, order.status, currency)
+        elif note.event == "refunded":
+            result, returned = await _refunded(conn, payment_id, note, order, currency)
         else:
-            result = await _refunded(conn, payment_id, note, order.amount, order.status, currency)
+            result = await _refund_failed(conn, payment_id, note, order.status)
         after = await load_order(conn, note.order_no)
         assert after is not None  # row-locked since the start of this transaction
         status = after.status
-    log.info("payment_notification", order_no=note.order_no, kind=note.event, result=result)
-    return NotifyResult(result, status.label)
+    log.info("payment_notification", order_no=note.order_no, channel=note.channel, kind=note.event, result=result)
+    return Applied(NotifyResult(result, status.label), returned)
+
+
+def _matches(note: Notification, amount: int, currency: str) -> bool:
+    return note.amount == amount and note.currency == currency
 
 
 async def _paid(
     conn: AsyncConnection, payment_id: int, note: Notification, amount: int, status: S, currency: str
 ) -> str:
-    if note.amount != amount or note.currency != currency:
+    if not _matches(note, amount, currency):
         await _settle(conn, payment_id, "mismatch", flagged=True)
         return "amount_mismatch"
     if status is S.PENDING_PAYMENT:
-        await transition(conn, note.order_no, S.PENDING_PAYMENT, S.PAID, f"{note.channel}:{note.channel_txn_id}")
+        await transition(conn, note.order_no, S.PENDING_PAYMENT, S.PAID, f"channel:{note.channel}")
         await _settle(conn, payment_id, "applied", idem_key=f"pay:{note.order_no}:paid")
+        await conn.execute(attempts.SET_STATUS, {"s": "paid", "o": note.order_no, "c": note.channel})
         return "paid"
     if status in (S.CANCELLED, S.REJECTED):
         # The cancel won; the money goes back. The order never becomes paid.
@@ -197,35 +255,111 @@ async def _paid(
     return "duplicate_payment"
 
 
+_OWED = ("refunding", "duplicate", "mismatch")
+"""Statuses of a ``paid`` payment that could not pay its order: money owed back to the payer."""
+
+
 async def _refunded(
-    conn: AsyncConnection, payment_id: int, note: Notification, amount: int, status: S, currency: str
-) -> str:
-    # Money owed back for a payment that could not pay the order (late, duplicate or mismatched)
-    # is what a refund settles first: a paid order is refunded only when nothing else is owed.
-    settled = await conn.execute(
-        payments.SETTLE_OWED_REFUND,
-        {"o": note.order_no, "amount": note.amount, "currency": note.currency},
-    )
-    if settled.rowcount == 1:
-        await _settle(conn, payment_id, "applied")
-        return "refunded"
-    if status in (S.PAID, S.REFUNDING) and (note.amount != amount or note.currency != currency):
-        await _settle(conn, payment_id, "mismatch", flagged=True)
-        return "amount_mismatch"
-    if status is S.PAID:  # refund started at the channel: paid -> refunding -> refunded
-        await transition(conn, note.order_no, S.PAID, S.REFUNDING, "channel_refund")
+    conn: AsyncConnection, payment_id: int, note: Notification, order: OrderRow, currency: str
+) -> tuple[str, ReturnedUnits | None]:
+    """A refund settles one payment of the notifying channel, matched by channel + transaction +
+    order: the one ``payment_txn_id`` names; without it, money owed back at that channel first,
+    then the payment of that channel that paid the order. Never another channel's payment."""
+    if note.payment_txn_id is not None:
+        target = (
+            await conn.execute(payments.PAID_PAYMENT, {"o": note.order_no, "c": note.channel, "t": note.payment_txn_id})
+        ).first()
+        if target is None or target.status not in (*_OWED, "applied"):
+            await _settle(conn, payment_id, "unexpected", flagged=True)
+            return "unexpected", None
+        if not _matches(note, target.amount, target.currency):
+            await _settle(conn, payment_id, "mismatch", flagged=True)
+            return "amount_mismatch", None
+        if target.status in _OWED:
+            return await _settle_owed(conn, payment_id, target.id), None
+    else:
+        owed = (
+            await conn.execute(
+                payments.OWED_PAYMENT,
+                {"o": note.order_no, "c": note.channel, "amount": note.amount, "currency": note.currency},
+            )
+        ).scalar()
+        if owed is not None:
+            return await _settle_owed(conn, payment_id, owed), None
+        paying = (await conn.execute(payments.APPLIED_PAYMENT, {"idem": f"pay:{note.order_no}:paid"})).first()
+        if paying is None or paying.channel != note.channel:
+            await _settle(conn, payment_id, "unexpected", flagged=True)
+            return "unexpected", None
+        if not _matches(note, order.amount, currency):
+            await _settle(conn, payment_id, "mismatch", flagged=True)
+            return "amount_mismatch", None
+    return await _refund_order(conn, payment_id, note, order)
+
+
+async def _settle_owed(conn: AsyncConnection, payment_id: int, owed_id: int) -> str:
+    await conn.execute(payments.MARK_REFUNDED, {"id": owed_id})
+    await _settle(conn, payment_id, "applied")
+    return "refunded"
+
+
+async def _refund_order(
+    conn: AsyncConnection, payment_id: int, note: Notification, order: OrderRow
+) -> tuple[str, ReturnedUnits | None]:
+    """``refunding -> refunded`` (``paid -> refunding`` first when the channel refunded on its
+    own); the open refund request is settled and, if it asked for it, the units go back on sale."""
+    actor = f"channel:{note.channel}"
+    status = order.status
+    if status is S.PAID:
+        await transition(conn, note.order_no, S.PAID, S.REFUNDING, actor)
         status = S.REFUNDING
-    if status is S.REFUNDING:
-        await transition(conn, note.order_no, S.REFUNDING, S.REFUNDED, f"{note.channel}:{note.channel_txn_id}")
-        await _settle(conn, payment_id, "applied", idem_key=f"refund:{note.order_no}:refunded")
-        return "refunded"
-    await _settle(conn, payment_id, "unexpected", flagged=True)
-    return "unexpected"
+    if status is not S.REFUNDING:
+        await _settle(conn, payment_id, "unexpected", flagged=True)
+        return "unexpected", None
+    await transition(conn, note.order_no, S.REFUNDING, S.REFUNDED, actor)
+    await _settle(conn, payment_id, "applied", idem_key=f"refund:{note.order_no}:refunded")
+    request = (await conn.execute(refunds.OPEN_OF_ORDER, {"o": note.order_no})).first()
+    returned = None
+    if request is not None:
+        await conn.execute(refunds.SETTLE, {"s": "refunded", "r": request.refund_no})
+        if request.restock:
+            returned = await return_stock(conn, order, release_quota=False)
+    return "refunded", returned
 
 
-async def request_refund(engine: AsyncEngine, order_no: str, restock: bool) -> ReturnedUnits | None:
-    """Operator refund of a paid order: ``paid -> refunding``. With ``restock`` the units go back
-    to MySQL stock in the same transaction (returned for the caller to give back to Redis).
+async def _refund_failed(conn: AsyncConnection, payment_id: int, note: Notification, status: S) -> str:
+    """``refund_failed`` / ``refund_rejected`` from the channel asked: ``refunding -> paid``."""
+    request = (await conn.execute(refunds.OPEN_OF_ORDER, {"o": note.order_no})).first()
+    if (
+        status is not S.REFUNDING
+        or request is None
+        or request.channel != note.channel
+        or note.refund_no not in (None, request.refund_no)
+    ):
+        await _settle(conn, payment_id, "unexpected", flagged=True)
+        return "unexpected"
+    await transition(conn, note.order_no, S.REFUNDING, S.PAID, f"channel:{note.channel}")
+    await conn.execute(refunds.SETTLE, {"s": note.event.removeprefix("refund_"), "r": request.refund_no})
+    await _settle(conn, payment_id, "applied", idem_key=f"refund:{request.refund_no}:{note.event}")
+    return note.event
+
+
+@dataclass(frozen=True, slots=True)
+class RefundRequest:
+    """A refund to ask of ``channel``: its transaction ``payment_txn_id`` of order ``order_no``,
+    ``amount`` minor units in ``currency``; ``refund_no`` is ours (``<order_no>R<n>``)."""
+
+    refund_no: str
+    order_no: str
+    channel: str
+    payment_txn_id: str
+    amount: int
+    currency: str
+
+
+async def request_refund(engine: AsyncEngine, order_no: str, restock: bool) -> RefundRequest:
+    """Operator refund of a paid order: ``paid -> refunding`` and a ``refunds`` row for the
+    channel that took the payment, one transaction. ``restock``: the units go back on sale once
+    the channel confirms the refund (never before: it may still fail).
 
     Raises:
         OrderNotFound: unknown order.
@@ -235,8 +369,33 @@ async def request_refund(engine: AsyncEngine, order_no: str, restock: bool) -> R
         order = await load_order(conn, order_no, for_update=True)
         if order is None:
             raise OrderNotFound(order_no)
-        await transition(conn, order_no, S.PAID, S.REFUNDING, "refund_restock" if restock else "refund")
-        return await return_stock(conn, order, release_quota=False) if restock else None
+        await transition(conn, order_no, S.PAID, S.REFUNDING, "admin:refund_restock" if restock else "admin:refund")
+        paying = (await conn.execute(payments.APPLIED_PAYMENT, {"idem": f"pay:{order_no}:paid"})).one()
+        count = (await conn.execute(refunds.COUNT_OF_ORDER, {"o": order_no})).scalar_one()
+        request = RefundRequest(
+            f"{order_no}R{count + 1}", order_no, paying.channel, paying.channel_txn_id, paying.amount, paying.currency
+        )
+        await conn.execute(
+            refunds.INSERT,
+            {
+                "r": request.refund_no,
+                "o": order_no,
+                "c": request.channel,
+                "t": request.payment_txn_id,
+                "amount": request.amount,
+                "restock": restock,
+            },
+        )
+    return request
+
+
+async def abandon_refund(engine: AsyncEngine, request: RefundRequest) -> None:
+    """The channel did not take ``request`` in: ``refunding -> paid``, the refund ``failed``. Should
+    the channel have refunded after all, its ``refunded`` notification (naming the payment)
+    still refunds the order from ``paid``."""
+    async with engine.begin() as conn:
+        await conn.execute(refunds.SETTLE, {"s": "failed", "r": request.refund_no})
+        await transition(conn, request.order_no, S.REFUNDING, S.PAID, "channel_unavailable")
 
 
 _notification = msgspec.json.Decoder(Notification)
@@ -245,14 +404,24 @@ _notification = msgspec.json.Decoder(Notification)
 class PaymentService:
     """Payment use cases: a channel's signed notification, an operator's refund. One per process.
 
-    ``secrets``: channel -> HMAC-SHA256 secret; ``currency``: the shop's ISO 4217 code.
+    ``secrets``: channel -> HMAC-SHA256 secret; ``currency``: the shop's ISO 4217 code;
+    ``channels``: the channels' HTTP API (refunds are asked of the channel that took the payment
+    when it has a URL; otherwise its ``refunded`` notification is awaited as it comes).
     """
 
-    def __init__(self, engine: AsyncEngine, store: StockStore, secrets: dict[str, str], currency: str) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        store: StockStore,
+        secrets: dict[str, str],
+        currency: str,
+        channels: ChannelClient | None = None,
+    ) -> None:
         self._engine = engine
         self._store = store
         self._secrets = secrets
         self._currency = currency
+        self._channels = channels
 
     async def notify(self, raw: bytes, signature: str | None) -> NotifyResult:
         """Decode, verify (``signature`` = hex HMAC-SHA256 of ``raw``) and apply a notification.
@@ -260,6 +429,8 @@ class PaymentService:
         Raises:
             InvalidInput: not a notification (``body``) or ``invalid_order_no``.
             SignatureInvalid: unknown channel, missing or wrong signature.
+            Conflict: ``order_queued`` (with ``retry_after``): the order is accepted but its row
+                is not written yet; the channel's retry will find it.
             OrderNotFound, ChannelTxnReused: see :func:`handle_notification`.
         """
         try:
@@ -270,21 +441,44 @@ class PaymentService:
             raise InvalidInput("body", "not a JSON notification") from None
         verify(self._secrets, note.channel, raw, signature)
         require_valid_order_no(note.order_no)
-        return await handle_notification(self._engine, note, raw, self._currency)
+        return await self.apply(note, raw)
 
-    async def refund(self, order_no: str, restock: bool) -> None:
+    async def apply(self, note: Notification, raw: bytes) -> NotifyResult:
+        """Apply a verified notification (or a channel query's answer in its form), give units a
+        confirmed refund returned back to Redis; the errors of :meth:`notify` but the decoding."""
+        try:
+            applied = await handle_notification(self._engine, note, raw, self._currency)
+        except OrderNotFound:
+            if await self._store.queued_order(note.order_no) is not None:
+                raise OrderQueued(note.order_no) from None
+            raise
+        if applied.returned is not None:
+            await give_back_to_redis(self._store, applied.returned)
+        return applied.result
+
+    async def refund(self, order_no: str, restock: bool) -> RefundRequest:
         """Start the refund of a paid order (``paid -> refunding``); with ``restock`` its units go
-        back on sale in MySQL and then in Redis (the buyer keeps the per-user quota).
+        back on sale once the channel confirms it (the buyer keeps the per-user quota).
 
         Raises:
             InvalidInput: ``invalid_order_no``.
             OrderNotFound: unknown order.
-            Conflict: ``order_not_refundable`` (not paid, a repeated refund included).
+            Conflict: ``order_not_refundable`` (not paid, still queued, a repeated refund included).
+            ChannelDown: the channel did not take the refund in; the order is ``paid`` again.
         """
         require_valid_order_no(order_no)
         try:
-            returned = await request_refund(self._engine, order_no, restock)
+            request = await request_refund(self._engine, order_no, restock)
         except TransitionLost as lost:
             raise Conflict(f"The order is {lost.current.label}.", code="order_not_refundable") from None
-        if returned is not None:
-            await give_back_to_redis(self._store, returned)
+        except OrderNotFound:
+            if await self._store.queued_order(order_no) is not None:  # accepted, not paid: nothing to refund
+                raise Conflict("The order is still queued.", code="order_not_refundable") from None
+            raise
+        if self._channels is not None and request.channel in self._channels.channels:
+            try:
+                await self._channels.refund(request.channel, request.refund_no, order_no, request.amount)
+            except ChannelUnavailable:
+                await abandon_refund(self._engine, request)
+                raise ChannelDown(request.channel) from None
+        return request

@@ -27,11 +27,23 @@ class SaleOrderRow:
 @dataclass(frozen=True, slots=True)
 class PaymentRow:
     """One row of ``payments`` for an order of the sale's product (``event`` ``paid``/``refunded``;
-    ``status`` ``applied``, ``duplicate``, ``refunding``, ...)."""
+    ``status`` ``applied``, ``duplicate``, ``refunding``, ...), with the channel's transaction."""
 
     order_no: str
     event: str
     status: str
+    channel: str
+    channel_txn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelPayment:
+    """A payment in a channel's daily bill (``amount`` in minor units)."""
+
+    channel: str
+    channel_txn_id: str
+    order_no: str
+    amount: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,17 +79,25 @@ class StoreFacts:
 class LifecycleRun:
     """What the lifecycle phases did (``flashsale sale --pay-share``), after the first drain.
 
-    ``payments``: one ``paid`` notification per order of ``notified`` (``notified[shot.index]``);
-    ``unpaid``: orders left to lapse; ``wait_seconds``: waiting for the ``window_seconds``
-    payment window to lapse; ``swept``: orders the payment-timeout sweep cancelled; ``returned``
-    and ``on_sale``: MySQL stock gained by the sweep and MySQL stock after it (units); ``resale``:
-    the new buyers' wave; ``drain_seconds``: the second drain (None = the queue did not drain).
+    ``starts``: ``POST /orders/{order_no}/pay`` per order of ``paid_at_channel`` then of the
+    ``abandoned`` ones (payments started and never paid); ``payments``: the buyer paying at the
+    simulator, one per order of ``paid_at_channel`` (``[shot.index]``); ``notifications``: the
+    simulator's counters (sent, dropped, duplicated, delivered, ...); ``unpaid``: orders left
+    to lapse; ``wait_seconds``: waiting for the ``window_seconds`` payment window to lapse;
+    ``swept``: orders the payment-timeout sweep cancelled; ``returned`` and ``on_sale``: MySQL
+    stock gained by the sweep and MySQL stock after it (units); ``resale``: the new buyers'
+    wave; ``drain_seconds``: the second drain (None = the queue did not drain);
+    ``channel_payments``: every payment in the channels' bills of the day; ``reconciled_clean``
+    and ``mismatches``: the reconciliation after it all (mismatch kind -> count).
     """
 
     pay_share: float
     window_seconds: int
+    starts: Wave
     payments: Wave
-    notified: list[str]
+    paid_at_channel: list[str]
+    abandoned: int
+    notifications: dict[str, int]
     unpaid: int
     wait_seconds: float
     swept: int
@@ -85,6 +105,9 @@ class LifecycleRun:
     on_sale: int
     resale: Wave
     drain_seconds: float | None
+    channel_payments: list[ChannelPayment]
+    reconciled_clean: bool
+    mismatches: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)

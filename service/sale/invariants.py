@@ -1,5 +1,5 @@
 """The invariants ``flashsale sale`` proves: the five of the design brief
-(:func:`check_invariants`) and two more for the order lifecycle (:func:`check_lifecycle`), each a
+(:func:`check_invariants`) and three more for the order lifecycle (:func:`check_lifecycle`), each a
 :class:`Check` with the numbers behind it; :func:`check_all` picks what applies to a run.
 """
 
@@ -40,7 +40,14 @@ INVARIANT_TITLES = {
         "6. payment timeouts: stock + sold = initial; sold = paid + resold (pending) units; every unpaid"
         " order swept; the returned units resold when demand exceeded supply"
     ),
-    "paid_once": "7. every notification answered paid once; no order paid twice; no cancelled order paid",
+    "paid_once": (
+        "7. every order a buyer paid at a channel is paid once, whatever was dropped or duplicated; no order paid"
+        " twice; no cancelled order paid"
+    ),
+    "channels_reconciled": (
+        "8. every channel payment matched to exactly one order (channel + txn + order) or flagged owed back;"
+        " no order paid at a channel cancelled; reconciliation clean"
+    ),
 }
 
 _NOT_HELD = (OrderStatus.REJECTED, OrderStatus.CANCELLED)  # orders whose units went back (or never left)
@@ -224,25 +231,59 @@ def _check_lifecycle_units(
 
 
 def _check_paid_once(lifecycle: LifecycleRun, facts: StoreFacts) -> Check:
-    """Invariant 7: the notifications' answers against the ``orders`` and ``payments`` tables."""
-    notified = set(lifecycle.notified)
+    """Invariant 7: the buyers who paid at a channel against the ``orders`` and ``payments`` tables."""
+    paid_at_channel = set(lifecycle.paid_at_channel)
     paid = {row.order_no for row in facts.orders if row.status == OrderStatus.PAID}
     cancelled = {row.order_no for row in facts.orders if row.status == OrderStatus.CANCELLED}
     applied = Counter(p.order_no for p in facts.payments if p.event == "paid" and p.status == "applied")
     numbers = {
-        "notifications": len(lifecycle.notified),
-        "answered_paid": sum(1 for o in lifecycle.payments.outcomes if o.code == "paid"),
+        "buyers_paid": len(lifecycle.paid_at_channel),
+        "answered_paid_by_channel": sum(1 for o in lifecycle.payments.outcomes if o.status == 200),
+        "payment_starts_answered_200": sum(1 for o in lifecycle.starts.outcomes if o.status == 200),
+        "payment_starts": len(lifecycle.starts.outcomes),
         "paid_orders": len(paid),
-        "orders_notified_twice": len(lifecycle.notified) - len(notified),
-        "notified_not_paid": len(notified - paid),
-        "paid_not_notified": len(paid - notified),
+        "orders_paid_by_two_buyers": len(lifecycle.paid_at_channel) - len(paid_at_channel),
+        "paid_at_channel_not_paid": len(paid_at_channel - paid),
+        "paid_without_paying": len(paid - paid_at_channel),
         "paid_without_applied_payment": len(paid - applied.keys()),
         "orders_paid_twice": sum(1 for n in applied.values() if n > 1),
         "cancelled_with_payment": len(cancelled & {p.order_no for p in facts.payments}),
     }
-    counts = ("notifications", "answered_paid", "paid_orders")
-    ok = numbers["answered_paid"] == numbers["notifications"] and all(
-        v == 0 for k, v in numbers.items() if k not in counts
+    counts = ("buyers_paid", "answered_paid_by_channel", "payment_starts_answered_200", "payment_starts", "paid_orders")
+    ok = (
+        numbers["answered_paid_by_channel"] == numbers["buyers_paid"]
+        and numbers["payment_starts_answered_200"] == numbers["payment_starts"]
+        and all(v == 0 for k, v in numbers.items() if k not in counts)
+    )
+    return Check(ok, numbers)
+
+
+_OWED = ("refunding", "duplicate", "mismatch")
+
+
+def _check_channels(lifecycle: LifecycleRun, facts: StoreFacts) -> Check:
+    """Invariant 8: every payment in the channels' bills matched to exactly one order (channel +
+    transaction + order) or flagged as owed back; no order paid at a channel is cancelled;
+    reconciliation clean."""
+    rows: dict[tuple[str, str], list[str]] = {}
+    for p in facts.payments:
+        if p.event == "paid" and (p.status == "applied" or p.status in _OWED):
+            rows.setdefault((p.channel, p.channel_txn_id), []).append(p.order_no)
+    unmatched = [c for c in lifecycle.channel_payments if rows.get((c.channel, c.channel_txn_id)) != [c.order_no]]
+    cancelled = {row.order_no for row in facts.orders if row.status == OrderStatus.CANCELLED}
+    numbers: dict[str, Any] = {
+        "channel_payments": len(lifecycle.channel_payments),
+        "unmatched_channel_payments": len(unmatched),
+        "paid_at_channel_but_cancelled": len({c.order_no for c in lifecycle.channel_payments} & cancelled),
+        "notifications": lifecycle.notifications,
+        "reconciliation_clean": lifecycle.reconciled_clean,
+        "mismatches": lifecycle.mismatches,
+    }
+    ok = (
+        not unmatched
+        and numbers["paid_at_channel_but_cancelled"] == 0
+        and lifecycle.reconciled_clean
+        and len(lifecycle.channel_payments) == len(lifecycle.paid_at_channel)
     )
     return Check(ok, numbers)
 
@@ -250,11 +291,12 @@ def _check_paid_once(lifecycle: LifecycleRun, facts: StoreFacts) -> Check:
 def check_lifecycle(
     lifecycle: LifecycleRun, first: LoadSummary, resale: LoadSummary, facts: StoreFacts, stock: int
 ) -> dict[str, Check]:
-    """Invariants 6 and 7 (the last keys of :data:`INVARIANT_TITLES`); ``first`` and ``resale``
+    """Invariants 6, 7 and 8 (the last keys of :data:`INVARIANT_TITLES`); ``first`` and ``resale``
     summarize the purchase and resale waves; ``stock`` in units."""
     return {
         "lifecycle_units": _check_lifecycle_units(lifecycle, first, resale, facts, stock),
         "paid_once": _check_paid_once(lifecycle, facts),
+        "channels_reconciled": _check_channels(lifecycle, facts),
     }
 
 

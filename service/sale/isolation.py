@@ -121,7 +121,28 @@ def new_sale(settings: Settings, url: str | None, stock: int, per_user_limit: in
     if url is not None:
         return Sale(run_id, settings, False, url.rstrip("/"), product_id, stock, per_user_limit)
     isolated = sale_settings(settings, run_id, window_seconds)
-    return Sale(run_id, isolated, True, f"http://127.0.0.1:{free_port()}", product_id, stock, per_user_limit)
+    api_url = f"http://127.0.0.1:{free_port()}"
+    if window_seconds is not None:
+        isolated = with_own_channels(isolated, f"http://127.0.0.1:{free_port()}", api_url)
+    return Sale(run_id, isolated, True, api_url, product_id, stock, per_user_limit)
+
+
+def with_own_channels(settings: Settings, simulator_url: str, api_url: str) -> Settings:
+    """``settings`` whose channels (those with a secret) are served by the simulator at
+    ``simulator_url`` (``<url>/<channel>``) and notify the API at ``api_url``."""
+    payment = settings.payment.model_copy(
+        update={
+            "channel_urls": {name: f"{simulator_url}/{name}" for name in settings.payment.channel_secrets},
+            "notify_url": f"{api_url}/api/v1/payments/notify",
+        }
+    )
+    return settings.model_copy(update={"payment": payment})
+
+
+def simulator_url(settings: Settings) -> str:
+    """The simulator's base URL of settings made by :func:`with_own_channels`."""
+    first = next(iter(settings.payment.channel_urls.values()))
+    return first.rsplit("/", 1)[0]
 
 
 def child_env(settings: Settings) -> dict[str, str]:

@@ -58,7 +58,7 @@ from service.adapters.broker import declare_topology
 from service.log_setup import configure_logging
 from service.sale.errors import SetupError, stderr
 from service.sale.facts import Measured
-from service.sale.isolation import Sale, child_env, new_sale
+from service.sale.isolation import Sale, child_env, new_sale, simulator_url
 from service.sale.phases import (
     PRICE,
     Load,
@@ -74,8 +74,11 @@ from service.sale.stores import Stores, isolate
 from service.settings import Settings
 
 
-async def _start(stack: AsyncExitStack, sale: Sale, processes: Processes, workers: int, consumers: int) -> Stores:
-    """Isolate (unless ``--url``), connect, start the processes; stopped and removed by ``stack``.
+async def _start(
+    stack: AsyncExitStack, sale: Sale, processes: Processes, workers: int, consumers: int, with_channels: bool
+) -> Stores:
+    """Isolate (unless ``--url``), connect, start the processes (the channel simulator too with
+    ``with_channels``); stopped and removed by ``stack``.
 
     Returns the sale's connections; raises SetupError when something cannot be set up.
     """
@@ -88,6 +91,9 @@ async def _start(stack: AsyncExitStack, sale: Sale, processes: Processes, worker
     if sale.isolated:
         port = str(httpx.URL(sale.url).port)
         await processes.start("api", "serve", "--host", "127.0.0.1", "--port", port, "--workers", str(workers))
+        if with_channels:
+            channel_port = str(httpx.URL(simulator_url(sale.settings)).port)
+            await processes.start("channel", "channel", "serve", "--host", "127.0.0.1", "--port", channel_port)
     for number in range(1, consumers + 1):
         await processes.start(f"consumer-{number}", "consume")
     return stores
@@ -98,7 +104,7 @@ async def _measure(
 ) -> Measured:
     """Every phase from set-up to the stores' final state; stops and cleans up on the way out."""
     async with AsyncExitStack() as stack:
-        stores = await _start(stack, sale, processes, workers, consumers)
+        stores = await _start(stack, sale, processes, workers, consumers, bool(load.pay_share))
         try:
             dead_letters_before = await stores.queue_depth(sale.settings.amqp.dead_letter_queue)
         except aio_pika.exceptions.AMQPError as exc:

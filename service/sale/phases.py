@@ -10,14 +10,20 @@ to the purchase load's, with the ratios. When the route answers 404 (an API star
 bench routes, ``--url``) the wave is skipped and the report says so.
 
 Order lifecycle (``--pay-share S``, isolated runs only). The API and the consumers get
-``FLASHSALE_PAYMENT__WINDOW_SECONDS`` = ``--payment-window``. After the first drain a share S of
-the orders pending payment (chosen at random, seeded by the run id) get a signed ``paid``
-notification, as a payment channel sends it (:func:`notification`), a bounded number at a time;
-the others are left until every one of them is older than the window in MySQL's clock, then the
-payment-timeout sweep runs once, in this process (:meth:`service.sale.stores.Stores.sweep`: the
-same code ``flashsale sweep`` runs, counted exactly). Then a resale wave: new buyers send
-:data:`RESALE_FACTOR` times as many requests as units are on sale again (at least
-:data:`RESALE_MIN_REQUESTS`), the queue drains a second time, and the realignment follows.
+``FLASHSALE_PAYMENT__WINDOW_SECONDS`` = ``--payment-window``, and the sale starts the payment
+channel simulator (``flashsale channel serve``) as a subprocess of its own, the API's channel
+URLs pointing at it. After the first drain a share S of the orders pending payment (chosen at
+random, seeded by the run id) are paid the way a buyer pays: ``POST /orders/{order_no}/pay`` at a
+random channel, then the buyer pays at the simulator, whose signed notifications reach the API
+with :data:`FAULTS` (some dropped for good, some duplicated); half of the others start a payment
+and never pay. Once the simulator has no notification in flight, the rest are left until every
+one of them is older than the window in MySQL's clock, then the payment-timeout sweep runs once,
+in this process (:meth:`service.sale.stores.Stores.sweep`: the same code ``flashsale sweep``
+runs, asking the channels first, counted exactly): a dropped notification's order is found paid
+at its channel and paid, a started payment is closed at its channel before its order is
+cancelled. Then a resale wave: new buyers send :data:`RESALE_FACTOR` times as many requests as
+units are on sale again (at least :data:`RESALE_MIN_REQUESTS`), the queue drains a second time,
+the channels' bills are reconciled, and the realignment follows.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import httpx
@@ -32,11 +39,10 @@ import msgspec
 from rich.console import Console
 
 from service.api.auth import issue_token
-from service.domain.payments import Notification, signed
 from service.domain.realign import RealignReport
 from service.sale.errors import SetupError, stderr
-from service.sale.facts import LifecycleRun, UnpaidOrder
-from service.sale.isolation import Sale
+from service.sale.facts import LifecycleRun
+from service.sale.isolation import Sale, simulator_url
 from service.sale.load import REQUEST_TIMEOUT, build_requests, send_wave
 from service.sale.plan import ACCEPTED, Job, Kind, Shot, Wave, build_plan
 from service.sale.processes import Processes, wait_ready
@@ -47,14 +53,16 @@ READY_TIMEOUT = 60.0  # seconds for a started API to answer /health/ready (--url
 DRAIN_TIMEOUT = 180.0  # seconds for the queue to drain after the last answer
 DRAIN_POLL = 0.2  # seconds between drain polls
 DRAINED_POLLS = 3  # consecutive polls that must see the queue drained
-PAY_CONCURRENCY = 32  # notifications in flight at most (each row-locks an order in one API transaction)
+PAY_CONCURRENCY = 32  # payment starts / buyer payments in flight at most (each row-locks an order in the API)
+ABANDON_SHARE = 0.5  # of the orders left unpaid, those that start a payment at a channel and never pay
+FAULTS = {"drop": 0.1, "duplicate": 0.2}  # the simulator's notification faults during the sale
+NOTIFY_SETTLE_TIMEOUT = 60.0  # seconds to wait for the simulator's notifications in flight
 WINDOW_MARGIN = 0.2  # seconds slept past the moment MySQL's clock puts the last unpaid order beyond the window
 RESALE_FACTOR = 3  # resale requests per unit on sale again, so demand exceeds supply
 RESALE_MIN_REQUESTS = 50
 
 ORDERS_PATH = "/api/v1/orders"
 NOOP_PATH = "/api/v1/bench/noop"
-NOTIFY_PATH = "/api/v1/payments/notify"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,24 +138,6 @@ def mint_tokens(sale: Sale, *plans: list[Job]) -> dict[str, str]:
     return {user: f"Bearer {issue_token(auth.jwt_secret, user, ttl_seconds=auth.token_ttl_seconds)}" for user in users}
 
 
-def notification(sale: Sale, order: UnpaidOrder) -> httpx.Request:
-    """A ``paid`` notification for ``order`` as the first configured channel sends it: the
-    order's amount in the shop's currency, transaction id ``<run id>-<order_no>``, signed with
-    ``X-Signature`` = hex HMAC-SHA256 of the raw body (:func:`service.domain.payments.signed`)."""
-    payment = sale.settings.payment
-    channel, secret = next(iter(payment.channel_secrets.items()))
-    note = Notification(
-        channel=channel,
-        channel_txn_id=f"{sale.run_id}-{order.order_no}",
-        order_no=order.order_no,
-        amount=order.amount,
-        currency=payment.currency,
-        event="paid",
-    )
-    body, headers = signed(secret, note)
-    return httpx.Request("POST", f"{sale.url}{NOTIFY_PATH}", content=body, headers=headers)
-
-
 async def drain(
     stores: Stores, sale: Sale, expected_orders: int, processes: Processes, console: Console
 ) -> float | None:
@@ -219,16 +209,77 @@ async def first_waves(sale: Sale, console: Console, load: Load, noop_requests: i
     return ceiling, purchase, token_seconds
 
 
-async def _pay(stores: Stores, sale: Sale, console: Console, load: Load) -> tuple[Wave, list[str], int]:
-    """Send a ``paid`` notification (:func:`notification`) for a ``load.pay_share`` share of the
-    orders pending payment, chosen at random, at most :data:`PAY_CONCURRENCY` at once; returns
-    the wave, the order numbers notified (``[shot.index]``) and how many orders were left unpaid."""
+@dataclass(frozen=True, slots=True)
+class _Paid:
+    starts: Wave
+    payments: Wave
+    paid_at_channel: list[str]
+    abandoned: int
+    unpaid: int
+
+
+async def _pay(stores: Stores, sale: Sale, console: Console, load: Load, channel: httpx.AsyncClient) -> _Paid:
+    """A ``load.pay_share`` share of the orders pending payment, chosen at random, are paid: the
+    buyer starts the payment (``POST /orders/{order_no}/pay``, a random channel) and pays at the
+    simulator; :data:`ABANDON_SHARE` of the others start a payment and never pay. The simulator
+    drops and duplicates notifications meanwhile (:data:`FAULTS`). At most
+    :data:`PAY_CONCURRENCY` requests at once."""
     unpaid = await stores.unpaid_orders(sale.product_id)
-    chosen = random.Random(f"{sale.run_id}:pay").sample(unpaid, round(load.pay_share * len(unpaid)))
-    jobs = [Job(Kind.PAY, (Shot(index, order.user_id, order.quantity, None),)) for index, order in enumerate(chosen)]
-    requests = [notification(sale, order) for order in chosen]
-    wave = await _send(sale, console, "payments", requests, jobs, min(load.concurrency, PAY_CONCURRENCY))
-    return wave, [order.order_no for order in chosen], len(unpaid) - len(chosen)
+    rng = random.Random(f"{sale.run_id}:pay")
+    chosen = rng.sample(unpaid, round(load.pay_share * len(unpaid)))
+    left = [order for order in unpaid if order not in chosen]
+    abandoned = rng.sample(left, round(ABANDON_SHARE * len(left)))
+    names = sorted(sale.settings.payment.channel_urls)
+    at = {order.order_no: rng.choice(names) for order in chosen + abandoned}
+    assert (await channel.put("/faults", json=FAULTS)).status_code == 200
+    starting = chosen + abandoned
+    start_jobs = [Job(Kind.PAY, (Shot(i, o.user_id, o.quantity, None),)) for i, o in enumerate(starting)]
+    tokens = mint_tokens(sale, start_jobs)
+    start_requests = [
+        httpx.Request(
+            "POST",
+            f"{sale.url}{ORDERS_PATH}/{o.order_no}/pay",
+            json={"channel": at[o.order_no]},
+            headers={"Authorization": tokens[o.user_id]},
+        )
+        for o in starting
+    ]
+    concurrency = min(load.concurrency, PAY_CONCURRENCY)
+    starts = await _send(sale, console, "payment starts", start_requests, start_jobs, concurrency)
+    pay_jobs = start_jobs[: len(chosen)]
+    urls = sale.settings.payment.channel_urls
+    pay_requests = [httpx.Request("POST", f"{urls[at[o.order_no]]}/payments/{o.order_no}/pay") for o in chosen]
+    payments = await _send(sale, console, "buyers paying", pay_requests, pay_jobs, concurrency)
+    return _Paid(starts, payments, [o.order_no for o in chosen], len(abandoned), len(left))
+
+
+async def _notifications_settled(channel: httpx.AsyncClient, console: Console) -> dict[str, int]:
+    """Wait until the simulator has no notification in flight (delivered, dropped or given up;
+    at most :data:`NOTIFY_SETTLE_TIMEOUT` seconds); its counters."""
+    started = time.perf_counter()
+    with console.status("waiting for the channels' notifications"):
+        while True:
+            view = (await channel.get("/faults")).json()
+            if view["in_flight"] == 0 or time.perf_counter() - started > NOTIFY_SETTLE_TIMEOUT:
+                return {**view["stats"], "in_flight": view["in_flight"]}
+            await asyncio.sleep(DRAIN_POLL)
+
+
+async def _channel_ready(channel: httpx.AsyncClient, processes: Processes) -> None:
+    """Poll the simulator's ``/health`` until 200. Raises SetupError (not ready in time, or a
+    subprocess exited)."""
+    deadline = time.perf_counter() + READY_TIMEOUT
+    while True:
+        if dead := processes.exited():
+            raise SetupError(f"{', '.join(dead)} exited during start-up")
+        try:
+            if (await channel.get("/health")).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.perf_counter() > deadline:
+            raise SetupError(f"channel simulator at {channel.base_url} not ready after {READY_TIMEOUT:.0f}s")
+        await asyncio.sleep(0.25)
 
 
 async def _let_window_lapse(stores: Stores, sale: Sale, console: Console) -> float:
@@ -255,26 +306,43 @@ async def _resale(sale: Sale, console: Console, concurrency: int, on_sale: int) 
 async def run_lifecycle(
     stores: Stores, sale: Sale, processes: Processes, console: Console, load: Load, orders_so_far: int
 ) -> LifecycleRun:
-    """After the first drain (``orders_so_far`` order rows): pay a share, let the rest lapse,
-    sweep once, resell the returned units to new buyers, drain again."""
-    payments, notified, unpaid = await _pay(stores, sale, console, load)
+    """After the first drain (``orders_so_far`` order rows): pay a share through the channel
+    simulator, let the rest lapse, sweep once (asking the channels), resell the returned units to
+    new buyers, drain again, reconcile."""
+    async with httpx.AsyncClient(base_url=simulator_url(sale.settings), timeout=REQUEST_TIMEOUT) as channel:
+        await _channel_ready(channel, processes)
+        paid = await _pay(stores, sale, console, load, channel)
+        notifications = await _notifications_settled(channel, console)
     wait_seconds = await _let_window_lapse(stores, sale, console)
     stock_before = await stores.mysql_stock(sale.product_id)
     swept = await stores.sweep(sale.product_id)
     on_sale = await stores.mysql_stock(sale.product_id)
-    console.print(f"paid {len(notified)} orders; swept {swept} unpaid ones; {on_sale} units on sale again")
+    console.print(
+        f"paid {len(paid.paid_at_channel)} orders at the channels ({notifications.get('dropped', 0)} notifications"
+        f" dropped, {notifications.get('duplicated', 0)} duplicated); swept {swept} unpaid ones;"
+        f" {on_sale} units on sale again"
+    )
     resale = await _resale(sale, console, load.concurrency, on_sale)
     drain_seconds = await drain(stores, sale, orders_so_far + accepted_orders(resale), processes, console)
+    reconciliation, billed = await stores.reconcile()
+    mismatches = Counter(m.kind for c in reconciliation.channels for m in c.mismatches)
+    mismatches.update("bill_unavailable" for c in reconciliation.channels if c.error)
     return LifecycleRun(
         pay_share=load.pay_share,
         window_seconds=sale.settings.payment.window_seconds,
-        payments=payments,
-        notified=notified,
-        unpaid=unpaid,
+        starts=paid.starts,
+        payments=paid.payments,
+        paid_at_channel=paid.paid_at_channel,
+        abandoned=paid.abandoned,
+        notifications=notifications,
+        unpaid=paid.unpaid,
         wait_seconds=wait_seconds,
         swept=swept,
         returned=on_sale - stock_before,
         on_sale=on_sale,
         resale=resale,
         drain_seconds=drain_seconds,
+        channel_payments=billed,
+        reconciled_clean=reconciliation.clean,
+        mismatches=dict(mismatches),
     )

@@ -231,19 +231,24 @@ def _lifecycle_section(lifecycle: LifecycleRun, resale: LoadSummary, facts: Stor
     """The ``lifecycle`` part: payments (answers by result), timeouts, stock returned, resale."""
     paid_orders, paid_units = tally(facts.orders, OrderStatus.PAID)
     timed_out_orders, timed_out_units = tally(facts.orders, OrderStatus.CANCELLED, "payment_timeout")
-    payments = lifecycle.payments
     return {
         "pay_share": lifecycle.pay_share,
         "payment_window_seconds": lifecycle.window_seconds,
-        "payments": {
-            **_wave_numbers(payments),
-            "answers": dict(Counter(o.code for o in payments.outcomes).most_common()),
+        "payment_starts": {
+            **_wave_numbers(lifecycle.starts),
+            "answers": dict(Counter(o.code for o in lifecycle.starts.outcomes).most_common()),
+            "abandoned": lifecycle.abandoned,
         },
+        "buyers_paying": {
+            **_wave_numbers(lifecycle.payments),
+            "answers": dict(Counter(o.code for o in lifecycle.payments.outcomes).most_common()),
+        },
+        "notifications": lifecycle.notifications,
         "paid_orders": paid_orders,
         "paid_units": paid_units,
         "orders_left_unpaid": lifecycle.unpaid,
         "window_wait_seconds": _seconds(lifecycle.wait_seconds),
-        "sweep": "service.domain.lifecycle.expire_unpaid, in-process, once",
+        "sweep": "service.domain.lifecycle.expire_unpaid asking the channels, in-process, once",
         "swept_orders": lifecycle.swept,
         "cancelled_payment_timeout_orders": timed_out_orders,
         "cancelled_payment_timeout_units": timed_out_units,
@@ -257,6 +262,7 @@ def _lifecycle_section(lifecycle: LifecycleRun, resale: LoadSummary, facts: Stor
             "rejected_by_code": _rejected_by_code(resale),
             "drain_seconds": _seconds(lifecycle.drain_seconds),
         },
+        "reconciliation": {"clean": lifecycle.reconciled_clean, "mismatches": lifecycle.mismatches},
     }
 
 

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import aio_pika
@@ -29,8 +30,9 @@ from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources, opened
 from service.domain.lifecycle import expire_unpaid
 from service.domain.realign import RealignReport
+from service.domain.reconcile import ReconcileReport
 from service.sale.errors import SetupError, stderr, where
-from service.sale.facts import PaymentRow, SaleOrderRow, StoreFacts, UnpaidOrder
+from service.sale.facts import ChannelPayment, PaymentRow, SaleOrderRow, StoreFacts, UnpaidOrder
 from service.sale.isolation import Sale
 from service.settings import Settings
 
@@ -116,10 +118,28 @@ class Stores:
 
     async def sweep(self, product_id: int) -> int:
         """One payment-timeout sweep of the product in this process:
-        :func:`service.domain.lifecycle.expire_unpaid` (what ``flashsale sweep`` runs) with the
-        run's key prefix and payment window; returns orders cancelled."""
+        :func:`service.domain.lifecycle.expire_unpaid` asking the channels first (what
+        ``flashsale sweep`` runs) with the run's key prefix and payment window; returns orders
+        cancelled."""
         window = self.settings.payment.window_seconds
-        return await expire_unpaid(self.engine, self.store, window, product_id=product_id)
+        async with opened(self.settings, publish=False) as resources:
+            return await expire_unpaid(
+                self.engine, self.store, window, product_id=product_id, may_cancel=resources.checkout.may_cancel
+            )
+
+    async def reconcile(self) -> tuple[ReconcileReport, list[ChannelPayment]]:
+        """Today's reconciliation of every channel (what ``flashsale reconcile`` runs, without
+        ``--apply``) and the payments in the channels' bills."""
+        async with opened(self.settings, publish=False) as resources:
+            day = datetime.now(UTC).date()
+            report = await resources.reconciler.reconcile(day)
+            billed = [
+                ChannelPayment(channel, line.channel_txn_id, line.order_no, line.amount)
+                for channel in sorted(resources.channels.channels)
+                for line in await resources.channels.bill(channel, day)
+                if line.type == "payment"
+            ]
+        return report, billed
 
     async def realign(self, product_id: int) -> RealignReport:
         """One realignment pass over the product (what ``flashsale realign --product`` runs), on

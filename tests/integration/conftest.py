@@ -41,6 +41,9 @@ def settings() -> Settings:
         update={
             "amqp": isolated.amqp.model_copy(update={"delivery_limit": 2, "confirm_timeout": 3.0}),
             "db": isolated.db.model_copy(update={"pool_size": 40}),
+            # No channel URL: the in-process API never calls a channel by accident (tests of the
+            # channel simulator give their own, tests/integration/payments/conftest.py).
+            "payment": isolated.payment.model_copy(update={"channel_urls": {}}),
         }
     )
 

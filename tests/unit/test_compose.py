@@ -28,5 +28,6 @@ def test_compose_runs_every_deployable():
         '"flashsale", "consume"',
         '"flashsale", "realign"',
         '"flashsale", "sweep"',
+        '"flashsale", "channel", "serve"',
     ):
         assert command in text

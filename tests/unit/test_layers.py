@@ -14,7 +14,7 @@ PACKAGES = ("service", "consumers", "db", "lua")
 
 # Lower rank = lower layer. A module may import its own layer or any layer below it.
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (4, ("service.api", "service.cli", "service.sale", "service.bench", "consumers")),  # edge
+    (4, ("service.api", "service.cli", "service.sale", "service.bench", "service.channel", "consumers")),  # edge
     (3, ("service.bootstrap",)),  # composition root
     (2, ("service.domain",)),  # use cases and rules
     (1, ("service.adapters", "db")),  # Redis, RabbitMQ, MySQL
@@ -64,6 +64,19 @@ def test_imports_flow_downwards_only() -> None:
         if _rank(target) > _rank(module)
     ]
     assert upward == []
+
+
+def test_the_channel_simulator_is_an_outside_party() -> None:
+    """``service.channel`` (the payment channel simulator) knows the service only by its settings
+    (the channels' secrets) and its HTTP contract: no domain, adapter, db or composition root."""
+    foreign = [
+        (m, t)
+        for m, ts in _graph().items()
+        if m.startswith("service.channel")
+        for t in ts
+        if not (t.startswith("service.channel") or t == "service.settings")
+    ]
+    assert foreign == []
 
 
 def test_db_never_reads_the_service_settings() -> None:

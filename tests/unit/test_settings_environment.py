@@ -70,7 +70,12 @@ def _unlike_the_defaults() -> Settings:
         ),
         realign=RealignSettings(grace_seconds=1.5),
         payment=PaymentSettings(
-            channel_secrets={"a": "secret-a", "b": 'quote " and \\ backslash'}, window_seconds=33, currency="EUR"
+            channel_secrets={"a": "secret-a", "b": 'quote " and \\ backslash'},
+            window_seconds=33,
+            currency="EUR",
+            channel_urls={"a": "http://pay.example:9/a"},
+            channel_timeout=1.5,
+            notify_url="http://api.example/api/v1/payments/notify",
         ),
         log_level="DEBUG",
         bench_routes=True,

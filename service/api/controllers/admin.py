@@ -16,16 +16,22 @@ from service.domain.catalog import ProductInput
 from service.domain.realign import RealignReport
 
 
-class RefundRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """``restock``: put the units back on sale (off by default for refunds of paid orders)."""
+class RefundBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``restock``: put the units back on sale once the channel confirms the refund (off by default)."""
 
     restock: bool = False
 
 
-class OrderStatusAnswer(msgspec.Struct):
+class RefundStarted(msgspec.Struct):
+    """The refund asked of the channel that took the payment; ``status`` is ``refunding`` until
+    the channel's ``refunded`` (units back on sale if ``restock``) or ``refund_failed`` /
+    ``refund_rejected`` (back to ``paid``) notification."""
+
     order_no: str
     status: str
-    restocked: bool = False
+    refund_no: str
+    channel: str
+    restock: bool
 
 
 class AdminController(Controller):
@@ -50,12 +56,14 @@ class AdminController(Controller):
         self,
         order_no: FromPath[str],
         resources: NamedDependency[Resources],
-        data: JSONBody[RefundRequest | None] = None,
-    ) -> OrderStatusAnswer:
-        """``paid -> refunding``; ``{"restock": true}`` also puts the units back on sale."""
+        data: JSONBody[RefundBody | None] = None,
+    ) -> RefundStarted:
+        """``paid -> refunding`` and the refund asked of the paying channel; ``{"restock": true}``
+        puts the units back on sale once the channel confirms it. 400 invalid_order_no, 404
+        order_not_found, 409 order_not_refundable, 503 channel_unavailable (the order is paid again)."""
         restock = bool(data and data.restock)
-        await resources.payments.refund(order_no, restock)
-        return OrderStatusAnswer(order_no, "refunding", restocked=restock)
+        started = await resources.payments.refund(order_no, restock)
+        return RefundStarted(order_no, "refunding", started.refund_no, started.channel, restock)
 
     @post("/realign", status_code=200, summary="One realignment pass")
     async def realign(

@@ -24,5 +24,7 @@ class PaymentController(Controller):
     )
     async def notify(self, request: Request[Any, Any, Any], resources: NamedDependency[Resources]) -> NotifyResult:
         """A channel's notification, verified by ``X-Signature`` = hex HMAC-SHA256 of the raw body with
-        the channel's secret: 200 ``NotifyResult``; 400, 401 invalid_signature, 404, 409."""
+        the channel's secret; fields it does not know are ignored: 200 ``NotifyResult``; 400, 401
+        invalid_signature, 404 order_not_found, 409 channel_txn_reused / order_queued (with
+        Retry-After: the order is not in MySQL yet, the channel retries)."""
         return await resources.payments.notify(await request.body(), request.headers.get("X-Signature"))

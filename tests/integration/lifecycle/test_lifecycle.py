@@ -14,65 +14,17 @@ from db.models import OrderStatus as S
 from service.domain.lifecycle import IllegalTransition, expire_unpaid, transition
 from service.domain.payments import sign
 from service.domain.realign import Realigner
-from tests.support import eventually, inventory, order_rows, redis_state
-
-
-async def buy_and_settle(client, token, engine, product_id: int, users: list[str], quantity: int = 1) -> list[str]:
-    """Buy once per user through the API and wait until every order is in MySQL; order numbers."""
-    responses = await asyncio.gather(
-        *(
-            client.post("/api/v1/orders", json={"product_id": product_id, "quantity": quantity}, headers=token(u))
-            for u in users
-        )
-    )
-    assert all(r.status_code == 202 for r in responses), [r.text for r in responses if r.status_code != 202]
-
-    async def all_written():
-        return len(await order_rows(engine, product_id)) == len(users)
-
-    await eventually(all_written)
-    return [r.json()["order_no"] for r in responses]
-
-
-def notification(
-    settings, order_no: str, amount: int = 1500, txn: str = "t1", event: str = "paid", **extra
-) -> tuple[bytes, dict]:
-    body = json.dumps(
-        {
-            "channel": "mockpay",
-            "channel_txn_id": txn,
-            "order_no": order_no,
-            "amount": amount,
-            "currency": settings.payment.currency,
-            "event": event,
-            **extra,
-        }
-    ).encode()
-    secret = settings.payment.channel_secrets["mockpay"]
-    return body, {"content-type": "application/json", "X-Signature": sign(secret, body)}
-
-
-async def notify(client, settings, order_no, **kwargs):
-    body, headers = notification(settings, order_no, **kwargs)
-    return await client.post("/api/v1/payments/notify", content=body, headers=headers)
-
-
-async def status_of(engine, order_no: str) -> S:
-    async with engine.connect() as conn:
-        return S((await conn.execute(text("SELECT status FROM orders WHERE order_no = :o"), {"o": order_no})).scalar())
-
-
-async def payments_of(engine, order_no: str) -> list:
-    async with engine.connect() as conn:
-        return list(
-            await conn.execute(
-                text(
-                    "SELECT channel_txn_id, event, status, flagged, idem_key FROM payments"
-                    " WHERE order_no = :o ORDER BY id"
-                ),
-                {"o": order_no},
-            )
-        )
+from tests.support import (
+    buy_and_settle,
+    eventually,
+    inventory,
+    notification,
+    notify,
+    order_rows,
+    payments_of,
+    redis_state,
+    status_of,
+)
 
 
 async def test_whitelist_refuses_illegal_changes(engine, client, token, put_product, product_id, consumer):
@@ -269,7 +221,7 @@ async def test_cancel_racing_pay_a_hundred_times(
     assert len(await redis.hgetall(store.product_keys(product_id).quota)) == paid
 
 
-async def test_refunds_admin_then_channel_idempotent_and_restock_only_on_request(
+async def test_refunds_admin_then_channel_idempotent_and_restock_only_once_confirmed(
     client, token, admin, put_product, product_id, engine, redis, settings, consumer
 ):
     await put_product(product_id, stock=3, limit=1)
@@ -279,17 +231,22 @@ async def test_refunds_admin_then_channel_idempotent_and_restock_only_on_request
 
     plain = await client.post(f"/api/v1/admin/orders/{keep}/refund", headers=admin)
     assert plain.status_code == 200 and plain.json()["status"] == "refunding"
+    assert plain.json()["refund_no"] == f"{keep}R1" and plain.json()["channel"] == "mockpay"
     assert (await client.post(f"/api/v1/admin/orders/{keep}/refund", headers=admin)).status_code == 409
-    assert await inventory(engine, product_id) == (1, 2)  # no restock without asking
     with_stock = await client.post(f"/api/v1/admin/orders/{restock}/refund", json={"restock": True}, headers=admin)
-    assert with_stock.status_code == 200 and with_stock.json()["restocked"] is True
-    assert await inventory(engine, product_id) == (2, 1)
-    assert (await redis_state(redis, settings, product_id))["stock"] == "2"
+    assert with_stock.status_code == 200 and with_stock.json()["restock"] is True
+    assert await inventory(engine, product_id) == (1, 2)  # nothing back before the channel confirms
+    assert (await redis_state(redis, settings, product_id))["stock"] == "1"
 
     for _ in range(2):  # the channel confirms, twice
         done = await notify(client, settings, keep, txn=f"refund-{keep}", event="refunded")
     assert done.json() == {"result": "already_processed", "order_status": "refunded"}
     assert await status_of(engine, keep) is S.REFUNDED
+    assert await inventory(engine, product_id) == (1, 2)  # no restock without asking
+    confirmed = await notify(client, settings, restock, txn=f"refund-{restock}", event="refunded")
+    assert confirmed.json() == {"result": "refunded", "order_status": "refunded"}
+    assert await inventory(engine, product_id) == (2, 1)
+    assert (await redis_state(redis, settings, product_id))["stock"] == "2"
     assert (await client.post(f"/api/v1/admin/orders/{keep}/refund", headers=token("r1"))).status_code == 403
 
 
@@ -414,6 +371,8 @@ async def test_a_refund_with_restock_keeps_the_buyers_quota(
     assert (await notify(client, settings, order_no, txn=f"pay-{order_no}")).json()["result"] == "paid"
     refund = await client.post(f"/api/v1/admin/orders/{order_no}/refund", json={"restock": True}, headers=admin)
     assert refund.status_code == 200
+    confirmed = await notify(client, settings, order_no, txn=f"refund-{order_no}", event="refunded")
+    assert confirmed.json()["result"] == "refunded"
     assert (await redis_state(redis, settings, product_id))["quota"] == {"bob": "1"}
     again = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token("bob"))
     assert again.status_code == 409 and again.json()["code"] == "limit_exceeded"

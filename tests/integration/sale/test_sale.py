@@ -42,7 +42,7 @@ def test_a_small_sale_with_payments_holds_every_invariant():
     report = json.loads(result.stdout)
     assert report["ok"] is True
     assert all(check["ok"] for check in report["invariants"].values())
-    assert len(report["invariants"]) == 7
+    assert len(report["invariants"]) == 8
     realigned = report["realignment"]
     assert (realigned["mysql_stock"], realigned["mysql_sold"], realigned["redis_stock_after"]) == (0, 30, 0)
     lifecycle = report["lifecycle"]
@@ -52,4 +52,8 @@ def test_a_small_sale_with_payments_holds_every_invariant():
         == lifecycle["cancelled_payment_timeout_units"]
         == lifecycle["resale"]["resold_units"]
     )
+    paid = report["invariants"]["paid_once"]
+    assert paid["buyers_paid"] == paid["paid_orders"] == report["invariants"]["channels_reconciled"]["channel_payments"]
+    assert lifecycle["notifications"]["sent"] == paid["buyers_paid"]
+    assert lifecycle["reconciliation"] == {"clean": True, "mismatches": {}}
     assert report["ceiling"]["requests"] == 200 and report["ceiling"]["by_status"] == {"202": 200}
