@@ -18,7 +18,7 @@ from service.api.controllers.health import HealthController
 from service.api.controllers.orders import OrderController
 from service.api.controllers.payments import PaymentController
 from service.api.controllers.products import ProductController
-from service.api.media import require_json_body
+from service.api.hooks import before_request
 from service.api.problems import ERROR_HANDLERS, problem_details_plugin
 from service.bootstrap import Resources, opened
 from service.log_setup import configure_logging
@@ -51,8 +51,12 @@ class FlashsalePlugin(InitPluginProtocol):
         app_config.lifespan.append(lifespan)
         app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)
         app_config.exception_handlers.update(ERROR_HANDLERS)
-        app_config.before_request = require_json_body  # 415 for a body that does not say JSON
-        return make_jwt_auth(settings.auth.jwt_secret).on_app_init(app_config)
+        app_config.before_request = before_request  # OPTIONS, 415 for non-JSON bodies, strict bodies
+        auth = settings.auth
+        jwt_auth = make_jwt_auth(
+            auth.jwt_secret, leeway_seconds=auth.leeway_seconds, audience=auth.audience, issuer=auth.issuer
+        )
+        return jwt_auth.on_app_init(app_config)
 
 
 def create_app(settings: Settings | None = None) -> Litestar:

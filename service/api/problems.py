@@ -92,6 +92,14 @@ def _field_of(item: dict[str, Any]) -> str:
     return "body" if key in (None, "data") else str(key)
 
 
+def validation_problem(message: str) -> Problem:
+    """400 ``invalid_request`` from a msgspec validation message (``Expected `int`, got `str` - at
+    `$.stock```), naming the field it points at."""
+    field = _field_of({"message": message})
+    text = message.rsplit(" - at `", 1)[0]
+    return field_error(field, text)
+
+
 def _from_http_exception(exc: HTTPException) -> ProblemDetailsException:
     status = exc.status_code
     if isinstance(exc, ValidationException):
@@ -104,7 +112,10 @@ def _from_http_exception(exc: HTTPException) -> ProblemDetailsException:
         return Problem(400, "invalid_request", detail, errors=errors or None)
     if status >= 500:
         return Problem(status, "internal_error", "Internal server error.")
-    return Problem(status, _GENERIC_CODES.get(status, "error"), str(exc.detail), headers=exc.headers)
+    headers = exc.headers
+    if status == 401 and not (headers and "WWW-Authenticate" in headers):
+        headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="flashsale"'}  # RFC 9110 section 15.5.2
+    return Problem(status, _GENERIC_CODES.get(status, "error"), str(exc.detail), headers=headers)
 
 
 STATUS_BY_CODE = {

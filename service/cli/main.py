@@ -288,7 +288,11 @@ def token(user_id: str, admin: bool, ttl: int | None) -> None:
 
     settings = get_settings()
     try:
-        click.echo(issue_token(settings.auth.jwt_secret, user_id, admin, ttl or settings.auth.token_ttl_seconds))
+        auth = settings.auth
+        ttl_seconds = ttl or auth.token_ttl_seconds
+        click.echo(
+            issue_token(auth.jwt_secret, user_id, admin, ttl_seconds, audience=auth.audience, issuer=auth.issuer)
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--user") from None
 
