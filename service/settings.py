@@ -59,10 +59,10 @@ class AuthSettings(BaseModel):
     token_ttl_seconds: int = Field(3600, ge=1)
     leeway_seconds: float = Field(5.0, ge=0, le=300)
     """Clock skew allowed on a token's ``exp``, ``nbf`` and ``iat`` (issuer and API clocks differ)."""
-    audience: str | None = Field(None, min_length=1)
-    """When set, a token must carry this ``aud`` (deployments behind an identity provider)."""
-    issuer: str | None = Field(None, min_length=1)
-    """When set, a token must carry this ``iss``."""
+    audience: str = ""
+    """When not empty, a token must carry this ``aud`` (deployments behind an identity provider)."""
+    issuer: str = ""
+    """When not empty, a token must carry this ``iss``."""
 
 
 class OrderSettings(BaseModel):

@@ -19,6 +19,7 @@ from service.api.controllers.orders import OrderController
 from service.api.controllers.payments import PaymentController
 from service.api.controllers.products import ProductController
 from service.api.hooks import before_request
+from service.api.openapi import document_contract
 from service.api.problems import ERROR_HANDLERS, problem_details_plugin
 from service.bootstrap import Resources, opened
 from service.log_setup import configure_logging
@@ -54,7 +55,10 @@ class FlashsalePlugin(InitPluginProtocol):
         app_config.before_request = before_request  # OPTIONS, 415 for non-JSON bodies, strict bodies
         auth = settings.auth
         jwt_auth = make_jwt_auth(
-            auth.jwt_secret, leeway_seconds=auth.leeway_seconds, audience=auth.audience, issuer=auth.issuer
+            auth.jwt_secret,
+            leeway_seconds=auth.leeway_seconds,
+            audience=auth.audience or None,
+            issuer=auth.issuer or None,
         )
         return jwt_auth.on_app_init(app_config)
 
@@ -63,7 +67,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
     """The purchase API. ``settings`` defaults to the process settings (environment, ``.env``)."""
     settings = settings or get_settings()
     configure_logging(settings.log_level)
-    return Litestar(
+    app = Litestar(
         plugins=[problem_details_plugin(), FlashsalePlugin(settings)],
         openapi_config=OpenAPIConfig(title="flashsale", version="0.1.0", path="/schema"),
     )
+    document_contract(app)
+    return app

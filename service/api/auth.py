@@ -9,6 +9,7 @@ was sent but refused, no error code when none was sent.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,12 @@ BEARER_CHALLENGE = f'Bearer realm="{REALM}"'
 """``WWW-Authenticate`` of a 401 to a request that sent no token (RFC 6750 section 3.1)."""
 INVALID_TOKEN_CHALLENGE = f'Bearer realm="{REALM}", error="invalid_token"'
 """``WWW-Authenticate`` of a 401 to a request whose token was refused (RFC 6750 section 3.1)."""
+PUBLIC_PATHS = ["/schema", "/api/v1/health", "^/api/v1/products/", "^/api/v1/payments/notify$"]
+"""Paths that need no token (regular expressions, as Litestar's ``exclude``): the schema, health,
+product info and payment notifications (signed by the channel instead)."""
+EXCLUDE_OPT = "exclude_from_auth"
+"""``opt`` key of a handler that needs no token (Litestar's ``exclude_opt_key``)."""
+_PUBLIC = re.compile("|".join(PUBLIC_PATHS))
 
 
 @dataclass
@@ -160,6 +167,11 @@ async def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRout
         raise PermissionDeniedException("Admin role required")
 
 
+def requires_token(route_handler: BaseRouteHandler, path: str) -> bool:
+    """Whether the JWT middleware asks a request to ``path`` handled by ``route_handler`` for a token."""
+    return not route_handler.opt.get(EXCLUDE_OPT) and _PUBLIC.search(path) is None
+
+
 def make_jwt_auth(
     secret: str,
     *,
@@ -177,7 +189,8 @@ def make_jwt_auth(
         retrieve_user_handler=_retrieve_user,
         require_claims=["exp", "sub"],
         authentication_middleware_class=CachingJWTMiddleware,
-        exclude=["/schema", "/api/v1/health", "^/api/v1/products/", "^/api/v1/payments/notify$"],
+        exclude=PUBLIC_PATHS,
+        exclude_opt_key=EXCLUDE_OPT,
         accepted_audiences=audience,
         accepted_issuers=issuer,
         leeway_seconds=leeway_seconds,

@@ -24,7 +24,8 @@ from service.domain.errors import DomainError, InvalidInput
 
 log = structlog.get_logger(__name__)
 
-_TITLES = {
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TITLES = {
     400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
@@ -72,7 +73,7 @@ class Problem(ProblemDetailsException):
             headers=headers,
             extra=extra,
             type_=f"https://flashsale.dev/problems/{code}",
-            title=_TITLES.get(status, "Error"),
+            title=TITLES.get(status, "Error"),
         )
 
 
@@ -118,6 +119,9 @@ def _from_http_exception(exc: HTTPException) -> ProblemDetailsException:
     return Problem(status, _GENERIC_CODES.get(status, "error"), str(exc.detail), headers=headers)
 
 
+SIGNATURE_CHALLENGE = 'X-Signature realm="flashsale-payments", algorithm="HMAC-SHA256"'
+"""``WWW-Authenticate`` of a 401 from a domain check: the payment notification's signature."""
+
 STATUS_BY_CODE = {
     "invalid_request": 400,
     "invalid_idempotency_key": 400,
@@ -146,6 +150,8 @@ def _domain_error(request: Request[Any, Any, Any], exc: DomainError) -> Response
     if status is None:
         return _unexpected(request, exc)
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    if status == 401:  # RFC 9110 section 15.5.2: a 401 names how to authenticate
+        headers = {**(headers or {}), "WWW-Authenticate": SIGNATURE_CHALLENGE}
     errors = [{"field": exc.input_field, "message": exc.message}] if isinstance(exc, InvalidInput) else None
     return Problem(status, exc.code, exc.detail, headers=headers, errors=errors).to_response(request)
 

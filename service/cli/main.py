@@ -291,7 +291,9 @@ def token(user_id: str, admin: bool, ttl: int | None) -> None:
         auth = settings.auth
         ttl_seconds = ttl or auth.token_ttl_seconds
         click.echo(
-            issue_token(auth.jwt_secret, user_id, admin, ttl_seconds, audience=auth.audience, issuer=auth.issuer)
+            issue_token(
+                auth.jwt_secret, user_id, admin, ttl_seconds, audience=auth.audience or None, issuer=auth.issuer or None
+            )
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--user") from None

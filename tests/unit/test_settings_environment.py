@@ -59,7 +59,13 @@ def _unlike_the_defaults() -> Settings:
             publish_channels=3,
             batch_size=13,
         ),
-        auth=AuthSettings(jwt_secret="s" * 40, token_ttl_seconds=120),
+        auth=AuthSettings(
+            jwt_secret="s" * 40,
+            token_ttl_seconds=120,
+            leeway_seconds=1.5,
+            audience="shop",
+            issuer="https://idp.example",
+        ),
         orders=OrderSettings(
             order_no_prefix="QX",
             replay_ttl_seconds=600,

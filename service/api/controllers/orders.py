@@ -6,17 +6,17 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
+from litestar.datastructures import ResponseHeader
 from litestar.di import NamedDependency
 from litestar.params import (
-    FromPath,
-    FromQuery,
-    HeaderParameter,
     JSONBody,
     QueryParameter,
 )
 from msgspec import Meta
 
 from service.api.auth import User
+from service.api.openapi import problems
+from service.api.params import CursorQuery, IdempotencyKeyHeader, OrderNoPath
 from service.bootstrap import Resources
 from service.domain.catalog import PositiveId
 from service.domain.orders import OrderPage, OrderView
@@ -44,13 +44,29 @@ class OrderController(Controller):
     path = "/orders"
     tags = ["orders"]
 
-    @post("/", status_code=202, summary="Buy: reserve stock and queue the order")
+    @post(
+        "/",
+        status_code=202,
+        summary="Buy: reserve stock and queue the order",
+        response_headers=[
+            ResponseHeader(name="Location", description="/api/v1/orders/{order_no}", documentation_only=True)
+        ],
+        opt=problems(
+            "invalid_idempotency_key",
+            "product_not_found",
+            "sold_out",
+            "limit_exceeded",
+            "sale_not_active",
+            "request_in_progress",
+            "idempotency_key_reused",
+        ),
+    )
     async def create_order(
         self,
         request: Request[User, Any, Any],
         data: JSONBody[PurchaseRequest],
         resources: NamedDependency[Resources],
-        idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key", required=False)] = None,
+        idempotency_key: IdempotencyKeyHeader = None,
     ) -> Response[OrderAccepted]:
         """Buy: ``{"product_id", "quantity"}`` (units) -> 202 ``OrderAccepted`` with ``Location``, only
         after the broker confirmed. ``Idempotency-Key`` (IETF Idempotency-Key draft, 1-64 visible
@@ -70,21 +86,26 @@ class OrderController(Controller):
         request: Request[User, Any, Any],
         resources: NamedDependency[Resources],
         limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
-        cursor: FromQuery[str | None] = None,
+        cursor: CursorQuery = None,
     ) -> OrderPage:
         """The caller's orders in MySQL, newest first, ``limit`` per page; 400 for a foreign ``cursor``."""
         return await resources.orders.page(request.user.id, limit, cursor)
 
-    @post("/{order_no:str}/cancel", status_code=200, summary="Cancel your unpaid order; its units go back on sale")
+    @post(
+        "/{order_no:str}/cancel",
+        status_code=200,
+        summary="Cancel your unpaid order; its units go back on sale",
+        opt=problems("invalid_order_no", "order_not_found", "order_not_cancellable"),
+    )
     async def cancel(
-        self, request: Request[User, Any, Any], order_no: FromPath[str], resources: NamedDependency[Resources]
+        self, request: Request[User, Any, Any], order_no: OrderNoPath, resources: NamedDependency[Resources]
     ) -> OrderView:
         """Cancel the caller's unpaid order; 400 invalid_order_no, 404 order_not_found, 409 order_not_cancellable."""
         return await resources.orders.cancel(request.user.id, order_no)
 
-    @get("/{order_no:str}", summary="Read one of your orders")
+    @get("/{order_no:str}", summary="Read one of your orders", opt=problems("invalid_order_no", "order_not_found"))
     async def get_order(
-        self, request: Request[User, Any, Any], order_no: FromPath[str], resources: NamedDependency[Resources]
+        self, request: Request[User, Any, Any], order_no: OrderNoPath, resources: NamedDependency[Resources]
     ) -> OrderView:
         """The caller's order with its status history; 400 invalid_order_no, 404 order_not_found."""
         return await resources.orders.get(request.user.id, order_no)
