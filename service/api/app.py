@@ -64,8 +64,14 @@ class FlashsalePlugin(InitPluginProtocol):
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
-    """The purchase API. ``settings`` defaults to the process settings (environment, ``.env``)."""
+    """The purchase API. ``settings`` defaults to the process settings (environment, ``.env``).
+
+    Raises:
+        ConfigError: a setting is invalid, or a secret is at its development default outside
+            development mode (``flashsale serve`` checks both before starting workers).
+    """
     settings = settings or get_settings()
+    settings.require_secrets()
     configure_logging(settings.log_level)
     app = Litestar(
         plugins=[problem_details_plugin(), FlashsalePlugin(settings)],

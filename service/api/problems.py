@@ -19,7 +19,13 @@ from litestar.plugins.problem_details import (
 )
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from litestar.types import ExceptionHandlersMap
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
+from db.engine import is_unreachable
 from service.domain.errors import DomainError, InvalidInput
 
 log = structlog.get_logger(__name__)
@@ -156,6 +162,17 @@ def _domain_error(request: Request[Any, Any, Any], exc: DomainError) -> Response
     return Problem(status, exc.code, exc.detail, headers=headers, errors=errors).to_response(request)
 
 
+def _store_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """A store that did not answer outside the purchase path (a read on a lost MySQL or Redis):
+    503 ``unavailable`` with ``Retry-After``, logged once per request; anything else is a 500."""
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError) or is_unreachable(exc):
+        log.warning("store_unavailable", path=request.url.path, error=str(exc).splitlines()[0][:200])
+        return Problem(
+            503, "unavailable", "A store did not answer; retry shortly.", headers={"Retry-After": "1"}
+        ).to_response(request)
+    return _unexpected(request, exc)
+
+
 def _too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:
     """msgspec gives up on absurdly nested JSON with RecursionError: that is bad input."""
     return field_error("body", "JSON nested too deeply").to_response(request)
@@ -173,5 +190,12 @@ def problem_details_plugin() -> ProblemDetailsPlugin:
     )
 
 
-ERROR_HANDLERS: ExceptionHandlersMap = {DomainError: _domain_error, RecursionError: _too_deep, Exception: _unexpected}
+ERROR_HANDLERS: ExceptionHandlersMap = {
+    DomainError: _domain_error,
+    RecursionError: _too_deep,
+    DBAPIError: _store_error,
+    PoolTimeoutError: _store_error,
+    RedisError: _store_error,
+    Exception: _unexpected,
+}
 """Exception handlers of the app: domain errors, too-deep JSON, anything unexpected (500, logged)."""

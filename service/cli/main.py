@@ -18,28 +18,71 @@ T = TypeVar("T")
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on uvloop (the asyncio loop where uvloop is missing)."""
+    """Run ``coro`` on uvloop (the asyncio loop where uvloop is missing). Only the import of
+    uvloop is guarded: an ImportError raised by the command itself propagates (it used to run
+    the coroutine a second time)."""
     try:
         import uvloop
-
-        return uvloop.run(coro)
     except ImportError:  # pragma: no cover - platforms without uvloop
         return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
-@click.group()
-def main() -> None:
+class FlashsaleGroup(click.Group):
+    """The ``flashsale`` group: a configuration error (an invalid setting, a store its URL does
+    not reach, a development secret outside development mode) ends the command with one line on
+    stderr naming the variable, exit code 2; ``--debug`` shows the traceback instead."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            if ctx.meta.get("flashsale.debug"):
+                raise
+            problem = _config_problem(exc)
+            if problem is None:
+                raise
+            click.echo(f"flashsale: configuration error: {problem}", err=True)
+            ctx.exit(2)
+
+
+def _config_problem(exc: Exception) -> str | None:
+    from service.settings import ConfigError
+
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    try:
+        settings = get_settings()
+    except ConfigError:
+        return None
+    from service.bootstrap import unreachable
+
+    problem = unreachable(exc, settings)
+    return None if problem is None else str(problem)
+
+
+@click.group(cls=FlashsaleGroup)
+@click.version_option(package_name="flashsale", message="%(prog)s %(version)s")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line configuration errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
     """flashsale: inventory-aware order service for flash sales."""
+    ctx.meta["flashsale.debug"] = debug
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64), help="granian worker processes.")
 def serve(host: str, port: int, workers: int) -> None:
-    """Run the purchase API (granian, WORKERS processes)."""
+    """Run the purchase API (granian, WORKERS processes). Checks Redis, RabbitMQ and MySQL once
+    first: one that does not answer ends it with one line and exit code 2."""
+    from service.bootstrap import check_dependencies
     from service.cli.serve import serve_app
 
+    settings = get_settings()
+    settings.require_secrets()
+    _run(check_dependencies(settings))
     serve_app("service.api.app:create_app", host, port, workers)
 
 
@@ -50,13 +93,14 @@ def serve(host: str, port: int, workers: int) -> None:
 def consume(prefetch: int | None) -> None:
     """Write queued orders to MySQL (run as many as you like). Exits 0 on SIGTERM after finishing its messages."""
     from consumers.order_consumer import run_consumer
-    from service.bootstrap import opened
+    from service.bootstrap import check_dependencies, opened
     from service.log_setup import configure_logging
 
     settings = get_settings()
     configure_logging(settings.log_level)
 
     async def go() -> None:
+        await check_dependencies(settings)
         async with opened(settings, publish=False) as resources:
             await run_consumer(resources, prefetch or settings.amqp.prefetch)
 
@@ -193,7 +237,9 @@ def pay(
     """Send a signed payment notification for ORDER_NO, as a payment channel would."""
     from service.cli.pay import send_notification
 
-    result = _run(send_notification(get_settings(), order_no, amount, txn_id, event, channel, currency, url))
+    settings = get_settings()
+    settings.require_secrets()
+    result = _run(send_notification(settings, order_no, amount, txn_id, event, channel, currency, url))
     click.echo(result)
 
 
@@ -279,14 +325,15 @@ def product_set(
 
 
 @main.command()
-@click.option("--user", "user_id", required=True)
-@click.option("--admin", is_flag=True)
+@click.option("--user", "user_id", required=True, help="The user id (JWT sub): 1-64 of A-Za-z0-9_.:@-.")
+@click.option("--admin", is_flag=True, help="Add role: admin (admin routes).")
 @click.option("--ttl", default=None, type=click.IntRange(1), help="Seconds (default from settings).")
 def token(user_id: str, admin: bool, ttl: int | None) -> None:
     """Print a JWT for USER (HS256 with FLASHSALE_AUTH__JWT_SECRET)."""
     from service.api.auth import issue_token
 
     settings = get_settings()
+    settings.require_secrets()
     try:
         auth = settings.auth
         ttl_seconds = ttl or auth.token_ttl_seconds

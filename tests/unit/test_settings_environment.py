@@ -80,6 +80,7 @@ def _unlike_the_defaults() -> Settings:
         ),
         log_level="DEBUG",
         bench_routes=True,
+        dev_mode=True,
     )
 
 
