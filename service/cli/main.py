@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Coroutine
 from datetime import datetime
@@ -62,7 +63,7 @@ def _config_problem(exc: Exception) -> str | None:
 
 
 @click.group(cls=FlashsaleGroup)
-@click.version_option(package_name="flashsale", message="%(prog)s %(version)s")
+@click.version_option(package_name="flashsale", message="flashsale %(version)s")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line configuration errors.")
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
@@ -120,10 +121,14 @@ def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json:
 
 
 @main.command()
-@click.option("--stock", default=1000, show_default=True, type=click.IntRange(1))
-@click.option("--requests", "requests_", default=50_000, show_default=True, type=click.IntRange(1))
-@click.option("--users", default=20_000, show_default=True, type=click.IntRange(1))
-@click.option("--concurrency", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--stock", default=1000, show_default=True, type=click.IntRange(1), help="Units on sale.")
+@click.option(
+    "--requests", "requests_", default=50_000, show_default=True, type=click.IntRange(1), help="Purchase requests."
+)
+@click.option("--users", default=20_000, show_default=True, type=click.IntRange(1), help="Distinct buyers (JWTs).")
+@click.option(
+    "--concurrency", default=256, show_default=True, type=click.IntRange(1), help="Requests in flight at once."
+)
 @click.option("--limit", "per_user_limit", default=2, show_default=True, type=click.IntRange(1), help="Per-user limit.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1), help="API workers to start.")
 @click.option("--consumers", default=2, show_default=True, type=click.IntRange(1), help="Consumer processes to start.")
@@ -221,10 +226,13 @@ def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
 @click.argument("order_no")
 @click.option("--amount", type=click.IntRange(0), default=None, help="Minor units (default: the order's amount).")
 @click.option("--txn", "txn_id", default=None, help="The channel's transaction id (default: a new one).")
-@click.option("--event", type=click.Choice(["paid", "refunded"]), default="paid", show_default=True)
+@click.option(
+    "--event", type=click.Choice(["paid", "refunded"]), default="paid", show_default=True, help="What happened."
+)
 @click.option("--channel", default=None, help="Channel name (default: the first configured).")
 @click.option("--currency", default=None, help="ISO 4217 (default: the shop's).")
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The API.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"status", "answer"} as one JSON object.')
 def pay(
     order_no: str,
     amount: int | None,
@@ -233,34 +241,57 @@ def pay(
     channel: str | None,
     currency: str | None,
     url: str,
+    as_json: bool,
 ) -> None:
     """Send a signed payment notification for ORDER_NO, as a payment channel would."""
     from service.cli.pay import send_notification
 
     settings = get_settings()
     settings.require_secrets()
-    result = _run(send_notification(settings, order_no, amount, txn_id, event, channel, currency, url))
-    click.echo(result)
+    response = _run(send_notification(settings, order_no, amount, txn_id, event, channel, currency, url))
+    if as_json:
+        click.echo(json.dumps({"status": response.status_code, "answer": response.json()}))
+    else:
+        click.echo(f"{response.status_code} {response.text}")
 
 
 @main.command()
 @click.option("--product", "product_id", type=click.IntRange(1), default=None, help="Only this product.")
 @click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
-def sweep(product_id: int | None, watch: float | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per pass.")
+def sweep(product_id: int | None, watch: float | None, as_json: bool) -> None:
     """Cancel orders unpaid after the payment window (FLASHSALE_PAYMENT__WINDOW_SECONDS); units go back on sale."""
     from service.cli.pay import run_sweep
 
-    _run(run_sweep(get_settings(), product_id, watch))
+    _run(run_sweep(get_settings(), product_id, watch, as_json))
 
 
 @main.command()
-def migrate() -> None:
-    """Create the database if missing and upgrade the schema to head (Alembic)."""
-    from db.migrate import upgrade
+@click.option("--current", "show_current", is_flag=True, help="Print the current revision and change nothing.")
+@click.option("--downgrade", "down_to", default=None, metavar="REV", help="Downgrade to REV (base, -1, 0001...).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def migrate(show_current: bool, down_to: str | None, as_json: bool) -> None:
+    """Create the database if missing and upgrade the schema to head (Alembic); or show the
+    current revision, or downgrade to one."""
+    from alembic.util.exc import CommandError
+
+    from db import migrate as migrations
 
     url = get_settings().db.url
-    _run(upgrade(url))
-    click.echo(f"migrated {url.split('@')[-1]}")
+    database = url.split("@")[-1]
+    try:
+        if show_current:
+            action, revision = "current", _run(migrations.current(url))
+        elif down_to is not None:
+            action, revision = "downgraded", _run(migrations.downgrade(url, down_to))
+        else:
+            action, revision = "migrated", _run(migrations.upgrade(url))
+    except CommandError as exc:
+        raise click.BadParameter(str(exc), param_hint="--downgrade") from None
+    if as_json:
+        click.echo(json.dumps({"action": action, "database": database, "revision": revision}))
+    else:
+        click.echo(f"{action} {database}: revision {revision or 'none'}")
 
 
 @main.group()
@@ -270,7 +301,7 @@ def product() -> None:
 
 @product.command("set")
 @click.argument("product_id", type=click.IntRange(1))
-@click.option("--stock", required=True, type=click.IntRange(0))
+@click.option("--stock", required=True, type=click.IntRange(0), help="The sale's units in all, sold ones included.")
 @click.option(
     "--price", default=None, type=click.IntRange(0), help="Minor currency units (kept when left out; 0 on creation)."
 )
@@ -282,8 +313,18 @@ def product() -> None:
     help="Per-user limit in units (kept when left out; 1 on creation).",
 )
 @click.option("--name", default=None, help="Kept when left out.")
-@click.option("--starts", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
-@click.option("--ends", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
+@click.option(
+    "--starts",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]),
+    default=None,
+    help="Sale opens (ISO 8601, naive = UTC; on creation default: now; on update kept).",
+)
+@click.option(
+    "--ends",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]),
+    default=None,
+    help="Sale ends (ISO 8601, naive = UTC; on creation default: no end; on update kept).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the load report as JSON.")
 def product_set(
     product_id: int,
