@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.engine import make_engine
 from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stock_store import RateLimits, StockStore
 from service.domain.catalog import CatalogService
 from service.domain.order_no import OrderNumberMinter, ShardLease
 from service.domain.orders import OrderService
@@ -96,8 +96,14 @@ def _ping_retried(connection_class: type[AbstractConnection]) -> type[AbstractCo
 def make_store(settings: Settings) -> StockStore:
     """A :class:`StockStore` on a new :func:`make_redis` client, with the run's key prefix and
     replay TTL (scripts registered, not yet loaded: call ``load()`` where the hot path follows)."""
+    limits = settings.rate_limit
     return StockStore(
-        make_redis(settings), settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds
+        make_redis(settings),
+        settings.redis.key_prefix,
+        replay_ttl_seconds=settings.orders.replay_ttl_seconds,
+        rate_limits=RateLimits(
+            limits.user_per_second, limits.user_burst, limits.address_per_second, limits.address_burst
+        ),
     )
 
 

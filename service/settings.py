@@ -129,6 +129,19 @@ class OrderSettings(BaseModel):
     sold_out_flag_seconds: float = Field(1.0, ge=0, le=60)
 
 
+class RateLimitSettings(BaseModel):
+    """Purchase requests (``POST /orders``) allowed per product, per user and per client address,
+    counted in Redis inside the reserve call (every API process shares them; no extra round trip).
+    ``*_per_second``: sustained rate (0: no limit); ``*_burst``: requests allowed at once. Not
+    applied to admin or payment channel routes, nor to answers a sold-out flag gives in the process.
+    The address limit is high by default because buyers behind one NAT or proxy share an address."""
+
+    user_per_second: float = Field(5.0, ge=0)
+    user_burst: int = Field(10, ge=1)
+    address_per_second: float = Field(200.0, ge=0)
+    address_burst: int = Field(400, ge=1)
+
+
 class RealignSettings(BaseModel):
     """Realignment job: a journal entry older than ``grace_seconds`` with no order row is re-published."""
 
@@ -159,6 +172,7 @@ class Settings(BaseSettings):
     amqp: AMQPSettings = AMQPSettings()
     auth: AuthSettings = AuthSettings()
     orders: OrderSettings = OrderSettings()
+    rate_limit: RateLimitSettings = RateLimitSettings()
     realign: RealignSettings = RealignSettings()
     payment: PaymentSettings = PaymentSettings()
     log_level: Annotated[

@@ -143,6 +143,7 @@ STATUS_BY_CODE = {
     "order_not_refundable": 409,
     "channel_txn_reused": 409,
     "idempotency_key_reused": 422,
+    "too_many_requests": 429,
     "unavailable": 503,
 }
 """The one place where a domain error's ``code`` becomes an HTTP status (../shared/DESIGN.md)."""

@@ -50,8 +50,12 @@ from service.settings import Settings
 
 
 def bench_settings(base: Settings, run_id: str) -> Settings:
-    """``base`` isolated under ``run_id`` with secrets of its own and the bench routes on."""
-    return with_own_secrets(isolated_settings(base, run_id)).model_copy(update={"bench_routes": True})
+    """``base`` isolated under ``run_id`` with secrets of its own, the bench routes on and no
+    purchase rate limits (wrk sends every request from one address, the sold-out row from one
+    user: the limits would measure themselves)."""
+    isolated = with_own_secrets(isolated_settings(base, run_id))
+    limits = isolated.rate_limit.model_copy(update={"user_per_second": 0.0, "address_per_second": 0.0})
+    return isolated.model_copy(update={"bench_routes": True, "rate_limit": limits})
 
 
 async def _versions(settings: Settings, engine: AsyncEngine) -> dict[str, str]:

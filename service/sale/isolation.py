@@ -112,8 +112,13 @@ class Sale:
 
 def sale_settings(settings: Settings, run_id: str, window_seconds: int | None) -> Settings:
     """``settings`` isolated for the run (:func:`isolated_settings`) with secrets of its own
-    (:func:`with_own_secrets`) and, when given, a payment window of ``window_seconds``."""
+    (:func:`with_own_secrets`), no per-address purchase rate (every buyer comes from this
+    machine) and, when given, a payment window of ``window_seconds``."""
     isolated = with_own_secrets(isolated_settings(settings, run_id))
+    # Every simulated buyer comes from this one machine: the per-address purchase rate would
+    # throttle the whole crowd, so it is off; the per-user rate stays as configured.
+    limits = isolated.rate_limit.model_copy(update={"address_per_second": 0.0})
+    isolated = isolated.model_copy(update={"rate_limit": limits})
     if window_seconds is None:
         return isolated
     payment = isolated.payment.model_copy(update={"window_seconds": window_seconds})

@@ -17,6 +17,7 @@ from service.settings import (
     DBSettings,
     OrderSettings,
     PaymentSettings,
+    RateLimitSettings,
     RealignSettings,
     RedisSettings,
     Settings,
@@ -75,6 +76,7 @@ def _unlike_the_defaults() -> Settings:
             sold_out_flag_seconds=0.25,
         ),
         realign=RealignSettings(grace_seconds=1.5),
+        rate_limit=RateLimitSettings(user_per_second=2.5, user_burst=3, address_per_second=7.5, address_burst=9),
         payment=PaymentSettings(
             channel_secrets={"a": "secret-a", "b": 'quote " and \\ backslash'}, window_seconds=33, currency="EUR"
         ),

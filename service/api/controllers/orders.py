@@ -59,6 +59,7 @@ class OrderController(Controller):
             "sale_not_active",
             "request_in_progress",
             "idempotency_key_reused",
+            "too_many_requests",
         ),
     )
     async def create_order(
@@ -74,8 +75,14 @@ class OrderController(Controller):
         invalid_idempotency_key, 401, 404 product_not_found, 409 sold_out / limit_exceeded /
         sale_not_active / request_in_progress, 422 idempotency_key_reused, 503 unavailable."""
         request_id = request_id_for(request.user.id, data.product_id, idempotency_key)
+        client = request.client.host if request.client is not None else ""
         accepted = await resources.purchase_service.purchase(
-            request.user.id, data.product_id, data.quantity, request_id, keyed=idempotency_key is not None
+            request.user.id,
+            data.product_id,
+            data.quantity,
+            request_id,
+            keyed=idempotency_key is not None,
+            client=client,
         )
         body = OrderAccepted(accepted.order_no, accepted.request_id, "queued", accepted.product_id, accepted.quantity)
         return Response(body, status_code=202, headers={"Location": f"/api/v1/orders/{accepted.order_no}"})
