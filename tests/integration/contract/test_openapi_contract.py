@@ -26,7 +26,7 @@ from tests.support import start_serve
 
 pytestmark = pytest.mark.slow
 
-MAX_EXAMPLES = 50
+MAX_EXAMPLES = 30
 """Examples per operation and role in the fuzzing phase (the suite's time budget; schemathesis'
 coverage phase adds its own boundary cases)."""
 
