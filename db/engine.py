@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 ER_DUP_ENTRY = 1062
@@ -23,6 +24,16 @@ def mysql_errno(exc: BaseException) -> int | None:
     orig = getattr(exc, "orig", None)
     args = getattr(orig, "args", ())
     return args[0] if args and isinstance(args[0], int) else None
+
+
+UNREACHABLE_ERRNOS = frozenset({1044, 1045, 1049, 2002, 2003, 2005, 2006, 2013})
+"""Access denied (1044, 1045), unknown database (1049), cannot connect / host unknown / server
+gone away / connection lost (2002-2013): MySQL is not reachable as configured."""
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """MySQL could not be reached (a connection error above, or no pooled connection in time)."""
+    return isinstance(exc, PoolTimeoutError) or (isinstance(exc, DBAPIError) and mysql_errno(exc) in UNREACHABLE_ERRNOS)
 
 
 def is_retryable(exc: BaseException) -> bool:

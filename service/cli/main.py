@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Coroutine
 from datetime import datetime
@@ -18,28 +19,71 @@ T = TypeVar("T")
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on uvloop (the asyncio loop where uvloop is missing)."""
+    """Run ``coro`` on uvloop (the asyncio loop where uvloop is missing). Only the import of
+    uvloop is guarded: an ImportError raised by the command itself propagates (it used to run
+    the coroutine a second time)."""
     try:
         import uvloop
-
-        return uvloop.run(coro)
     except ImportError:  # pragma: no cover - platforms without uvloop
         return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
-@click.group()
-def main() -> None:
+class FlashsaleGroup(click.Group):
+    """The ``flashsale`` group: a configuration error (an invalid setting, a store its URL does
+    not reach, a development secret outside development mode) ends the command with one line on
+    stderr naming the variable, exit code 2; ``--debug`` shows the traceback instead."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            if ctx.meta.get("flashsale.debug"):
+                raise
+            problem = _config_problem(exc)
+            if problem is None:
+                raise
+            click.echo(f"flashsale: configuration error: {problem}", err=True)
+            ctx.exit(2)
+
+
+def _config_problem(exc: Exception) -> str | None:
+    from service.settings import ConfigError
+
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    try:
+        settings = get_settings()
+    except ConfigError:
+        return None
+    from service.bootstrap import unreachable
+
+    problem = unreachable(exc, settings)
+    return None if problem is None else str(problem)
+
+
+@click.group(cls=FlashsaleGroup)
+@click.version_option(package_name="flashsale", message="flashsale %(version)s")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line configuration errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
     """flashsale: inventory-aware order service for flash sales."""
+    ctx.meta["flashsale.debug"] = debug
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64), help="granian worker processes.")
 def serve(host: str, port: int, workers: int) -> None:
-    """Run the purchase API (granian, WORKERS processes)."""
+    """Run the purchase API (granian, WORKERS processes). Checks Redis, RabbitMQ and MySQL once
+    first: one that does not answer ends it with one line and exit code 2."""
+    from service.bootstrap import check_dependencies
     from service.cli.serve import serve_app
 
+    settings = get_settings()
+    settings.require_secrets()
+    _run(check_dependencies(settings))
     serve_app("service.api.app:create_app", host, port, workers)
 
 
@@ -50,13 +94,14 @@ def serve(host: str, port: int, workers: int) -> None:
 def consume(prefetch: int | None) -> None:
     """Write queued orders to MySQL (run as many as you like). Exits 0 on SIGTERM after finishing its messages."""
     from consumers.order_consumer import run_consumer
-    from service.bootstrap import opened
+    from service.bootstrap import check_dependencies, opened
     from service.log_setup import configure_logging
 
     settings = get_settings()
     configure_logging(settings.log_level)
 
     async def go() -> None:
+        await check_dependencies(settings)
         async with opened(settings, publish=False) as resources:
             await run_consumer(resources, prefetch or settings.amqp.prefetch)
 
@@ -76,10 +121,14 @@ def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json:
 
 
 @main.command()
-@click.option("--stock", default=1000, show_default=True, type=click.IntRange(1))
-@click.option("--requests", "requests_", default=50_000, show_default=True, type=click.IntRange(1))
-@click.option("--users", default=20_000, show_default=True, type=click.IntRange(1))
-@click.option("--concurrency", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--stock", default=1000, show_default=True, type=click.IntRange(1), help="Units on sale.")
+@click.option(
+    "--requests", "requests_", default=50_000, show_default=True, type=click.IntRange(1), help="Purchase requests."
+)
+@click.option("--users", default=20_000, show_default=True, type=click.IntRange(1), help="Distinct buyers (JWTs).")
+@click.option(
+    "--concurrency", default=256, show_default=True, type=click.IntRange(1), help="Requests in flight at once."
+)
 @click.option("--limit", "per_user_limit", default=2, show_default=True, type=click.IntRange(1), help="Per-user limit.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1), help="API workers to start.")
 @click.option("--consumers", default=2, show_default=True, type=click.IntRange(1), help="Consumer processes to start.")
@@ -189,10 +238,12 @@ def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
     type=click.Choice(["paid", "refunded", "refund_failed", "refund_rejected"]),
     default="paid",
     show_default=True,
+    help="What happened.",
 )
 @click.option("--channel", default=None, help="Channel name (default: the first configured).")
 @click.option("--currency", default=None, help="ISO 4217 (default: the shop's).")
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The API.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"status", "answer"} as one JSON object.')
 def pay(
     order_no: str,
     amount: int | None,
@@ -201,22 +252,29 @@ def pay(
     channel: str | None,
     currency: str | None,
     url: str,
+    as_json: bool,
 ) -> None:
     """Send a signed payment notification for ORDER_NO, as a payment channel would."""
     from service.cli.pay import send_notification
 
-    result = _run(send_notification(get_settings(), order_no, amount, txn_id, event, channel, currency, url))
-    click.echo(result)
+    settings = get_settings()
+    settings.require_secrets()
+    response = _run(send_notification(settings, order_no, amount, txn_id, event, channel, currency, url))
+    if as_json:
+        click.echo(json.dumps({"status": response.status_code, "answer": response.json()}))
+    else:
+        click.echo(f"{response.status_code} {response.text}")
 
 
 @main.command()
 @click.option("--product", "product_id", type=click.IntRange(1), default=None, help="Only this product.")
 @click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
-def sweep(product_id: int | None, watch: float | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per pass.")
+def sweep(product_id: int | None, watch: float | None, as_json: bool) -> None:
     """Cancel orders unpaid after the payment window (FLASHSALE_PAYMENT__WINDOW_SECONDS); units go back on sale."""
     from service.cli.pay import run_sweep
 
-    _run(run_sweep(get_settings(), product_id, watch))
+    _run(run_sweep(get_settings(), product_id, watch, as_json))
 
 
 @main.group()
@@ -294,13 +352,31 @@ def reconcile(day: datetime, channel_name: str | None, apply_fixes: bool, as_jso
 
 
 @main.command()
-def migrate() -> None:
-    """Create the database if missing and upgrade the schema to head (Alembic)."""
-    from db.migrate import upgrade
+@click.option("--current", "show_current", is_flag=True, help="Print the current revision and change nothing.")
+@click.option("--downgrade", "down_to", default=None, metavar="REV", help="Downgrade to REV (base, -1, 0001...).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def migrate(show_current: bool, down_to: str | None, as_json: bool) -> None:
+    """Create the database if missing and upgrade the schema to head (Alembic); or show the
+    current revision, or downgrade to one."""
+    from alembic.util.exc import CommandError
+
+    from db import migrate as migrations
 
     url = get_settings().db.url
-    _run(upgrade(url))
-    click.echo(f"migrated {url.split('@')[-1]}")
+    database = url.split("@")[-1]
+    try:
+        if show_current:
+            action, revision = "current", _run(migrations.current(url))
+        elif down_to is not None:
+            action, revision = "downgraded", _run(migrations.downgrade(url, down_to))
+        else:
+            action, revision = "migrated", _run(migrations.upgrade(url))
+    except CommandError as exc:
+        raise click.BadParameter(str(exc), param_hint="--downgrade") from None
+    if as_json:
+        click.echo(json.dumps({"action": action, "database": database, "revision": revision}))
+    else:
+        click.echo(f"{action} {database}: revision {revision or 'none'}")
 
 
 @main.group()
@@ -310,7 +386,7 @@ def product() -> None:
 
 @product.command("set")
 @click.argument("product_id", type=click.IntRange(1))
-@click.option("--stock", required=True, type=click.IntRange(0))
+@click.option("--stock", required=True, type=click.IntRange(0), help="The sale's units in all, sold ones included.")
 @click.option(
     "--price", default=None, type=click.IntRange(0), help="Minor currency units (kept when left out; 0 on creation)."
 )
@@ -322,8 +398,18 @@ def product() -> None:
     help="Per-user limit in units (kept when left out; 1 on creation).",
 )
 @click.option("--name", default=None, help="Kept when left out.")
-@click.option("--starts", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
-@click.option("--ends", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
+@click.option(
+    "--starts",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]),
+    default=None,
+    help="Sale opens (ISO 8601, naive = UTC; on creation default: now; on update kept).",
+)
+@click.option(
+    "--ends",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]),
+    default=None,
+    help="Sale ends (ISO 8601, naive = UTC; on creation default: no end; on update kept).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the load report as JSON.")
 def product_set(
     product_id: int,
@@ -365,16 +451,23 @@ def product_set(
 
 
 @main.command()
-@click.option("--user", "user_id", required=True)
-@click.option("--admin", is_flag=True)
+@click.option("--user", "user_id", required=True, help="The user id (JWT sub): 1-64 of A-Za-z0-9_.:@-.")
+@click.option("--admin", is_flag=True, help="Add role: admin (admin routes).")
 @click.option("--ttl", default=None, type=click.IntRange(1), help="Seconds (default from settings).")
 def token(user_id: str, admin: bool, ttl: int | None) -> None:
     """Print a JWT for USER (HS256 with FLASHSALE_AUTH__JWT_SECRET)."""
     from service.api.auth import issue_token
 
     settings = get_settings()
+    settings.require_secrets()
     try:
-        click.echo(issue_token(settings.auth.jwt_secret, user_id, admin, ttl or settings.auth.token_ttl_seconds))
+        auth = settings.auth
+        ttl_seconds = ttl or auth.token_ttl_seconds
+        click.echo(
+            issue_token(
+                auth.jwt_secret, user_id, admin, ttl_seconds, audience=auth.audience or None, issuer=auth.issuer or None
+            )
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--user") from None
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 
 import httpx
@@ -34,8 +35,8 @@ async def send_notification(
     channel: str | None,
     currency: str | None,
     url: str,
-) -> str:
-    """POST a notification signed with the channel's secret; returns ``<status> <body>``.
+) -> httpx.Response:
+    """POST a notification signed with the channel's secret; returns the API's 2xx answer.
 
     Raises:
         SystemExit: invalid order number, order not in MySQL, API unreachable, or a non-2xx answer.
@@ -60,12 +61,13 @@ async def send_notification(
         raise SystemExit(f"error: {url} did not answer: {exc!r}") from None
     if not response.is_success:
         raise SystemExit(f"error: {response.status_code} {response.text}")
-    return f"{response.status_code} {response.text}"
+    return response
 
 
-async def run_sweep(settings: Settings, product_id: int | None, every: float | None) -> None:
+async def run_sweep(settings: Settings, product_id: int | None, every: float | None, as_json: bool = False) -> None:
     """``flashsale sweep``: cancel unpaid orders past the payment window; one pass, or repeated
-    every ``every`` seconds until SIGTERM/SIGINT."""
+    every ``every`` seconds until SIGTERM/SIGINT. Each pass prints one line (a JSON object
+    ``{"cancelled", "window_seconds", "product_id"}`` with ``as_json``)."""
     configure_logging(settings.log_level)
     window = settings.payment.window_seconds
     async with opened(settings, publish=False) as resources:
@@ -78,7 +80,11 @@ async def run_sweep(settings: Settings, product_id: int | None, every: float | N
                 product_id=product_id,
                 may_cancel=resources.checkout.may_cancel,
             )
-            print(f"cancelled {cancelled} unpaid order(s) past {window}s", flush=True)
+            if as_json:
+                line = json.dumps({"cancelled": cancelled, "window_seconds": window, "product_id": product_id})
+            else:
+                line = f"cancelled {cancelled} unpaid order(s) past {window}s"
+            print(line, flush=True)
 
         await watch(every, one_pass)
 

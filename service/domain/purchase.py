@@ -38,11 +38,12 @@ class Accepted:
 class PurchaseRejected(DomainError):
     """The purchase was not taken; nothing stays reserved. ``code`` is the stable error code of
     the HTTP contract: ``sold_out``, ``limit_exceeded``, ``sale_not_active``,
-    ``request_in_progress``, ``idempotency_key_reused`` or ``unavailable`` (Redis/RabbitMQ
-    failure, or the stock is not loaded yet; ``retry_after`` seconds)."""
+    ``request_in_progress``, ``idempotency_key_reused``, ``too_many_requests`` (the purchase rate
+    of the user or the client address is spent; ``retry_after`` seconds) or ``unavailable``
+    (Redis/RabbitMQ failure, or the stock is not loaded yet; ``retry_after`` seconds)."""
 
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail, code=code, retry_after=1 if code == "unavailable" else None)
+    def __init__(self, code: str, detail: str, retry_after: int | None = None) -> None:
+        super().__init__(detail, code=code, retry_after=retry_after or (1 if code == "unavailable" else None))
 
 
 _REJECTIONS = {
@@ -106,14 +107,15 @@ class PurchaseService:
         return _flag_answer(verdict)
 
     async def purchase(
-        self, user_id: str, product_id: int, quantity: int, request_id: str, *, keyed: bool = True
+        self, user_id: str, product_id: int, quantity: int, request_id: str, *, keyed: bool = True, client: str = ""
     ) -> Accepted:
         """Reserve ``quantity`` units of ``product_id`` for ``user_id`` and queue the order.
 
         Returns the accepted order (once the broker confirmed it, or in publish mode ``async``
         once it is reserved and marked queued), or the earlier answer for a replayed request id.
         ``keyed=False`` says ``request_id`` was minted by the server (no Idempotency-Key, so never
-        a replay): then a standing sold-out flag may answer without asking Redis.
+        a replay): then a standing sold-out flag may answer without asking Redis. ``client`` is
+        the caller's address, for the per-address purchase rate (checked in the reserve call).
 
         Raises:
             PurchaseRejected: a business rejection (nothing was written) or ``unavailable``
@@ -135,7 +137,9 @@ class PurchaseService:
         # reserved (never the confirmed original of a retry, nor a concurrent attempt's).
         attempt = new_attempt()
         try:
-            reservation = await self._store.reserve(product_id, request_id, user_id, quantity, candidate, attempt)
+            reservation = await self._store.reserve(
+                product_id, request_id, user_id, quantity, candidate, attempt, client
+            )
         except (RedisError, OSError) as exc:
             # The script may have run and only its reply been lost, or it may still be on the
             # wire: give back what this attempt holds, or mark it abandoned so it never takes effect.
@@ -153,6 +157,9 @@ class PurchaseService:
             return accepted
         if outcome is ReserveOutcome.OVER_LIMIT:
             raise InvalidInput("quantity", _OVER_LIMIT)
+        if outcome is ReserveOutcome.RATE_LIMITED:
+            wait = -(-reservation.retry_after_ms // 1000)  # whole seconds, rounded up (RFC 9110 Retry-After)
+            raise PurchaseRejected("too_many_requests", "Too many purchase requests; retry later.", retry_after=wait)
         if outcome is ReserveOutcome.NOT_LOADED and self._engine is not None:
             # Off the hot path: only a product Redis does not know costs a MySQL look-up.
             if not await product_exists(self._engine, product_id):

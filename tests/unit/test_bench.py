@@ -17,6 +17,7 @@ from service.bench.report import Report, render
 from service.bench.rows import TARGETS, Row, accept_ceiling, fill_ratios, judge
 from service.bench.wrk import write_script
 from service.cli.main import main
+from service.settings import get_settings
 
 
 def test_the_bench_servers_run_on_the_granian_options_of_flashsale_serve(monkeypatch):
@@ -31,8 +32,18 @@ def test_the_bench_servers_run_on_the_granian_options_of_flashsale_serve(monkeyp
         def serve(self) -> None:
             pass
 
+    async def stores_answer(settings: object) -> None:  # unit tests run without the stores
+        pass
+
     monkeypatch.setattr("granian.Granian", Recorder)
-    assert CliRunner().invoke(main, ["serve", "--port", "8100", "--workers", "3"]).exit_code == 0
+    monkeypatch.setattr("service.bootstrap.check_dependencies", stores_answer)
+    monkeypatch.setenv("FLASHSALE_ENV", "development")
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(main, ["serve", "--port", "8100", "--workers", "3"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 0, result.output
     server.main(["service.bench.bare_app:create_app", "--port", "8101", "--workers", "2"])
     product, bare = calls
     differ = ("target", "port", "workers")

@@ -17,6 +17,7 @@ from service.settings import (
     DBSettings,
     OrderSettings,
     PaymentSettings,
+    RateLimitSettings,
     RealignSettings,
     RedisSettings,
     Settings,
@@ -59,7 +60,13 @@ def _unlike_the_defaults() -> Settings:
             publish_channels=3,
             batch_size=13,
         ),
-        auth=AuthSettings(jwt_secret="s" * 40, token_ttl_seconds=120),
+        auth=AuthSettings(
+            jwt_secret="s" * 40,
+            token_ttl_seconds=120,
+            leeway_seconds=1.5,
+            audience="shop",
+            issuer="https://idp.example",
+        ),
         orders=OrderSettings(
             order_no_prefix="QX",
             replay_ttl_seconds=600,
@@ -69,6 +76,7 @@ def _unlike_the_defaults() -> Settings:
             sold_out_flag_seconds=0.25,
         ),
         realign=RealignSettings(grace_seconds=1.5),
+        rate_limit=RateLimitSettings(user_per_second=2.5, user_burst=3, address_per_second=7.5, address_burst=9),
         payment=PaymentSettings(
             channel_secrets={"a": "secret-a", "b": 'quote " and \\ backslash'},
             window_seconds=33,
@@ -79,6 +87,7 @@ def _unlike_the_defaults() -> Settings:
         ),
         log_level="DEBUG",
         bench_routes=True,
+        env="development",
     )
 
 

@@ -114,7 +114,7 @@ class FakeStore:
         self.calls = 0
 
     async def reserve(
-        self, product_id: int, request_id: str, user: str, quantity: int, order_no: str, attempt: str
+        self, product_id: int, request_id: str, user: str, quantity: int, order_no: str, attempt: str, client: str = ""
     ) -> Reservation:
         self.calls += 1
         if self.during is not None:

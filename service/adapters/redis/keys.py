@@ -23,6 +23,7 @@ class ProductKeys:
     - ``versions``: hash ``synced`` (inventory version of the last realignment snapshot) and
       ``restocked`` (highest inventory version whose returned units reached Redis).
     - ``returned(order_no)``: marker that the order's units were given back to Redis.
+    - ``user_rate(user_id)`` / ``address_rate(address)``: purchase rate buckets (GCRA arrival time).
     """
 
     __slots__ = ("tag",)
@@ -56,6 +57,12 @@ class ProductKeys:
 
     def returned(self, order_no: str) -> str:
         return f"{self.tag}:returned:{order_no}"
+
+    def user_rate(self, user_id: str) -> str:
+        return f"{self.tag}:rate:u:{user_id}"
+
+    def address_rate(self, address: str) -> str:
+        return f"{self.tag}:rate:a:{address}"
 
 
 def order_key(prefix: str, order_no: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from importlib.resources import files
 from typing import cast
 
@@ -75,6 +76,23 @@ def new_attempt() -> str:
     return secrets.token_hex(ATTEMPT_TOKEN_BYTES)
 
 
+@dataclass(frozen=True, slots=True)
+class RateLimits:
+    """Purchase requests allowed per product: ``user_per_second`` per user and
+    ``address_per_second`` per client address (0: no limit), each with a burst of that many
+    requests at once (GCRA in ``lua/reserve.lua``, shared by every API process through Redis)."""
+
+    user_per_second: float = 0.0
+    user_burst: int = 1
+    address_per_second: float = 0.0
+    address_burst: int = 1
+
+
+def _interval_ms(per_second: float) -> int:
+    """The GCRA emission interval for ``per_second`` requests a second (0: no limit)."""
+    return max(1, round(1000 / per_second)) if per_second > 0 else 0
+
+
 class StockStore:
     """Stock, reservations, per-user quotas, replay records, order views, order-number sequences
     and shard leases in Redis, for one key prefix.
@@ -91,8 +109,16 @@ class StockStore:
         *,
         replay_ttl_seconds: int = 86_400,
         returned_marker_ttl_seconds: int = RETURNED_MARKER_TTL_SECONDS,
+        rate_limits: RateLimits | None = None,
     ) -> None:
         self._redis = redis
+        limits = rate_limits or RateLimits()
+        self._rate_args = (
+            _interval_ms(limits.user_per_second),
+            limits.user_burst,
+            _interval_ms(limits.address_per_second),
+            limits.address_burst,
+        )
         self._prefix = key_prefix
         self._replay_ttl = replay_ttl_seconds
         self._returned_ttl = returned_marker_ttl_seconds
@@ -158,7 +184,14 @@ class StockStore:
     # -- the purchase path ---------------------------------------------------------------------
 
     async def reserve(
-        self, product_id: int, request_id: str, user_id: str, quantity: int, order_no: str, attempt: str
+        self,
+        product_id: int,
+        request_id: str,
+        user_id: str,
+        quantity: int,
+        order_no: str,
+        attempt: str,
+        client: str = "",
     ) -> Reservation:
         """``lua/reserve.lua``, one round trip: replay check for ``request_id``, sale loaded and
         open, per-user limit and quota, numeric stock check, then decrement ``quantity`` units,
@@ -166,24 +199,29 @@ class StockStore:
         ``pending``, naming ``attempt``). ``order_no`` is the candidate order number for a new
         reservation; ``attempt`` a token unique to this HTTP attempt (:func:`new_attempt`): the
         one :meth:`release` needs. ``ABANDONED`` when :meth:`release` for ``attempt`` already
-        ran. Only ``RESERVED`` writes anything. Concurrent calls share a pipeline
-        (:class:`CommandBatcher`)."""
+        ran. First, in the same call, the purchase rate of ``user_id`` and of the ``client``
+        address on this product (:class:`RateLimits`): ``RATE_LIMITED`` with ``retry_after_ms``
+        when either is spent. Only ``RESERVED`` writes stock, quota, journal or replay record.
+        Concurrent calls share a pipeline (:class:`CommandBatcher`)."""
         keys = ProductKeys(self._prefix, product_id)
         command = (
             "EVALSHA",
             self._reserve.sha,
-            5,
+            7,
             keys.stock,
             keys.sale,
             keys.journal,
             keys.quota,
             keys.replay(request_id),
+            keys.user_rate(user_id),
+            keys.address_rate(client),
             request_id,
             user_id,
             quantity,
             order_no,
             self._replay_ttl,
             attempt,
+            *self._rate_args,
         )
         try:
             reply = await self._batcher.call(*command)
