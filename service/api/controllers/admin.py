@@ -60,7 +60,7 @@ class AdminController(Controller):
         "/orders/{order_no:str}/refund",
         status_code=200,
         summary="Start the refund of a paid order",
-        opt=problems("invalid_order_no", "order_not_found", "order_not_refundable"),
+        opt=problems("invalid_order_no", "order_not_found", "order_not_refundable", "channel_unavailable"),
     )
     async def refund(
         self,
