@@ -283,8 +283,10 @@ def channel() -> None:
 
 
 @channel.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8100, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", default=8100, show_default=True, type=click.IntRange(1, 65535), help="Port of the simulated channels."
+)
 def channel_serve(host: str, port: int) -> None:
     """Serve the simulated channels over HTTP (one process: the books live in memory)."""
     from service.cli.serve import serve_app
@@ -294,7 +296,7 @@ def channel_serve(host: str, port: int) -> None:
 
 @channel.command("pay")
 @click.argument("order_no")
-@click.option("--channel", "channel_name", default="mockpay", show_default=True)
+@click.option("--channel", "channel_name", default="mockpay", show_default=True, help="The channel to pay at.")
 @click.option("--url", default=None, help="The channel's base URL (default: FLASHSALE_PAYMENT__CHANNEL_URLS).")
 def channel_pay(order_no: str, channel_name: str, url: str | None) -> None:
     """The buyer pays ORDER_NO at a running simulator (after POST /api/v1/orders/{order_no}/pay)."""
