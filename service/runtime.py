@@ -4,10 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on uvloop (the asyncio loop where uvloop is missing); returns its result."""
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:  # pragma: no cover - platforms without uvloop
+        return asyncio.run(coro)
 
 
 @contextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Coroutine
 from datetime import datetime
@@ -12,6 +11,8 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
+from service.cli.dlq import dlq
+from service.runtime import run_async
 from service.settings import get_settings
 
 T = TypeVar("T")
@@ -19,12 +20,7 @@ T = TypeVar("T")
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on uvloop (the asyncio loop where uvloop is missing)."""
-    try:
-        import uvloop
-
-        return uvloop.run(coro)
-    except ImportError:  # pragma: no cover - platforms without uvloop
-        return asyncio.run(coro)
+    return run_async(coro)
 
 
 @click.group()
@@ -299,6 +295,8 @@ def token(user_id: str, admin: bool, ttl: int | None) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--user") from None
 
+
+main.add_command(dlq)
 
 if __name__ == "__main__":
     main()

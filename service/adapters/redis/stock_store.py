@@ -106,6 +106,7 @@ class StockStore:
         self._restock = _script(redis, "restock")
         self._lease_renew = _script(redis, "lease_renew")
         self._lease_release = _script(redis, "lease_release")
+        self._purge = _script(redis, "purge")
         self._scripts = (
             self._reserve,
             self._release,
@@ -114,6 +115,7 @@ class StockStore:
             self._restock,
             self._lease_renew,
             self._lease_release,
+            self._purge,
         )
 
     # -- set-up and health ---------------------------------------------------------------------
@@ -370,6 +372,15 @@ class StockStore:
         if not dry_run and not result.stale:
             self._announce(product_id)
         return result
+
+    async def forget_reservation(self, product_id: int, request_id: str) -> bool:
+        """``lua/purge.lua``: drop ``request_id``'s journal entry and leave a ``released``
+        tombstone on its replay record (kept ``replay_ttl_seconds`` at least), for a dead-lettered
+        order that MySQL has no row of. Stock and quota are not touched here: the realignment
+        pass that must follow recomputes both. True when a journal entry was removed."""
+        keys = ProductKeys(self._prefix, product_id)
+        reply = await self._purge(keys=[keys.journal, keys.replay(request_id)], args=[request_id, self._replay_ttl])
+        return bool(reply)
 
     async def mark_queued_if_pending(self, product_id: int, request_id: str) -> bool:
         """After a re-publish: a replay record still ``pending`` becomes ``queued`` (two round
