@@ -2,26 +2,30 @@
 chosen ones back on the order queue (redrive), or drop them.
 
 Every operation takes the whole queue on one channel of its own (``basic.get``, unacked, at most
-``limit`` messages), settles the chosen messages and closes the channel: the broker puts the
-others back in the queue. Nothing is held between calls, so a message is never lost by an
-operator who stops halfway.
+``limit`` messages), settles the chosen messages and puts the others back (nack, requeue; a
+connection that drops does the same). Nothing is held between calls, so a message is never
+lost by an operator who stops halfway.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
-from service.adapters.broker import declare_topology
+from service.adapters.broker import declare_topology, queue_depth
 from service.settings import AMQPSettings
 
+RETURN_PATIENCE_SECONDS = 5.0
+"""How long an operation waits to see the messages it put back in the queue again."""
 DEFAULT_LIMIT = 10_000
 """Messages one operation looks at, at most (they are held unacked, in memory, meanwhile)."""
 
@@ -78,6 +82,19 @@ def _dead_letter(message: AbstractIncomingMessage) -> DeadLetter:
     )
 
 
+@dataclass
+class _Taken:
+    """Messages taken from the dead-letter queue on ``channel``; ``acked`` the ones settled."""
+
+    channel: AbstractChannel
+    messages: list[AbstractIncomingMessage] = field(default_factory=list)
+    acked: set[AbstractIncomingMessage] = field(default_factory=set)
+
+    async def ack(self, message: AbstractIncomingMessage) -> None:
+        await message.ack()
+        self.acked.add(message)
+
+
 class DeadLetterQueue:
     """The dead-letter queue of ``settings`` (topology declared on first use)."""
 
@@ -85,28 +102,40 @@ class DeadLetterQueue:
         self._settings = settings
 
     @contextlib.asynccontextmanager
-    async def _taken(self, limit: int) -> AsyncIterator[tuple[AbstractChannel, list[AbstractIncomingMessage]]]:
-        """Up to ``limit`` messages of the queue, unacked on a confirming channel; whatever the
-        block did not settle goes back to the queue when the channel closes."""
+    async def _taken(self, limit: int) -> AsyncIterator[_Taken]:
+        """Up to ``limit`` messages of the queue, unacked on a confirming channel. Whatever the
+        block did not :meth:`_Taken.ack` is put back (nack, requeue) and, before this returns,
+        seen back in the queue (up to :data:`RETURN_PATIENCE_SECONDS`), so the next operation
+        finds it there."""
         connection = await aio_pika.connect(self._settings.url)
         try:
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             await declare_topology(channel, self._settings)
             queue = await channel.get_queue(self._settings.dead_letter_queue)
-            messages: list[AbstractIncomingMessage] = []
-            while len(messages) < limit:
+            taken = _Taken(channel)
+            while len(taken.messages) < limit:
                 message = await queue.get(no_ack=False, fail=False)
                 if message is None:
                     break
-                messages.append(message)
-            yield channel, messages
+                taken.messages.append(message)
+            try:
+                yield taken
+            finally:
+                kept = [message for message in taken.messages if message not in taken.acked]
+                for message in kept:
+                    await message.nack(requeue=True)
+                deadline = time.monotonic() + RETURN_PATIENCE_SECONDS
+                while kept and await queue_depth(channel, self._settings.dead_letter_queue) < len(kept):
+                    if time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.01)
         finally:
             await connection.close()
 
     async def peek(self, limit: int = DEFAULT_LIMIT) -> list[DeadLetter]:
         """The messages in the queue (oldest first, at most ``limit``); all stay there."""
-        async with self._taken(limit) as (_, messages):
-            return [_dead_letter(message) for message in messages]
+        async with self._taken(limit) as taken:
+            return [_dead_letter(message) for message in taken.messages]
 
     async def settle(
         self,
@@ -118,11 +147,11 @@ class DeadLetterQueue:
         leaves the queue (acked), else it stays. Returns the messages that left. An exception
         from ``action`` leaves that message and every later one in the queue."""
         settled: list[DeadLetter] = []
-        async with self._taken(limit) as (_, messages):
-            for message in messages:
+        async with self._taken(limit) as taken:
+            for message in taken.messages:
                 letter = _dead_letter(message)
                 if chosen(letter) and await action(letter):
-                    await message.ack()
+                    await taken.ack(message)
                     settled.append(letter)
         return settled
 
@@ -135,10 +164,10 @@ class DeadLetterQueue:
             aio_pika.exceptions.DeliveryError and connection errors: a publish was not
                 confirmed; that message and the later ones stay in the dead-letter queue.
         """
-        async with self._taken(limit) as (channel, messages):
-            exchange = await channel.get_exchange(self._settings.exchange)
+        async with self._taken(limit) as taken:
+            exchange = await taken.channel.get_exchange(self._settings.exchange)
             moved: list[DeadLetter] = []
-            for message in messages:
+            for message in taken.messages:
                 letter = _dead_letter(message)
                 if ids is not None and letter.id not in ids:
                     continue
@@ -155,6 +184,6 @@ class DeadLetterQueue:
                     mandatory=True,
                     timeout=self._settings.confirm_timeout,
                 )
-                await message.ack()
+                await taken.ack(message)
                 moved.append(letter)
             return moved
