@@ -14,7 +14,7 @@ from service.bench.context import Options
 from service.bench.procstat import machine_info
 from service.bench.profile import RUNTIME, summarize
 from service.bench.report import Report, render
-from service.bench.rows import TARGETS, Row, fill_ratios, judge
+from service.bench.rows import TARGETS, Row, accept_ceiling, fill_ratios, judge
 from service.bench.wrk import write_script
 from service.cli.main import main
 
@@ -83,6 +83,18 @@ def test_profile_summary_drops_the_process_trunk(tmp_path):
     assert {"frame": "handler (app/x.py)", "share": 0.5} in summary["inclusive"]
 
 
+def test_the_accept_ceiling_is_what_the_publish_hop_leaves_of_a_no_op():
+    # per server CPU-s: 8,000 no-ops and 2,000 publishes -> 125 + 500 us; a no-op's share 0.2
+    rows = [
+        Row("product_noop", "product no-op", "req/s", 8000.0, 1, 1.0, cpu={"server": 1.0}),
+        Row("publish", "publish only", "msgs/s", 1000.0, 1, 1.0, cpu={"server": 0.5}),
+    ]
+    assert accept_ceiling(rows) is None  # ratios not filled yet
+    fill_ratios(rows)
+    assert accept_ceiling(rows) == 0.2
+    assert accept_ceiling(rows[:1]) is None
+
+
 def test_the_report_renders_and_serializes(tmp_path):
     rows = [
         Row("bare_noop", "bare no-op", "req/s", 1000.0, 1, 1.0, p99_ms=10.0, cpu={"server": 1.0, "machine": 0.5}),
@@ -97,6 +109,7 @@ def test_the_report_renders_and_serializes(tmp_path):
         Options(profile_dir=tmp_path),
         rows,
         judge(rows),
+        accept_ceiling(rows),
         {"product_noop": summary},
         None,
     )
