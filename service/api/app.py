@@ -11,6 +11,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.plugins import InitPluginProtocol
 
+from service.api import observe
 from service.api.auth import make_jwt_auth
 from service.api.controllers.admin import AdminController
 from service.api.controllers.bench import BenchController
@@ -52,6 +53,7 @@ class FlashsalePlugin(InitPluginProtocol):
         app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)
         app_config.exception_handlers.update(ERROR_HANDLERS)
         app_config.before_request = require_json_body  # 415 for a body that does not say JSON
+        observe.install(app_config, settings)
         return make_jwt_auth(settings.auth.jwt_secret).on_app_init(app_config)
 
 
@@ -62,4 +64,5 @@ def create_app(settings: Settings | None = None) -> Litestar:
     return Litestar(
         plugins=[problem_details_plugin(), FlashsalePlugin(settings)],
         openapi_config=OpenAPIConfig(title="flashsale", version="0.1.0", path="/schema"),
+        logging_config=None,  # service.log_setup: JSON lines for the standard library's loggers too
     )

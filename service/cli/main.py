@@ -39,11 +39,20 @@ def serve(host: str, port: int, workers: int) -> None:
     serve_app("service.api.app:create_app", host, port, workers)
 
 
+_metrics_port = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve /metrics on this port (default FLASHSALE_METRICS__PORT; 0: not served).",
+)
+
+
 @main.command()
 @click.option(
     "--prefetch", default=None, type=click.IntRange(1, 10_000), help="Unacked messages in hand (default from settings)."
 )
-def consume(prefetch: int | None) -> None:
+@_metrics_port
+def consume(prefetch: int | None, metrics_port: int | None) -> None:
     """Write queued orders to MySQL (run as many as you like). Exits 0 on SIGTERM after finishing its messages."""
     from consumers.order_consumer import run_consumer
     from service.bootstrap import opened
@@ -54,7 +63,7 @@ def consume(prefetch: int | None) -> None:
 
     async def go() -> None:
         async with opened(settings, publish=False) as resources:
-            await run_consumer(resources, prefetch or settings.amqp.prefetch)
+            await run_consumer(resources, prefetch or settings.amqp.prefetch, metrics_port)
 
     _run(go())
 
@@ -64,11 +73,14 @@ def consume(prefetch: int | None) -> None:
 @click.option("--dry-run", is_flag=True, help="Report without writing.")
 @click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array per pass.")
-def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json: bool) -> None:
+@_metrics_port
+def realign(
+    product_id: int | None, dry_run: bool, watch: float | None, as_json: bool, metrics_port: int | None
+) -> None:
     """Make Redis stock = MySQL stock - reservations in flight (one pass, or --watch)."""
     from consumers.realign import run_realign
 
-    sys.exit(_run(run_realign(get_settings(), product_id, dry_run, watch, as_json)))
+    sys.exit(_run(run_realign(get_settings(), product_id, dry_run, watch, as_json, metrics_port)))
 
 
 @main.command()
@@ -203,11 +215,12 @@ def pay(
 @main.command()
 @click.option("--product", "product_id", type=click.IntRange(1), default=None, help="Only this product.")
 @click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
-def sweep(product_id: int | None, watch: float | None) -> None:
+@_metrics_port
+def sweep(product_id: int | None, watch: float | None, metrics_port: int | None) -> None:
     """Cancel orders unpaid after the payment window (FLASHSALE_PAYMENT__WINDOW_SECONDS); units go back on sale."""
     from service.cli.pay import run_sweep
 
-    _run(run_sweep(get_settings(), product_id, watch))
+    _run(run_sweep(get_settings(), product_id, watch, metrics_port))
 
 
 @main.command()

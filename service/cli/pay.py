@@ -6,7 +6,9 @@ import secrets
 
 import httpx
 
+from consumers import observe
 from db.queries import orders
+from service import metrics
 from service.bootstrap import opened
 from service.domain.lifecycle import expire_unpaid
 from service.domain.order_no import is_valid_order_no
@@ -62,15 +64,20 @@ async def send_notification(
     return f"{response.status_code} {response.text}"
 
 
-async def run_sweep(settings: Settings, product_id: int | None, every: float | None) -> None:
+async def run_sweep(
+    settings: Settings, product_id: int | None, every: float | None, metrics_port: int | None = None
+) -> None:
     """``flashsale sweep``: cancel unpaid orders past the payment window; one pass, or repeated
-    every ``every`` seconds until SIGTERM/SIGINT."""
+    every ``every`` seconds until SIGTERM/SIGINT (then ``/metrics`` on ``metrics_port``, default
+    ``FLASHSALE_METRICS__PORT``, 0: not served)."""
     configure_logging(settings.log_level)
     window = settings.payment.window_seconds
     async with opened(settings, publish=False) as resources:
 
         async def one_pass() -> None:
             cancelled = await expire_unpaid(resources.engine, resources.store, window, product_id=product_id)
+            metrics.SWEPT.inc(cancelled)
             print(f"cancelled {cancelled} unpaid order(s) past {window}s", flush=True)
 
-        await watch(every, one_pass)
+        async with observe.exposed(settings, metrics_port if every else 0, sample_queues=False):
+            await watch(every, one_pass)

@@ -15,6 +15,7 @@ from service.settings import (
     AMQPSettings,
     AuthSettings,
     DBSettings,
+    MetricsSettings,
     OrderSettings,
     PaymentSettings,
     RealignSettings,
@@ -72,6 +73,8 @@ def _unlike_the_defaults() -> Settings:
         payment=PaymentSettings(
             channel_secrets={"a": "secret-a", "b": 'quote " and \\ backslash'}, window_seconds=33, currency="EUR"
         ),
+        metrics=MetricsSettings(enabled=False, port=9109, host="0.0.0.0"),
+        access_log=False,
         log_level="DEBUG",
         bench_routes=True,
     )

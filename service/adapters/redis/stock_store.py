@@ -19,6 +19,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Collection, Iterable, Sequence
 from importlib.resources import files
+from time import perf_counter
 from typing import cast
 
 import structlog
@@ -26,6 +27,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from service import metrics
 from service.adapters.redis.batcher import CommandBatcher
 from service.adapters.redis.keys import (
     ProductKeys,
@@ -57,6 +59,9 @@ SEQUENCE_KEY_TTL_SECONDS = 120
 """Lifetime of an order-number sequence counter (one shard, one second)."""
 RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
 """Lifetime of the marker that an order's returned units reached Redis (restock runs once)."""
+
+_RESERVE_SECONDS = metrics.local_histogram(metrics.REDIS_SCRIPT_SECONDS, "reserve")
+_RELEASE_SECONDS = metrics.local_histogram(metrics.REDIS_SCRIPT_SECONDS, "release")
 
 log = structlog.get_logger(__name__)
 
@@ -187,11 +192,13 @@ class StockStore:
             self._replay_ttl,
             attempt,
         )
+        started = perf_counter()
         try:
             reply = await self._batcher.call(*command)
         except NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH): load, once more
             await self._reserve.registered_client.script_load(self._reserve.script)
             reply = await self._batcher.call(*command)
+        _RESERVE_SECONDS.observe(perf_counter() - started)
         return parse_reservation(reply)
 
     async def release(self, product_id: int, request_id: str, attempt: str) -> ReleaseOutcome:
@@ -202,11 +209,14 @@ class StockStore:
         is marked abandoned (for ``replay_ttl_seconds`` at least), so its reserve, should it
         reach Redis later, writes nothing."""
         keys = ProductKeys(self._prefix, product_id)
+        started = perf_counter()
         reply = await self._release(
             keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)],
             args=[request_id, self._channel, product_id, attempt, self._replay_ttl],
         )
+        _RELEASE_SECONDS.observe(perf_counter() - started)
         outcome = ReleaseOutcome(reply)
+        metrics.RELEASES.labels(outcome.value).inc()  # rare: a failed reserve or publish
         if outcome is ReleaseOutcome.RELEASED:
             self._announce(product_id)
         return outcome
