@@ -86,7 +86,7 @@ class OrderController(Controller):
             metrics.purchase_outcome(exc.code).inc()
             raise
         _ACCEPTED.inc()
-        observe.note_order(accepted.request_id, accepted.order_no)
+        observe.note_order(request.scope, accepted.request_id, accepted.order_no)
         body = OrderAccepted(accepted.order_no, accepted.request_id, "queued", accepted.product_id, accepted.quantity)
         return Response(body, status_code=202, headers={"Location": f"/api/v1/orders/{accepted.order_no}"})
 
