@@ -121,6 +121,13 @@ def realign(
     default=None,
     help="FLASHSALE_ORDERS__PUBLISH_MODE of the API processes it starts (default: from settings).",
 )
+@click.option(
+    "--report",
+    "report_dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also write an HTML report with charts (report.html and PNGs) to DIR.",
+)
 def sale(**options: Any) -> None:
     """Run a whole flash sale end to end on the real services and check every invariant."""
     from service.sale.job import run_sale
