@@ -249,6 +249,19 @@ def exposition() -> bytes:
     return generate_latest(registry())
 
 
+def purchase_totals() -> dict[str, float]:
+    """``flashsale_purchase_outcomes_total`` summed by code over :func:`registry` (every worker in
+    multiprocess mode: reads files, call it off the event loop after :func:`flush` on it)."""
+    totals: dict[str, float] = {}
+    for family in registry().collect():
+        if family.name == "flashsale_purchase_outcomes":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    code = sample.labels["code"]
+                    totals[code] = totals.get(code, 0.0) + sample.value
+    return totals
+
+
 def process_exited(pid: int) -> None:
     """In multiprocess mode, drop the live-gauge files of a process that exited (its counters and
     histograms stay: they are part of the totals)."""

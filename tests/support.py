@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aio_pika
+import httpx
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -324,3 +327,25 @@ async def buy_losing_the_reserve_reply(
         await resources.close()
     assert rejected.value.code == "unavailable"
     assert watcher.swallowed == 1
+
+
+def start_flashsale(argv: list[str], env: dict[str, str], log=None) -> subprocess.Popen:
+    """``flashsale ARGV`` in a session of its own (stop it with ``os.killpg``), output to the file
+    ``log`` (discarded when None)."""
+    flashsale = str(Path(sys.executable).with_name("flashsale"))
+    if log is None:
+        return subprocess.Popen(
+            [flashsale, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [flashsale, *argv], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+async def api_ready(http) -> bool:
+    """True when the API behind the httpx client ``http`` answers its readiness probe with 200."""
+    try:
+        return (await http.get("/api/v1/health/ready")).status_code == 200
+    except httpx.HTTPError:
+        return False

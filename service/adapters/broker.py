@@ -134,6 +134,7 @@ class Publisher:
         self._reopen_locks: list[asyncio.Lock] = []
         self._next_reopen: list[float] = []
         self._turn = 0
+        self._reading: AbstractChannel | None = None
 
     async def connect(self) -> None:
         """Open the robust connection and the confirming channels; declare the topology."""
@@ -164,6 +165,23 @@ class Publisher:
         """Close the connection (and its channels)."""
         if self._connection is not None:
             await self._connection.close()
+
+    async def queue_depths(self) -> tuple[int, int]:
+        """Messages ready in the order queue and in the dead-letter queue, asked of the broker now
+        on a channel of their own (opened on first use, not one of the publishing channels).
+
+        Raises:
+            PublishFailed: the connection is down.
+            aio_pika.exceptions.AMQPError: the broker refused (e.g. a queue was deleted).
+        """
+        if self._connection is None or self._connection.is_closed:
+            raise PublishFailed("broker connection is down")
+        if self._reading is None or self._reading.is_closed:
+            self._reading = await self._connection.channel()
+        return (
+            await queue_depth(self._reading, self._settings.queue),
+            await queue_depth(self._reading, self._settings.dead_letter_queue),
+        )
 
     @property
     def ready(self) -> bool:

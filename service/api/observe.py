@@ -29,6 +29,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
+from service.api.controllers.ops import OpsController
 from service.log_setup import HTTP_REQUEST_ID
 from service.settings import Settings
 
@@ -174,6 +175,7 @@ def install(app_config: AppConfig, settings: Settings) -> None:
     app_config.middleware.append(DefineMiddleware(ObserveRequests, observe=enabled, access_log=access_log))
     if enabled:
         app_config.route_handlers.append(metrics_route)
+    app_config.route_handlers.append(OpsController)
 
     @contextlib.asynccontextmanager
     async def flushing(_: Any) -> AsyncIterator[None]:

@@ -178,7 +178,8 @@ class Realigner:
             dry_run=dry_run,
             skipped_stale=result.stale,
         )
-        log.info("realigned", **msgspec.structs.asdict(report))
+        # a dry run is a read (the stock report, the ops page polling it): not worth an info line
+        (log.debug if dry_run else log.info)("realigned", **msgspec.structs.asdict(report))
         _observe(report)
         return report
 

@@ -9,25 +9,15 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from service.sale.isolation import environment, free_port
-from tests.support import eventually, order_rows
+from tests.support import api_ready, eventually, order_rows, start_flashsale
 
 pytestmark = pytest.mark.slow
-
-
-def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    flashsale = str(Path(sys.executable).with_name("flashsale"))
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            [flashsale, *argv], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
 
 
 def _lines(log: Path) -> list[dict]:
@@ -42,19 +32,12 @@ async def test_one_grep_follows_an_order_from_the_request_to_the_consumer(
     port = free_port()
     api_log, consumer_log = tmp_path / "api.log", tmp_path / "consumer.log"
     processes = [
-        _start(["serve", "--port", str(port), "--workers", "1"], env, api_log),
-        _start(["consume"], env, consumer_log),
+        start_flashsale(["serve", "--port", str(port), "--workers", "1"], env, api_log),
+        start_flashsale(["consume"], env, consumer_log),
     ]
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as http:
-
-            async def ready():
-                try:
-                    return (await http.get("/api/v1/health/ready")).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            await eventually(ready, timeout=60, interval=0.25)
+            await eventually(lambda: api_ready(http), timeout=60, interval=0.25)
             body = {"product_id": product_id, "quantity": 1}
             traced = await http.post(
                 "/api/v1/orders", json=body, headers={**token("traced"), "X-Request-ID": "trace-7f3c"}

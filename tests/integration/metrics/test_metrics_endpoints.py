@@ -8,14 +8,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 
 from service.sale.isolation import environment, free_port
-from tests.support import eventually, order_rows
+from tests.support import eventually, order_rows, start_flashsale
 
 
 def _value(exposition: str, sample: str, default: float | None = None) -> float:
@@ -54,13 +52,6 @@ async def test_the_api_exposes_requests_and_purchase_outcomes(client, token, put
     assert not re.search(r'route="[^"]*FS\d', text) and "m1" not in text
 
 
-def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    flashsale = str(Path(sys.executable).with_name("flashsale"))
-    return subprocess.Popen(
-        [flashsale, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-
-
 async def _scrape(url: str) -> str | None:
     try:
         async with httpx.AsyncClient(trust_env=False) as http:
@@ -82,8 +73,8 @@ async def test_every_process_exposes_its_families_after_a_small_sale(
     single = {k: v for k, v in env.items() if k != "PROMETHEUS_MULTIPROC_DIR"}  # one process, its own values
     api_port, consumer_port, realign_port = free_port(), free_port(), free_port()
     processes = [
-        _start(["serve", "--port", str(api_port), "--workers", "2"], env),
-        _start(
+        start_flashsale(["serve", "--port", str(api_port), "--workers", "2"], env),
+        start_flashsale(
             ["consume", "--metrics-port", str(consumer_port)],
             {k: v for k, v in env.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
         ),
@@ -106,7 +97,7 @@ async def test_every_process_exposes_its_families_after_a_small_sale(
                 assert late.status_code == 409
         await eventually(lambda: _rows(engine, product_id, 5))
         processes.append(
-            _start(
+            start_flashsale(
                 [
                     "realign",
                     "--product",
