@@ -80,6 +80,7 @@ def _timeline(measured: Measured, path: Path) -> None:
     if drain:
         xs = [at - origin for at, _, _ in drain]
         queue.plot(xs, [ready for _, _, ready in drain], color=_PHASE_COLOURS["drain"], label="messages ready")
+        queue.set_ylim(0, max(1, *(ready for _, _, ready in drain)) * 1.1)
         rows = queue.twinx()
         rows.plot(xs, [count for _, count, _ in drain], color="#333333", linestyle="--", label="order rows")
         rows.set_ylabel("order rows in MySQL")
