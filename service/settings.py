@@ -174,6 +174,16 @@ class PaymentSettings(BaseModel):
     """Where channels send their notifications (given to the channel with every payment)."""
 
 
+class MetricsSettings(BaseModel):
+    """Prometheus metrics: ``enabled`` mounts ``GET /metrics`` and the request observations on
+    the API; ``port`` (0: none) is where ``consume``, ``realign --watch`` and ``sweep --watch``
+    expose theirs unless ``--metrics-port`` says otherwise, on ``host``."""
+
+    enabled: bool = True
+    port: int = Field(0, ge=0, le=65535)
+    host: str = "127.0.0.1"
+
+
 class Settings(BaseSettings):
     """All settings; ``get_settings()`` returns the process-wide instance."""
 
@@ -189,6 +199,9 @@ class Settings(BaseSettings):
     rate_limit: RateLimitSettings = RateLimitSettings()
     realign: RealignSettings = RealignSettings()
     payment: PaymentSettings = PaymentSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    access_log: bool = True
+    """One JSON line per HTTP request on stderr (``FLASHSALE_ACCESS_LOG=false``: none)."""
     log_level: Annotated[
         Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
         BeforeValidator(lambda value: value.upper() if isinstance(value, str) else value),

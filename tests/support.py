@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aio_pika
+import httpx
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -454,3 +455,25 @@ async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> A
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             await asyncio.to_thread(process.wait)
+
+
+def start_flashsale(argv: list[str], env: dict[str, str], log=None) -> subprocess.Popen:
+    """``flashsale ARGV`` in a session of its own (stop it with ``os.killpg``), output to the file
+    ``log`` (discarded when None)."""
+    flashsale = str(Path(sys.executable).with_name("flashsale"))
+    if log is None:
+        return subprocess.Popen(
+            [flashsale, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [flashsale, *argv], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+async def api_ready(http) -> bool:
+    """True when the API behind the httpx client ``http`` answers its readiness probe with 200."""
+    try:
+        return (await http.get("/api/v1/health/ready")).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -11,6 +11,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.plugins import InitPluginProtocol
 
+from service.api import observe
 from service.api.auth import make_jwt_auth
 from service.api.controllers.admin import AdminController
 from service.api.controllers.bench import BenchController
@@ -61,6 +62,7 @@ class FlashsalePlugin(InitPluginProtocol):
         app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)
         app_config.exception_handlers.update(ERROR_HANDLERS)
         app_config.before_request = before_request  # OPTIONS, 415 for non-JSON bodies, strict bodies
+        observe.install(app_config, settings)
         auth = settings.auth
         jwt_auth = make_jwt_auth(
             auth.jwt_secret,
@@ -84,6 +86,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     app = Litestar(
         plugins=[problem_details_plugin(), FlashsalePlugin(settings)],
         openapi_config=OpenAPIConfig(title="flashsale", version="0.1.0", path="/schema"),
+        logging_config=None,  # service.log_setup: JSON lines for the standard library's loggers too
     )
     document_contract(app)
     return app

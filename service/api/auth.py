@@ -197,6 +197,16 @@ def make_jwt_auth(
     )
 
 
+def decode_admin(secret: str, encoded: str) -> bool:
+    """True when ``encoded`` is a valid, unexpired token of this secret with ``role: admin``
+    (for the one route that takes its token outside the header: ``GET /ops?token=``)."""
+    try:
+        token = FlashsaleToken.decode(encoded, secret, "HS256")
+    except NotAuthorizedException:
+        return False
+    return token.role == "admin" and bool(USER_ID.fullmatch(token.sub))
+
+
 def issue_token(
     secret: str,
     user_id: str,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Coroutine
@@ -13,20 +12,16 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
+from service.cli.dlq import dlq
+from service.runtime import run_async
 from service.settings import get_settings
 
 T = TypeVar("T")
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on uvloop (the asyncio loop where uvloop is missing). Only the import of
-    uvloop is guarded: an ImportError raised by the command itself propagates (it used to run
-    the coroutine a second time)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - platforms without uvloop
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+    """Run ``coro`` on uvloop (the asyncio loop where uvloop is missing)."""
+    return run_async(coro)
 
 
 class FlashsaleGroup(click.Group):
@@ -87,11 +82,20 @@ def serve(host: str, port: int, workers: int) -> None:
     serve_app("service.api.app:create_app", host, port, workers)
 
 
+_metrics_port = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve /metrics on this port (default FLASHSALE_METRICS__PORT; 0: not served).",
+)
+
+
 @main.command()
 @click.option(
     "--prefetch", default=None, type=click.IntRange(1, 10_000), help="Unacked messages in hand (default from settings)."
 )
-def consume(prefetch: int | None) -> None:
+@_metrics_port
+def consume(prefetch: int | None, metrics_port: int | None) -> None:
     """Write queued orders to MySQL (run as many as you like). Exits 0 on SIGTERM after finishing its messages."""
     from consumers.order_consumer import run_consumer
     from service.bootstrap import check_dependencies, opened
@@ -103,7 +107,7 @@ def consume(prefetch: int | None) -> None:
     async def go() -> None:
         await check_dependencies(settings)
         async with opened(settings, publish=False) as resources:
-            await run_consumer(resources, prefetch or settings.amqp.prefetch)
+            await run_consumer(resources, prefetch or settings.amqp.prefetch, metrics_port)
 
     _run(go())
 
@@ -113,11 +117,14 @@ def consume(prefetch: int | None) -> None:
 @click.option("--dry-run", is_flag=True, help="Report without writing.")
 @click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array per pass.")
-def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json: bool) -> None:
+@_metrics_port
+def realign(
+    product_id: int | None, dry_run: bool, watch: float | None, as_json: bool, metrics_port: int | None
+) -> None:
     """Make Redis stock = MySQL stock - reservations in flight (one pass, or --watch)."""
     from consumers.realign import run_realign
 
-    sys.exit(_run(run_realign(get_settings(), product_id, dry_run, watch, as_json)))
+    sys.exit(_run(run_realign(get_settings(), product_id, dry_run, watch, as_json, metrics_port)))
 
 
 @main.command()
@@ -161,6 +168,13 @@ def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json:
     type=click.Choice(["confirm", "async"]),
     default=None,
     help="FLASHSALE_ORDERS__PUBLISH_MODE of the API processes it starts (default: from settings).",
+)
+@click.option(
+    "--report",
+    "report_dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also write an HTML report with charts (report.html and PNGs) to DIR.",
 )
 def sale(**options: Any) -> None:
     """Run a whole flash sale end to end on the real services and check every invariant."""
@@ -270,11 +284,12 @@ def pay(
 @click.option("--product", "product_id", type=click.IntRange(1), default=None, help="Only this product.")
 @click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per pass.")
-def sweep(product_id: int | None, watch: float | None, as_json: bool) -> None:
+@_metrics_port
+def sweep(product_id: int | None, watch: float | None, as_json: bool, metrics_port: int | None) -> None:
     """Cancel orders unpaid after the payment window (FLASHSALE_PAYMENT__WINDOW_SECONDS); units go back on sale."""
     from service.cli.pay import run_sweep
 
-    _run(run_sweep(get_settings(), product_id, watch, as_json))
+    _run(run_sweep(get_settings(), product_id, watch, as_json, metrics_port))
 
 
 @main.group()
@@ -473,6 +488,8 @@ def token(user_id: str, admin: bool, ttl: int | None) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--user") from None
 
+
+main.add_command(dlq)
 
 if __name__ == "__main__":
     main()

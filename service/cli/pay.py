@@ -8,7 +8,9 @@ import secrets
 
 import httpx
 
+from consumers import observe
 from db.queries import orders
+from service import metrics
 from service.bootstrap import opened
 from service.domain.lifecycle import expire_unpaid
 from service.domain.order_no import is_valid_order_no
@@ -64,9 +66,16 @@ async def send_notification(
     return response
 
 
-async def run_sweep(settings: Settings, product_id: int | None, every: float | None, as_json: bool = False) -> None:
+async def run_sweep(
+    settings: Settings,
+    product_id: int | None,
+    every: float | None,
+    as_json: bool = False,
+    metrics_port: int | None = None,
+) -> None:
     """``flashsale sweep``: cancel unpaid orders past the payment window; one pass, or repeated
-    every ``every`` seconds until SIGTERM/SIGINT. Each pass prints one line (a JSON object
+    every ``every`` seconds until SIGTERM/SIGINT (then ``/metrics`` on ``metrics_port``, default
+    ``FLASHSALE_METRICS__PORT``, 0: not served). Each pass prints one line (a JSON object
     ``{"cancelled", "window_seconds", "product_id"}`` with ``as_json``)."""
     configure_logging(settings.log_level)
     window = settings.payment.window_seconds
@@ -80,13 +89,15 @@ async def run_sweep(settings: Settings, product_id: int | None, every: float | N
                 product_id=product_id,
                 may_cancel=resources.checkout.may_cancel,
             )
+            metrics.SWEPT.inc(cancelled)
             if as_json:
                 line = json.dumps({"cancelled": cancelled, "window_seconds": window, "product_id": product_id})
             else:
                 line = f"cancelled {cancelled} unpaid order(s) past {window}s"
             print(line, flush=True)
 
-        await watch(every, one_pass)
+        async with observe.exposed(settings, metrics_port if every else 0, sample_queues=False):
+            await watch(every, one_pass)
 
 
 async def run_sync(settings: Settings, order_no: str) -> list[dict[str, str | None]]:

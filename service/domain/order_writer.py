@@ -47,6 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.engine import as_duplicate_key, is_retryable
 from db.models import MAX_AMOUNT, OrderStatus
 from db.queries import inventory, orders
+from service import metrics
 from service.adapters.broker import OrderMessage, decode_order
 from service.adapters.redis.results import ClaimOutcome
 from service.adapters.redis.stock_store import StockStore
@@ -173,6 +174,7 @@ async def write_orders(
             if not is_retryable(exc) or attempt == MAX_TRANSACTION_ATTEMPTS:
                 raise
             delay = min(0.02 * 2**attempt, 1.0) * (0.5 + random.random())
+            metrics.TRANSACTION_RETRIES.inc()
             log.info("transaction_retry", orders=len(batch), attempt=attempt, delay=round(delay, 3))
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")

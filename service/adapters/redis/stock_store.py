@@ -20,6 +20,7 @@ import secrets
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
+from time import perf_counter
 from typing import cast
 
 import structlog
@@ -27,6 +28,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from service import metrics
 from service.adapters.redis.batcher import CommandBatcher
 from service.adapters.redis.keys import (
     ProductKeys,
@@ -58,6 +60,9 @@ SEQUENCE_KEY_TTL_SECONDS = 120
 """Lifetime of an order-number sequence counter (one shard, one second)."""
 RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
 """Lifetime of the marker that an order's returned units reached Redis (restock runs once)."""
+
+_RESERVE_SECONDS = metrics.local_histogram(metrics.REDIS_SCRIPT_SECONDS, "reserve")
+_RELEASE_SECONDS = metrics.local_histogram(metrics.REDIS_SCRIPT_SECONDS, "release")
 
 log = structlog.get_logger(__name__)
 
@@ -132,6 +137,7 @@ class StockStore:
         self._restock = _script(redis, "restock")
         self._lease_renew = _script(redis, "lease_renew")
         self._lease_release = _script(redis, "lease_release")
+        self._purge = _script(redis, "purge")
         self._scripts = (
             self._reserve,
             self._release,
@@ -140,6 +146,7 @@ class StockStore:
             self._restock,
             self._lease_renew,
             self._lease_release,
+            self._purge,
         )
 
     # -- set-up and health ---------------------------------------------------------------------
@@ -223,11 +230,13 @@ class StockStore:
             attempt,
             *self._rate_args,
         )
+        started = perf_counter()
         try:
             reply = await self._batcher.call(*command)
         except NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH): load, once more
             await self._reserve.registered_client.script_load(self._reserve.script)
             reply = await self._batcher.call(*command)
+        _RESERVE_SECONDS.observe(perf_counter() - started)
         return parse_reservation(reply)
 
     async def release(self, product_id: int, request_id: str, attempt: str) -> ReleaseOutcome:
@@ -238,11 +247,14 @@ class StockStore:
         is marked abandoned (for ``replay_ttl_seconds`` at least), so its reserve, should it
         reach Redis later, writes nothing."""
         keys = ProductKeys(self._prefix, product_id)
+        started = perf_counter()
         reply = await self._release(
             keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)],
             args=[request_id, self._channel, product_id, attempt, self._replay_ttl],
         )
+        _RELEASE_SECONDS.observe(perf_counter() - started)
         outcome = ReleaseOutcome(reply)
+        metrics.RELEASES.labels(outcome.value).inc()  # rare: a failed reserve or publish
         if outcome is ReleaseOutcome.RELEASED:
             self._announce(product_id)
         return outcome
@@ -408,6 +420,15 @@ class StockStore:
         if not dry_run and not result.stale:
             self._announce(product_id)
         return result
+
+    async def forget_reservation(self, product_id: int, request_id: str) -> bool:
+        """``lua/purge.lua``: drop ``request_id``'s journal entry and leave a ``released``
+        tombstone on its replay record (kept ``replay_ttl_seconds`` at least), for a dead-lettered
+        order that MySQL has no row of. Stock and quota are not touched here: the realignment
+        pass that must follow recomputes both. True when a journal entry was removed."""
+        keys = ProductKeys(self._prefix, product_id)
+        reply = await self._purge(keys=[keys.journal, keys.replay(request_id)], args=[request_id, self._replay_ttl])
+        return bool(reply)
 
     async def mark_queued_if_pending(self, product_id: int, request_id: str) -> bool:
         """After a re-publish: a replay record still ``pending`` becomes ``queued`` (two round

@@ -14,14 +14,19 @@ from litestar.params import (
 )
 from msgspec import Meta
 
+from service import metrics
+from service.api import observe
 from service.api.auth import User
 from service.api.openapi import problems
 from service.api.params import CursorQuery, IdempotencyKeyHeader, OrderNoPath
 from service.api.problems import problem_response
 from service.bootstrap import Resources
 from service.domain.catalog import PositiveId
+from service.domain.errors import DomainError
 from service.domain.orders import OrderPage, OrderView
 from service.domain.request_id import request_id_for
+
+_ACCEPTED = metrics.purchase_outcome("accepted")
 
 
 class PurchaseRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -77,17 +82,24 @@ class OrderController(Controller):
         sale_not_active / request_in_progress, 422 idempotency_key_reused, 503 unavailable."""
         purchases = resources.purchase_service
         if idempotency_key is None and (answer := purchases.standing_rejection(data.product_id, data.quantity)):
+            metrics.purchase_outcome(answer.code, "sold_out_flag").inc()
             return problem_response(answer)  # a stampede's usual answer: no Redis, no raise
-        request_id = request_id_for(request.user.id, data.product_id, idempotency_key)
-        client = request.client.host if request.client is not None else ""
-        accepted = await purchases.purchase(
-            request.user.id,
-            data.product_id,
-            data.quantity,
-            request_id,
-            keyed=idempotency_key is not None,
-            client=client,
-        )
+        try:
+            request_id = request_id_for(request.user.id, data.product_id, idempotency_key)
+            client = request.client.host if request.client is not None else ""
+            accepted = await purchases.purchase(
+                request.user.id,
+                data.product_id,
+                data.quantity,
+                request_id,
+                keyed=idempotency_key is not None,
+                client=client,
+            )
+        except DomainError as exc:
+            metrics.purchase_outcome(exc.code).inc()
+            raise
+        _ACCEPTED.inc()
+        observe.note_order(request.scope, accepted.request_id, accepted.order_no)
         body = OrderAccepted(accepted.order_no, accepted.request_id, "queued", accepted.product_id, accepted.quantity)
         return Response(body, status_code=202, headers={"Location": f"/api/v1/orders/{accepted.order_no}"})
 
