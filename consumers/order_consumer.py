@@ -25,6 +25,7 @@ import structlog
 from aio_pika.abc import AbstractIncomingMessage
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from consumers import observe
 from service.adapters.broker import OrderMessage, declare_topology
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources
@@ -81,6 +82,7 @@ class OrderConsumer:
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
+        observe.count(what)
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         """Process one delivery: returns once it is settled (acked after its batch committed,
@@ -140,7 +142,9 @@ class OrderConsumer:
             if len(self._waiting) < self._batch_size:
                 self._batch_full.clear()
             try:
-                outcomes = await self._writer.write([delivery.order for delivery in batch])
+                orders = [delivery.order for delivery in batch]
+                outcomes = await self._writer.write(orders)
+                observe.written(orders, outcomes)
                 await self._settle(batch, outcomes)
             except Exception as exc:  # every delivery not yet acked is requeued by its own task
                 for delivery in batch:
@@ -153,6 +157,18 @@ class OrderConsumer:
         number wrote nothing and is requeued with backoff by its own task (dead-lettered past
         the delivery limit), so it never holds up the rest of the batch."""
         to_ack: list[_Delivery] = []
+        log.info(
+            "orders_written",
+            orders=[
+                {
+                    "request_id": delivery.order.request_id,
+                    "order_no": delivery.order.order_no,
+                    "outcome": outcome.value,
+                    "http_request_id": delivery.message.correlation_id,
+                }
+                for delivery, outcome in zip(batch, outcomes, strict=True)
+            ],
+        )
         for delivery, outcome in zip(batch, outcomes, strict=True):
             self._count(outcome.value)
             if outcome in (Outcome.UNKNOWN_PRODUCT, Outcome.CONFLICT):
@@ -228,16 +244,21 @@ async def consuming(amqp: AMQPSettings, consumer: OrderConsumer, prefetch: int) 
         await connection.close()
 
 
-async def run_consumer(resources: Resources, prefetch: int) -> None:
+async def run_consumer(resources: Resources, prefetch: int, metrics_port: int | None = None) -> None:
     """Consume until SIGTERM/SIGINT, then stop taking messages, finish those in hand, and return.
-    ``prefetch``: deliveries in hand at most; batches of ``FLASHSALE_AMQP__BATCH_SIZE`` at most."""
+    ``prefetch``: deliveries in hand at most; batches of ``FLASHSALE_AMQP__BATCH_SIZE`` at most.
+    ``metrics_port``: where ``/metrics`` is served (None or 0: not served; queue depths are
+    sampled all the same)."""
     settings = resources.settings
     consumer = OrderConsumer(
         resources.engine, resources.store, settings.orders.replay_ttl_seconds, batch_size=settings.amqp.batch_size
     )
     try:
         with stop_signal() as stop:
-            async with consuming(settings.amqp, consumer, prefetch):
+            async with (
+                observe.exposed(settings, metrics_port),
+                consuming(settings.amqp, consumer, prefetch),
+            ):
                 log.info("consuming", queue=settings.amqp.queue, prefetch=prefetch, batch_size=settings.amqp.batch_size)
                 await stop.wait()
                 log.info("stopping", in_hand=consumer.in_hand)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+from consumers import observe
 from service.bootstrap import opened
 from service.cli.render import print_reports
 from service.domain.errors import ProductNotFound
@@ -17,10 +18,17 @@ from service.settings import Settings
 
 
 async def run_realign(
-    settings: Settings, product_id: int | None, dry_run: bool, every: float | None, as_json: bool
+    settings: Settings,
+    product_id: int | None,
+    dry_run: bool,
+    every: float | None,
+    as_json: bool,
+    metrics_port: int | None = None,
 ) -> int:
     """Realign ``product_id`` (or every product); repeat every ``every`` seconds when given.
-    ``dry_run`` reports without writing. Returns the exit status: 0, or 1 for an unknown product."""
+    ``dry_run`` reports without writing. With ``every``, ``/metrics`` is served on
+    ``metrics_port`` (default ``FLASHSALE_METRICS__PORT``; 0: not served). Returns the exit
+    status: 0, or 1 for an unknown product."""
     configure_logging("WARNING")
     async with opened(settings, publish=not dry_run) as resources:
 
@@ -28,7 +36,8 @@ async def run_realign(
             print_reports(await resources.realigner.realign_pass(product_id, dry_run), as_json)
 
         try:
-            await watch(every, one_pass)
+            async with observe.exposed(settings, metrics_port if every else 0, sample_queues=False):
+                await watch(every, one_pass)
         except ProductNotFound as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

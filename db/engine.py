@@ -9,6 +9,7 @@ from typing import TypeVar
 
 import structlog
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 ER_DUP_ENTRY = 1062
@@ -36,6 +37,16 @@ def mysql_errno(exc: BaseException) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
+UNREACHABLE_ERRNOS = frozenset({1044, 1045, 1049, 2002, 2003, 2005, 2006, 2013})
+"""Access denied (1044, 1045), unknown database (1049), cannot connect / host unknown / server
+gone away / connection lost (2002-2013): MySQL is not reachable as configured."""
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """MySQL could not be reached (a connection error above, or no pooled connection in time)."""
+    return isinstance(exc, PoolTimeoutError) or (isinstance(exc, DBAPIError) and mysql_errno(exc) in UNREACHABLE_ERRNOS)
+
+
 def is_retryable(exc: BaseException) -> bool:
     """Deadlock (1213) or lock wait timeout (1205): the whole transaction may be retried."""
     return isinstance(exc, DBAPIError) and mysql_errno(exc) in (ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT)
@@ -47,11 +58,13 @@ async def in_transaction(
     *,
     label: str,
     attempts: int = MAX_TRANSACTION_ATTEMPTS,
+    on_retry: Callable[[], None] | None = None,
 ) -> T:
     """``work(conn)`` in one transaction (committed when it returns, rolled back when it raises),
     the whole transaction retried on a deadlock (1213) or lock wait timeout (1205), at most
     ``attempts`` times, with jittered exponential back-off (40 ms doubling, capped at 1 s).
-    ``label`` names the work in the retry log line.
+    ``label`` names the work in the retry log line; ``on_retry`` is called before each retry
+    (e.g. a metric).
 
     Raises:
         sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted.
@@ -65,6 +78,8 @@ async def in_transaction(
             if not is_retryable(exc) or attempt == attempts:
                 raise
             delay = min(0.02 * 2**attempt, 1.0) * (0.5 + random.random())
+            if on_retry is not None:
+                on_retry()
             log.info("transaction_retry", work=label, attempt=attempt, delay=round(delay, 3))
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")

@@ -1,14 +1,42 @@
 -- Reserve stock for one purchase, atomically (the hot path: one round trip, accept or reject).
 -- KEYS[1] stock   KEYS[2] sale (starts_ms, ends_ms, limit, price, token, mode)   KEYS[3] journal
--- KEYS[4] quota   KEYS[5] replay record   KEYS[6] order token (user id; seed "order system
--- database design": the anti-duplicate token, deleted atomically on submit)
+-- KEYS[4] quota   KEYS[5] replay record
+-- KEYS[6] the user's rate bucket   KEYS[7] the client address's rate bucket (both in the product's slot)
+-- KEYS[8] order token (user id; seed "order system database design": the anti-duplicate token,
+-- deleted atomically on submit)
 -- ARGV[1] request id   ARGV[2] user id   ARGV[3] quantity   ARGV[4] order number to use
 -- ARGV[5] replay record ttl (seconds)   ARGV[6] attempt token (unique to this HTTP attempt)
--- ARGV[7] '1' when the request carries an order token (KEYS[6] names it), else '0'
+-- ARGV[7] user emission interval (ms, 0: no user limit)   ARGV[8] user burst (requests)
+-- ARGV[9] address emission interval (ms, 0: no address limit)   ARGV[10] address burst
+-- ARGV[11] '1' when the request carries an order token (KEYS[8] names it), else '0'
 -- Returns {outcome, order_no[, reserved_at_ms, unit price]}, or for sold_out
--- {'sold_out', '', stock, per-user limit, ms left in the sale or -1}. outcome: reserved | replay |
--- in_flight | key_reused | abandoned | moved | not_loaded | sale_not_active | over_limit | sold_out |
--- token_required | token_invalid | limit_exceeded. Only 'reserved' writes anything.
+-- {'sold_out', '', stock, per-user limit, ms left in the sale or -1}, or for rate_limited
+-- {'rate_limited', '', ms until a request is allowed}. outcome: reserved | replay | in_flight |
+-- key_reused | abandoned | moved | not_loaded | sale_not_active | over_limit | sold_out |
+-- token_required | token_invalid | limit_exceeded | rate_limited. Only 'reserved' writes stock,
+-- quota, journal or replay record; every request that is not rate_limited spends from the rate
+-- buckets.
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+
+-- GCRA (the generic cell rate algorithm, ITU-T I.371): a bucket holds its theoretical arrival
+-- time; a request is allowed when that time, pushed one interval on, is at most burst intervals
+-- ahead of now. Returns the new arrival time, or nil and the ms to wait.
+local function gcra(key, interval, burst)
+  if interval <= 0 then return nil, 0 end
+  local tat = math.max(tonumber(redis.call('GET', key) or '0'), now_ms) + interval
+  local wait = tat - now_ms - interval * burst
+  if wait > 0 then return nil, wait end
+  return tat, 0
+end
+local user_tat, user_wait = gcra(KEYS[6], tonumber(ARGV[7]), tonumber(ARGV[8]))
+local address_tat, address_wait = gcra(KEYS[7], tonumber(ARGV[9]), tonumber(ARGV[10]))
+if user_wait > 0 or address_wait > 0 then
+  return {'rate_limited', '', math.max(user_wait, address_wait)}
+end
+if user_tat then redis.call('SET', KEYS[6], user_tat, 'PX', user_tat - now_ms) end
+if address_tat then redis.call('SET', KEYS[7], address_tat, 'PX', address_tat - now_ms) end
+
 local quantity = tonumber(ARGV[3])
 local record = redis.call('HMGET', KEYS[5], 'quantity', 'order_no', 'state', 'abandoned:' .. ARGV[6])
 -- This attempt was already answered 503 and release.lua found nothing to give back (this call
@@ -36,8 +64,6 @@ if sale[6] == 'database' then return {'moved', ''} end
 local stock = redis.call('GET', KEYS[1])
 if not sale[1] or not sale[4] or not stock then return {'not_loaded', ''} end
 
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local ends_ms = tonumber(sale[2])
 if now_ms < tonumber(sale[1]) or (ends_ms > 0 and now_ms >= ends_ms) then
   return {'sale_not_active', ''}
@@ -56,8 +82,8 @@ end
 -- record above) already consumed it under this very request id (the token is its key).
 local needs_token = sale[5] == '1' and not record[1]
 if needs_token then
-  if ARGV[7] ~= '1' then return {'token_required', ''} end
-  if redis.call('GET', KEYS[6]) ~= ARGV[2] then return {'token_invalid', ''} end
+  if ARGV[11] ~= '1' then return {'token_required', ''} end
+  if redis.call('GET', KEYS[8]) ~= ARGV[2] then return {'token_invalid', ''} end
 end
 local held = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '0')
 if held + quantity > limit then return {'limit_exceeded', ''} end
@@ -69,5 +95,5 @@ redis.call('HINCRBY', KEYS[4], ARGV[2], quantity)
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. quantity .. '|' .. order_no .. '|' .. now_ms .. '|' .. sale[4] .. '|0')
 redis.call('HSET', KEYS[5], 'quantity', quantity, 'order_no', order_no, 'state', 'pending', 'attempt', ARGV[6])
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
-if needs_token then redis.call('DEL', KEYS[6]) end
+if needs_token then redis.call('DEL', KEYS[8]) end
 return {'reserved', order_no, now_ms, sale[4]}

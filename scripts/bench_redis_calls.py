@@ -71,6 +71,10 @@ async def _run(
 async def main(requests: int) -> None:
     configure_logging("WARNING")
     settings = isolated_settings(Settings(), new_run_id("bench"))
+    # Round trips are counted, not rates: the purchase rate buckets (spent inside the same reserve
+    # call either way) must not turn the crowd into 429s.
+    no_limits = settings.rate_limit.model_copy(update={"user_per_second": 0.0, "address_per_second": 0.0})
+    settings = settings.model_copy(update={"rate_limit": no_limits})
     warm_up = 50
     try:
         await upgrade(settings.db.url)

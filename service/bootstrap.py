@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -19,13 +20,14 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.maint_notifications import MaintNotificationsConfig
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import make_engine
 from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher
 from service.adapters.channel_client import ChannelClient
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stock_store import RateLimits, StockStore
 from service.domain.catalog import CatalogService
 from service.domain.checkout import Checkout
 from service.domain.order_no import OrderNumberMinter, ShardLease
@@ -35,7 +37,7 @@ from service.domain.purchase import PurchaseService
 from service.domain.realign import Realigner
 from service.domain.reconcile import Reconciler
 from service.domain.sold_out import SoldOutFlags
-from service.settings import Settings
+from service.settings import ConfigError, Settings
 
 
 def make_redis(settings: Settings) -> Redis:
@@ -98,8 +100,14 @@ def _ping_retried(connection_class: type[AbstractConnection]) -> type[AbstractCo
 def make_store(settings: Settings) -> StockStore:
     """A :class:`StockStore` on a new :func:`make_redis` client, with the run's key prefix and
     replay TTL (scripts registered, not yet loaded: call ``load()`` where the hot path follows)."""
+    limits = settings.rate_limit
     return StockStore(
-        make_redis(settings), settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds
+        make_redis(settings),
+        settings.redis.key_prefix,
+        replay_ttl_seconds=settings.orders.replay_ttl_seconds,
+        rate_limits=RateLimits(
+            limits.user_per_second, limits.user_burst, limits.address_per_second, limits.address_burst
+        ),
     )
 
 
@@ -268,3 +276,83 @@ async def opened(settings: Settings, *, publish: bool = True, purchase: bool = F
         yield resources
     finally:
         await resources.close()
+
+
+class DependencyUnreachable(ConfigError):
+    """A store named by a setting did not answer. ``str()`` is one line: what, which variable, why."""
+
+
+_UNREACHABLE_MYSQL_ERRNOS = {1044, 1045, 1049, 2002, 2003, 2005, 2006, 2013}
+"""Access denied (1044, 1045), unknown database (1049), cannot connect / host unknown / gone away
+/ lost during query (2002-2013): MySQL errors that say "not reachable as configured"."""
+
+
+def _where(url: str) -> str:
+    """``host:port`` (or the path of a socket) of a store URL, without credentials."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.netloc.rsplit("@", 1)[-1] or parts.path or url.split("://", 1)[0]
+
+
+def unreachable(exc: BaseException, settings: Settings) -> DependencyUnreachable | None:
+    """The one-line :class:`DependencyUnreachable` for an exception that means a store named by
+    the settings cannot be reached (MySQL, Redis or RabbitMQ); None for any other exception."""
+    from aiormq.exceptions import AMQPConnectionError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from db.engine import is_unreachable
+
+    reason = str(getattr(exc, "orig", None) or exc).splitlines()[0][:200]
+    if is_unreachable(exc):
+        what, variable, url = "MySQL", "FLASHSALE_DB__URL", settings.db.url
+    elif isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        what, variable, url = "Redis", "FLASHSALE_REDIS__URL", settings.redis.url
+    elif isinstance(exc, AMQPConnectionError):
+        what, variable, url = "RabbitMQ", "FLASHSALE_AMQP__URL", settings.amqp.url
+    else:
+        return None
+    return DependencyUnreachable(f"{variable}: cannot reach {what} at {_where(url)}: {reason}")
+
+
+async def check_dependencies(settings: Settings, *, redis: bool = True, amqp: bool = True, mysql: bool = True) -> None:
+    """Connect once to each store the process needs (Redis PING, a RabbitMQ connection, MySQL
+    ``SELECT 1``), in that order, each bounded by its connect timeout: the start-up check of
+    ``flashsale serve`` and ``consume``, so that a wrong URL ends in one line instead of workers
+    crashing and being respawned.
+
+    Raises:
+        DependencyUnreachable: the first store that did not answer.
+    """
+    import aio_pika
+
+    try:
+        if redis:
+            client = make_redis(settings)
+            try:
+                await client.ping()
+            finally:
+                await client.aclose()
+        if amqp:
+            # aiormq logs the refused connect itself; the error raised says it once, in one line
+            aiormq_log = logging.getLogger("aiormq")
+            level = aiormq_log.level
+            aiormq_log.setLevel(logging.CRITICAL)
+            try:
+                connection = await aio_pika.connect(settings.amqp.url, timeout=settings.amqp.confirm_timeout)
+            finally:
+                aiormq_log.setLevel(level)
+            await connection.close()
+        if mysql:
+            engine = make_engine(settings.db.url, pool_size=1, max_overflow=0)
+            try:
+                async with engine.connect() as conn:
+                    await conn.execute(text("SELECT 1"))
+            finally:
+                await engine.dispose()
+    except Exception as exc:
+        problem = unreachable(exc, settings)
+        if problem is None:
+            raise
+        raise problem from exc

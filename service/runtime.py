@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on uvloop (the asyncio loop where uvloop is missing); returns its result.
+    Only the import of uvloop is guarded: an ImportError raised by the coroutine itself
+    propagates (it used to run the coroutine a second time)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - platforms without uvloop
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 @contextmanager

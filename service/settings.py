@@ -7,16 +7,63 @@ Nested groups use ``__``: ``FLASHSALE_DB__URL``, ``FLASHSALE_REDIS__URL``, ``FLA
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEV_JWT_SECRET = "dev-only-secret-change-me-0123456789abcdef"
+"""The JWT secret a development run may use: anyone can forge tokens with it."""
+DEV_CHANNEL_SECRETS = {
+    "mockpay": "dev-only-mockpay-secret-change-me",
+    "altpay": "dev-only-altpay-secret-change-me",
+}
+"""The payment channel secrets a development run may use: anyone can forge notifications with them."""
+ENV_PREFIX = "FLASHSALE_"
+ENV_NESTED_DELIMITER = "__"
+
+
+def _url_scheme(*schemes: str) -> AfterValidator:
+    """A URL whose scheme is one of ``schemes`` (the drivers installed), with a message naming them."""
+
+    def check(url: str) -> str:
+        if url.split("://", 1)[0] not in schemes or "://" not in url:
+            raise ValueError(f"must be a {' or '.join(s + '://' for s in schemes)} URL")
+        return url
+
+    return AfterValidator(check)
+
+
+class ConfigError(Exception):
+    """A setting is unusable. ``str()`` is one line naming the variable and what is wrong."""
+
+
+def variable_name(location: tuple[str | int, ...]) -> str:
+    """The environment variable of a settings field: ``("db", "url")`` -> ``FLASHSALE_DB__URL``."""
+    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(str(part).upper() for part in location)
+
+
+def config_error(exc: ValidationError) -> ConfigError:
+    """One line per invalid field, each naming its variable, the problem and the value given."""
+    lines = []
+    for error in exc.errors():
+        given = error.get("input")
+        names = [str(part) for part in error["loc"]]
+        if isinstance(given, dict) or any("secret" in name for name in names):
+            shown = ""  # never echo a secret
+        elif names[-1] == "url" and isinstance(given, str):
+            shown = f" (got '{given.split('://', 1)[0]}://...')"  # URLs may carry passwords
+        else:
+            shown = f" (got {given!r})"
+        lines.append(f"{variable_name(error['loc'])}: {error['msg']}{shown}")
+    return ConfigError("; ".join(lines))
 
 
 class DBSettings(BaseModel):
     """MySQL/MariaDB, the authoritative store (SQLAlchemy async URL, asyncmy driver)."""
 
-    url: str = "mysql+asyncmy://root@127.0.0.1:3306/flashsale"
+    url: Annotated[str, _url_scheme("mysql+asyncmy")] = "mysql+asyncmy://root@127.0.0.1:3306/flashsale"
+    """SQLAlchemy URL; only the asyncmy driver is installed and supported (``mysql+asyncmy://``)."""
     pool_size: int = Field(20, ge=1)
     max_overflow: int = Field(10, ge=0)
 
@@ -24,7 +71,7 @@ class DBSettings(BaseModel):
 class RedisSettings(BaseModel):
     """Redis: stock pre-decrement, reservation journal, quotas, replay records, order-number sequences."""
 
-    url: str = "redis://127.0.0.1:6379/0"
+    url: Annotated[str, _url_scheme("redis", "rediss", "unix")] = "redis://127.0.0.1:6379/0"
     key_prefix: str = Field("fs", pattern=r"^[A-Za-z0-9_.-]{1,40}$")
     max_connections: int = Field(200, ge=1)
     socket_timeout: float = Field(2.0, gt=0)
@@ -39,7 +86,7 @@ class RedisSettings(BaseModel):
 class AMQPSettings(BaseModel):
     """RabbitMQ topology and publishing (seconds for timeouts)."""
 
-    url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    url: Annotated[str, _url_scheme("amqp", "amqps")] = "amqp://guest:guest@127.0.0.1:5672/"
     exchange: str = "flashsale.orders"
     queue: str = "flashsale.orders"
     dead_letter_exchange: str = "flashsale.orders.dlx"
@@ -55,8 +102,15 @@ class AMQPSettings(BaseModel):
 class AuthSettings(BaseModel):
     """JWT (HS256) for buyers and admins."""
 
-    jwt_secret: str = Field("dev-only-secret-change-me-0123456789abcdef", min_length=32)
+    jwt_secret: str = Field(DEV_JWT_SECRET, min_length=32)
+    """HS256 secret. The default is refused outside development mode (``FLASHSALE_ENV=development``)."""
     token_ttl_seconds: int = Field(3600, ge=1)
+    leeway_seconds: float = Field(5.0, ge=0, le=300)
+    """Clock skew allowed on a token's ``exp``, ``nbf`` and ``iat`` (issuer and API clocks differ)."""
+    audience: str = ""
+    """When not empty, a token must carry this ``aud`` (deployments behind an identity provider)."""
+    issuer: str = ""
+    """When not empty, a token must carry this ``iss``."""
 
 
 class OrderSettings(BaseModel):
@@ -80,6 +134,19 @@ class OrderSettings(BaseModel):
     sold_out_flag_seconds: float = Field(1.0, ge=0, le=60)
 
 
+class RateLimitSettings(BaseModel):
+    """Purchase requests (``POST /orders``) allowed per product, per user and per client address,
+    counted in Redis inside the reserve call (every API process shares them; no extra round trip).
+    ``*_per_second``: sustained rate (0: no limit); ``*_burst``: requests allowed at once. Not
+    applied to admin or payment channel routes, nor to answers a sold-out flag gives in the process.
+    The address limit is high by default because buyers behind one NAT or proxy share an address."""
+
+    user_per_second: float = Field(5.0, ge=0)
+    user_burst: int = Field(10, ge=1)
+    address_per_second: float = Field(200.0, ge=0)
+    address_burst: int = Field(400, ge=1)
+
+
 class RealignSettings(BaseModel):
     """Realignment job: a journal entry older than ``grace_seconds`` with no order row is re-published."""
 
@@ -94,10 +161,7 @@ class PaymentSettings(BaseModel):
     channel -> base URL.
     """
 
-    channel_secrets: dict[str, str] = {
-        "mockpay": "dev-only-mockpay-secret-change-me",
-        "altpay": "dev-only-altpay-secret-change-me",
-    }
+    channel_secrets: dict[str, str] = DEV_CHANNEL_SECRETS
     window_seconds: int = Field(900, ge=1)
     currency: str = Field("CNY", pattern=r"^[A-Z]{3}$")
     channel_urls: dict[str, str] = {
@@ -112,11 +176,21 @@ class PaymentSettings(BaseModel):
     """Where channels send their notifications (given to the channel with every payment)."""
 
 
+class MetricsSettings(BaseModel):
+    """Prometheus metrics: ``enabled`` mounts ``GET /metrics`` and the request observations on
+    the API; ``port`` (0: none) is where ``consume``, ``realign --watch`` and ``sweep --watch``
+    expose theirs unless ``--metrics-port`` says otherwise, on ``host``."""
+
+    enabled: bool = True
+    port: int = Field(0, ge=0, le=65535)
+    host: str = "127.0.0.1"
+
+
 class Settings(BaseSettings):
     """All settings; ``get_settings()`` returns the process-wide instance."""
 
     model_config = SettingsConfigDict(
-        env_prefix="FLASHSALE_", env_nested_delimiter="__", env_file=".env", extra="ignore"
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, env_file=".env", extra="ignore"
     )
 
     db: DBSettings = DBSettings()
@@ -124,13 +198,57 @@ class Settings(BaseSettings):
     amqp: AMQPSettings = AMQPSettings()
     auth: AuthSettings = AuthSettings()
     orders: OrderSettings = OrderSettings()
+    rate_limit: RateLimitSettings = RateLimitSettings()
     realign: RealignSettings = RealignSettings()
     payment: PaymentSettings = PaymentSettings()
-    log_level: str = "INFO"
+    metrics: MetricsSettings = MetricsSettings()
+    access_log: bool = True
+    """One JSON line per HTTP request on stderr (``FLASHSALE_ACCESS_LOG=false``: none)."""
+    log_level: Annotated[
+        Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        BeforeValidator(lambda value: value.upper() if isinstance(value, str) else value),
+    ] = "INFO"
     bench_routes: bool = False
+    env: Literal["production", "development"] = "production"
+    """``development`` is the only mode in which the built-in development secrets are accepted
+    (../shared/DESIGN.md, contract additions); never in production."""
+
+    @property
+    def dev_mode(self) -> bool:
+        """True in development mode (``FLASHSALE_ENV=development``)."""
+        return self.env == "development"
+
+    def insecure_defaults(self) -> list[str]:
+        """The variables still at a development default anyone can read in the source."""
+        found = []
+        if self.auth.jwt_secret == DEV_JWT_SECRET:
+            found.append(variable_name(("auth", "jwt_secret")))
+        if any(DEV_CHANNEL_SECRETS.get(name) == secret for name, secret in self.payment.channel_secrets.items()):
+            found.append(variable_name(("payment", "channel_secrets")))
+        return found
+
+    def require_secrets(self) -> None:
+        """Refuse the development secrets outside development mode.
+
+        Raises:
+            ConfigError: a secret is at its development default outside development mode.
+        """
+        insecure = self.insecure_defaults()
+        if insecure and not self.dev_mode:
+            raise ConfigError(
+                f"{', '.join(insecure)}: still the development default (anyone can forge with it); "
+                f"set a secret of your own, or FLASHSALE_ENV=development for development"
+            )
 
 
 @lru_cache
 def get_settings() -> Settings:
-    """The settings of this process, read once."""
-    return Settings()
+    """The settings of this process, read once.
+
+    Raises:
+        ConfigError: a setting is invalid (one line naming each variable).
+    """
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise config_error(exc) from None

@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aio_pika
 import httpx
@@ -33,13 +36,25 @@ from service.domain.order_no import compose_order_no
 from service.domain.payments import sign
 from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
-from service.sale.isolation import free_port
+from service.sale.isolation import environment, free_port
 from service.settings import Settings
 
 # How long a test waits for something that will happen (a row written, a queue drained, a
 # process ready) before failing. Generous on purpose: it bounds a wait for a condition, it is not
 # a delay, so a busy machine makes a test slower, never wrong.
 PATIENCE = 60.0
+
+
+def start_serve(settings: Settings, port: int, workers: int = 1) -> subprocess.Popen:
+    """``flashsale serve`` on ``port`` with ``workers`` granian workers, reading exactly ``settings``,
+    in a session of its own (stop it with ``os.killpg(process.pid, ...)``), output discarded."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).with_name("flashsale")), "serve", "--port", str(port), "--workers", str(workers)],
+        env={**os.environ, **environment(settings)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 async def eventually(check, timeout: float = PATIENCE, interval: float = 0.05):
@@ -501,3 +516,25 @@ async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> A
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             await asyncio.to_thread(process.wait)
+
+
+def start_flashsale(argv: list[str], env: dict[str, str], log=None) -> subprocess.Popen:
+    """``flashsale ARGV`` in a session of its own (stop it with ``os.killpg``), output to the file
+    ``log`` (discarded when None)."""
+    flashsale = str(Path(sys.executable).with_name("flashsale"))
+    if log is None:
+        return subprocess.Popen(
+            [flashsale, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [flashsale, *argv], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+async def api_ready(http) -> bool:
+    """True when the API behind the httpx client ``http`` answers its readiness probe with 200."""
+    try:
+        return (await http.get("/api/v1/health/ready")).status_code == 200
+    except httpx.HTTPError:
+        return False

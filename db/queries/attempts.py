@@ -22,3 +22,6 @@ SET_STATUS = text("UPDATE payment_attempts SET status = :s WHERE order_no = :o A
 CHANNELS_OF_ORDER = text("SELECT channel FROM payment_attempts WHERE order_no = :o ORDER BY id")
 """The channels where order ``:o`` may have been paid: every attempt, closed ones too (a create
 still on the wire when the close arrived can leave an unpaid payment behind a closed attempt)."""
+
+ANY_OPEN = text("SELECT 1 FROM payment_attempts WHERE order_no = :o AND status = 'open' LIMIT 1")
+"""Whether order ``:o`` has an attempt still open at a channel (read under the order's row lock)."""

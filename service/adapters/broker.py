@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from time import perf_counter
 
 import aio_pika
 import msgspec
@@ -20,9 +21,13 @@ from aio_pika.abc import (
 )
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 
+from service import metrics
+from service.log_setup import HTTP_REQUEST_ID
 from service.settings import AMQPSettings
 
 log = structlog.get_logger(__name__)
+_CONFIRM_SECONDS = metrics.local_histogram(metrics.PUBLISH_CONFIRM_SECONDS)
+_PUBLISH_FAILURES = metrics.local_counter(metrics.PUBLISH_FAILURES)
 
 
 class OrderMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -129,6 +134,7 @@ class Publisher:
         self._reopen_locks: list[asyncio.Lock] = []
         self._next_reopen: list[float] = []
         self._turn = 0
+        self._reading: AbstractChannel | None = None
 
     async def connect(self) -> None:
         """Open the robust connection and the confirming channels; declare the topology."""
@@ -159,6 +165,23 @@ class Publisher:
         """Close the connection (and its channels)."""
         if self._connection is not None:
             await self._connection.close()
+
+    async def queue_depths(self) -> tuple[int, int]:
+        """Messages ready in the order queue and in the dead-letter queue, asked of the broker now
+        on a channel of their own (opened on first use, not one of the publishing channels).
+
+        Raises:
+            PublishFailed: the connection is down.
+            aio_pika.exceptions.AMQPError: the broker refused (e.g. a queue was deleted).
+        """
+        if self._connection is None or self._connection.is_closed:
+            raise PublishFailed("broker connection is down")
+        if self._reading is None or self._reading.is_closed:
+            self._reading = await self._connection.channel()
+        return (
+            await queue_depth(self._reading, self._settings.queue),
+            await queue_depth(self._reading, self._settings.dead_letter_queue),
+        )
 
     @property
     def ready(self) -> bool:
@@ -210,6 +233,21 @@ class Publisher:
             return exchange
 
     async def publish(self, order: OrderMessage) -> None:
+        """Publish ``order`` and wait for the publisher confirm (:meth:`_publish`), observed in
+        ``flashsale_publish_confirm_duration_seconds`` and ``flashsale_publish_failures_total``.
+
+        Raises:
+            PublishFailed: see :meth:`_publish`.
+        """
+        started = perf_counter()
+        try:
+            await self._publish(order)
+        except PublishFailed:
+            _PUBLISH_FAILURES.inc()
+            raise
+        _CONFIRM_SECONDS.observe(perf_counter() - started)
+
+    async def _publish(self, order: OrderMessage) -> None:
         """Publish ``order`` and wait for the publisher confirm.
 
         Raises:
@@ -227,6 +265,7 @@ class Publisher:
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=order.request_id,
+            correlation_id=HTTP_REQUEST_ID.get(),  # the consumer's log lines name the HTTP request
         )
         try:
             await exchange.publish(

@@ -11,6 +11,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.plugins import InitPluginProtocol
 
+from service.api import observe
 from service.api.auth import make_jwt_auth
 from service.api.controllers.admin import AdminController
 from service.api.controllers.bench import BenchController
@@ -19,7 +20,8 @@ from service.api.controllers.health import HealthController
 from service.api.controllers.orders import OrderController
 from service.api.controllers.payments import PaymentController
 from service.api.controllers.products import ProductController
-from service.api.media import require_json_body
+from service.api.hooks import before_request
+from service.api.openapi import document_contract
 from service.api.problems import ERROR_HANDLERS, problem_details_plugin
 from service.bootstrap import Resources, opened
 from service.log_setup import configure_logging
@@ -59,15 +61,32 @@ class FlashsalePlugin(InitPluginProtocol):
         app_config.lifespan.append(lifespan)
         app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)
         app_config.exception_handlers.update(ERROR_HANDLERS)
-        app_config.before_request = require_json_body  # 415 for a body that does not say JSON
-        return make_jwt_auth(settings.auth.jwt_secret).on_app_init(app_config)
+        app_config.before_request = before_request  # OPTIONS, 415 for non-JSON bodies, strict bodies
+        observe.install(app_config, settings)
+        auth = settings.auth
+        jwt_auth = make_jwt_auth(
+            auth.jwt_secret,
+            leeway_seconds=auth.leeway_seconds,
+            audience=auth.audience or None,
+            issuer=auth.issuer or None,
+        )
+        return jwt_auth.on_app_init(app_config)
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
-    """The purchase API. ``settings`` defaults to the process settings (environment, ``.env``)."""
+    """The purchase API. ``settings`` defaults to the process settings (environment, ``.env``).
+
+    Raises:
+        ConfigError: a setting is invalid, or a secret is at its development default outside
+            development mode (``flashsale serve`` checks both before starting workers).
+    """
     settings = settings or get_settings()
+    settings.require_secrets()
     configure_logging(settings.log_level)
-    return Litestar(
+    app = Litestar(
         plugins=[problem_details_plugin(), FlashsalePlugin(settings)],
         openapi_config=OpenAPIConfig(title="flashsale", version="0.1.0", path="/schema"),
+        logging_config=None,  # service.log_setup: JSON lines for the standard library's loggers too
     )
+    document_contract(app)
+    return app

@@ -1,19 +1,42 @@
-"""Authentication: Litestar's JWT auth (HS256). ``sub`` is the user id; ``role: admin`` marks admins."""
+"""Authentication: Litestar's JWT auth (HS256). ``sub`` is the user id; ``role: admin`` marks admins.
+
+Tokens are verified by PyJWT with a clock-skew allowance (``FLASHSALE_AUTH__LEEWAY_SECONDS``) for
+``exp``, ``nbf`` and ``iat`` (RFC 7519 section 4.1.4 allows "some small leeway"), and, when
+configured, an audience and an issuer (``FLASHSALE_AUTH__AUDIENCE`` / ``__ISSUER``). Every 401
+carries ``WWW-Authenticate: Bearer`` (RFC 6750 section 3): ``error="invalid_token"`` when a token
+was sent but refused, no error code when none was sent.
+"""
 
 from __future__ import annotations
 
+import re
 import time
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import jwt
 from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from litestar.handlers.base import BaseRouteHandler
+from litestar.middleware import DefineMiddleware
 from litestar.middleware.authentication import AuthenticationResult
 from litestar.security.jwt import JWTAuth, JWTAuthenticationMiddleware, Token
 
 from service.domain.request_id import USER_ID
+
+REALM = "flashsale"
+BEARER_CHALLENGE = f'Bearer realm="{REALM}"'
+"""``WWW-Authenticate`` of a 401 to a request that sent no token (RFC 6750 section 3.1)."""
+INVALID_TOKEN_CHALLENGE = f'Bearer realm="{REALM}", error="invalid_token"'
+"""``WWW-Authenticate`` of a 401 to a request whose token was refused (RFC 6750 section 3.1)."""
+PUBLIC_PATHS = ["/schema", "/api/v1/health", "^/api/v1/products/", "^/api/v1/payments/notify$"]
+"""Paths that need no token (regular expressions, as Litestar's ``exclude``): the schema, health,
+product info and payment notifications (signed by the channel instead)."""
+EXCLUDE_OPT = "exclude_from_auth"
+"""``opt`` key of a handler that needs no token (Litestar's ``exclude_opt_key``)."""
+_PUBLIC = re.compile("|".join(PUBLIC_PATHS))
 
 
 @dataclass
@@ -31,22 +54,47 @@ class User:
     is_admin: bool
 
 
+def _refused(detail: str) -> NotAuthorizedException:
+    return NotAuthorizedException(detail, headers={"WWW-Authenticate": INVALID_TOKEN_CHALLENGE})
+
+
+def _user_from_claims(claims: dict[str, Any]) -> User:
+    sub, role = claims.get("sub"), claims.get("role")
+    if not isinstance(sub, str) or not USER_ID.fullmatch(sub):
+        raise _refused("Token subject is not a valid user id")
+    if role is not None and not isinstance(role, str):
+        raise _refused("Token role is not a string")
+    return User(id=sub, is_admin=role == "admin")
+
+
 class CachingJWTMiddleware(JWTAuthenticationMiddleware):
-    """Litestar's JWT middleware with a per-process cache of verified tokens.
+    """Litestar's JWT middleware, verifying with PyJWT under a clock-skew leeway, with a
+    per-process cache of verified tokens.
 
     A buyer in a stampede sends the same token many times; verifying its HS256 signature and
     decoding its claims every time was the largest cost on the reject path. The cache maps the
     exact encoded token (signature included, so a forged token never matches) to the user it
-    proved, until the token's ``exp``: an expired token is verified again (and so refused).
-    Only tokens that verified are cached; at most ``MAX_ENTRIES`` (cleared whole when full, so
+    proved, until the token's ``exp`` plus the leeway: then it is verified again (and so refused).
+    Only tokens that verified (signature, ``exp``/``nbf``/``iat`` within the leeway, audience and
+    issuer when configured) are cached; at most ``MAX_ENTRIES`` (cleared whole when full, so
     memory stays bounded under a flood of distinct tokens).
     """
 
     MAX_ENTRIES = 100_000
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, leeway_seconds: float = 0.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.leeway_seconds = leeway_seconds
         self._verified: dict[str, tuple[float, AuthenticationResult]] = {}
+
+    async def authenticate_request(self, connection: ASGIConnection[Any, Any, Any, Any]) -> AuthenticationResult:
+        scheme, _, encoded_token = connection.headers.get(self.auth_header, "").partition(" ")
+        if not encoded_token:
+            raise NotAuthorizedException(
+                "A bearer token is required (Authorization: Bearer <JWT>)",
+                headers={"WWW-Authenticate": BEARER_CHALLENGE},
+            )
+        return await self.authenticate_token(encoded_token, connection)
 
     async def authenticate_token(
         self, encoded_token: str, connection: ASGIConnection[Any, Any, Any, Any]
@@ -56,51 +104,133 @@ class CachingJWTMiddleware(JWTAuthenticationMiddleware):
             if time.time() < cached[0]:
                 return cached[1]
             del self._verified[encoded_token]
-        result = await super().authenticate_token(encoded_token, connection)
+        claims = self._verify(encoded_token)
+        result = AuthenticationResult(user=_user_from_claims(claims), auth=claims)
         if len(self._verified) >= self.MAX_ENTRIES:
             self._verified.clear()
-        self._verified[encoded_token] = (result.auth.exp.timestamp(), result)
+        self._verified[encoded_token] = (float(claims["exp"]) + self.leeway_seconds, result)
         return result
+
+    def _verify(self, encoded_token: str) -> dict[str, Any]:
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                encoded_token,
+                self.token_secret,
+                algorithms=[self.algorithm],
+                audience=self.token_audience,
+                issuer=self.token_issuer,
+                leeway=self.leeway_seconds,
+                options={
+                    "require": list(self.require_claims or ()),
+                    "verify_aud": bool(self.token_audience),
+                    "verify_iss": bool(self.token_issuer),
+                },
+            )
+        except jwt.InvalidTokenError as exc:
+            raise _refused(f"Invalid token: {exc}") from exc
+        return claims
+
+
+@dataclass
+class FlashsaleJWTAuth(JWTAuth[User, FlashsaleToken]):
+    """Litestar's ``JWTAuth`` whose middleware allows ``leeway_seconds`` of clock skew."""
+
+    leeway_seconds: float = field(default=5.0)
+
+    @property
+    def middleware(self) -> DefineMiddleware:
+        define = super().middleware
+        define.kwargs["leeway_seconds"] = self.leeway_seconds
+        return define
 
 
 async def _retrieve_user(token: FlashsaleToken, _: ASGIConnection[Any, Any, Any, Any]) -> User:
-    if not USER_ID.fullmatch(token.sub):
-        raise NotAuthorizedException("Token subject is not a valid user id")
+    # Litestar's interface wants it; CachingJWTMiddleware builds the user from the verified claims.
     return User(id=token.sub, is_admin=token.role == "admin")
 
 
 async def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Guard: only callers whose token has ``role: admin``.
+    """Guard: only callers whose token has ``role: admin``. Safe on every method: an ``OPTIONS``
+    request (which the JWT middleware lets through without a token) passes to the app's OPTIONS
+    answer; a request that reached the guard without a user is refused, never a 500.
 
     Raises:
+        NotAuthorizedException: 401 when no token authenticated the request.
         PermissionDeniedException: 403 for any other caller.
     """
-    if not connection.user.is_admin:
+    if connection.scope.get("method") == "OPTIONS":
+        return
+    user = connection.scope.get("user")
+    if not isinstance(user, User):
+        raise NotAuthorizedException("A bearer token is required", headers={"WWW-Authenticate": BEARER_CHALLENGE})
+    if not user.is_admin:
         raise PermissionDeniedException("Admin role required")
 
 
-def make_jwt_auth(secret: str) -> JWTAuth[User, FlashsaleToken]:
+def requires_token(route_handler: BaseRouteHandler, path: str) -> bool:
+    """Whether the JWT middleware asks a request to ``path`` handled by ``route_handler`` for a token."""
+    return not route_handler.opt.get(EXCLUDE_OPT) and _PUBLIC.search(path) is None
+
+
+def make_jwt_auth(
+    secret: str,
+    *,
+    leeway_seconds: float = 5.0,
+    audience: str | Sequence[str] | None = None,
+    issuer: str | Sequence[str] | None = None,
+) -> FlashsaleJWTAuth:
     """Litestar JWT auth; everything but health, product info, the schema and payment
-    notifications (signed by the channel instead) needs a token."""
-    return JWTAuth[User, FlashsaleToken](
+    notifications (signed by the channel instead) needs a token. ``leeway_seconds``: clock skew
+    allowed on ``exp``/``nbf``/``iat``; ``audience`` / ``issuer``: when given, a token must carry
+    a matching ``aud`` / ``iss``."""
+    return FlashsaleJWTAuth(
         token_secret=secret,
         token_cls=FlashsaleToken,
         retrieve_user_handler=_retrieve_user,
         require_claims=["exp", "sub"],
         authentication_middleware_class=CachingJWTMiddleware,
-        exclude=["/schema", "/api/v1/health", "^/api/v1/products/", "^/api/v1/payments/notify$"],
+        exclude=PUBLIC_PATHS,
+        exclude_opt_key=EXCLUDE_OPT,
+        accepted_audiences=audience,
+        accepted_issuers=issuer,
+        leeway_seconds=leeway_seconds,
     )
 
 
-def issue_token(secret: str, user_id: str, admin: bool = False, ttl_seconds: int = 3600) -> str:
-    """A signed JWT for ``user_id`` valid ``ttl_seconds`` seconds (``role: admin`` when ``admin``).
+def decode_admin(secret: str, encoded: str) -> bool:
+    """True when ``encoded`` is a valid, unexpired token of this secret with ``role: admin``
+    (for the one route that takes its token outside the header: ``GET /ops?token=``)."""
+    try:
+        token = FlashsaleToken.decode(encoded, secret, "HS256")
+    except NotAuthorizedException:
+        return False
+    return token.role == "admin" and bool(USER_ID.fullmatch(token.sub))
+
+
+def issue_token(
+    secret: str,
+    user_id: str,
+    admin: bool = False,
+    ttl_seconds: int = 3600,
+    *,
+    audience: str | None = None,
+    issuer: str | None = None,
+) -> str:
+    """A signed JWT for ``user_id`` valid ``ttl_seconds`` seconds (``role: admin`` when ``admin``;
+    ``aud`` / ``iss`` when given).
 
     Raises:
         ValueError: ``user_id`` is not a valid user id.
     """
     if not USER_ID.fullmatch(user_id):
         raise ValueError("user id must be 1-64 of A-Za-z0-9_.:@-")
-    auth = make_jwt_auth(secret)
-    return auth.create_token(
-        identifier=user_id, token_expiration=timedelta(seconds=ttl_seconds), role="admin" if admin else None
+    now = datetime.now(UTC)
+    token = FlashsaleToken(
+        sub=user_id,
+        exp=now + timedelta(seconds=ttl_seconds),
+        iat=now,
+        iss=issuer,
+        aud=audience,
+        role="admin" if admin else None,
     )
+    return token.encode(secret, "HS256")

@@ -1,20 +1,17 @@
 """``415 unsupported_media_type``: the one check that a request body says it is JSON.
 
-Applied to every route by the app's ``before_request`` hook, after authentication and before the
-body is read. It is a coroutine, so Litestar awaits it on the event loop instead of handing it to
-its thread pool as it does a plain function, and not a guard, whose every call copies the route
-handler: as a sync guard both showed up as ~15 % of the worker's samples in py-spy. A handler that
-takes a JSON body (a ``data`` parameter, or ``opt={"json_body": True}`` for one that reads the raw
-body itself, like the payment notification) accepts a non-empty body only with ``Content-Type:
-application/json`` or ``application/<subtype>+json`` (parameters such as ``charset`` allowed). A
-request without a body (a cancel, a refund without options) is not concerned.
+Called by the app's ``before_request`` hook (``service/api/hooks.py``), after authentication and
+before the body is read. A handler that takes a JSON body (a ``data`` parameter, or
+``opt={"json_body": True}`` for one that reads the raw body itself, like the payment notification)
+accepts a non-empty body only with ``Content-Type: application/json`` or
+``application/<subtype>+json`` (parameters such as ``charset`` allowed). A request without a body
+(a cancel, a refund without options) is not concerned.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request
 from litestar.connection import ASGIConnection
 
 from service.api.problems import Problem
@@ -30,7 +27,8 @@ def is_json_media_type(content_type: str) -> bool:
     return kind == "application" and (subtype == "json" or (subtype.endswith("+json") and len(subtype) > 5))
 
 
-def _has_body(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
+def has_body(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
+    """True when the request announces a body (``Transfer-Encoding`` or a non-zero ``Content-Length``)."""
     headers = connection.headers
     if "transfer-encoding" in headers:
         return True
@@ -38,14 +36,10 @@ def _has_body(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
     return length != "0" and length != ""
 
 
-async def require_json_body(request: Request[Any, Any, Any]) -> None:
-    """``before_request`` hook: 415 ``unsupported_media_type`` for a body that does not say JSON
-    on a route that takes JSON (see the module). Returns None, so the handler runs."""
-    route_handler = request.route_handler
-    takes_json = route_handler.opt.get(JSON_BODY_OPT) or "data" in route_handler.parsed_fn_signature.parameters
-    if not takes_json or not _has_body(request):
-        return
-    content_type = request.headers.get("content-type", "")
+def require_json_media_type(connection: ASGIConnection[Any, Any, Any, Any]) -> None:
+    """Raises :class:`Problem` 415 ``unsupported_media_type`` when the body does not say JSON
+    (call it only for a request that has a body, on a route that takes JSON)."""
+    content_type = connection.headers.get("content-type", "")
     if not is_json_media_type(content_type):
         raise Problem(
             415,

@@ -21,12 +21,19 @@ from litestar.plugins.problem_details import (
 )
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from litestar.types import ExceptionHandlersMap
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
+from db.engine import is_unreachable
 from service.domain.errors import DomainError, InvalidInput
 
 log = structlog.get_logger(__name__)
 
-_TITLES = {
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TITLES = {
     400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
@@ -75,7 +82,7 @@ class Problem(ProblemDetailsException):
             headers=headers,
             extra=extra,
             type_=f"https://flashsale.dev/problems/{code}",
-            title=_TITLES.get(status, "Error"),
+            title=TITLES.get(status, "Error"),
         )
 
 
@@ -95,6 +102,14 @@ def _field_of(item: dict[str, Any]) -> str:
     return "body" if key in (None, "data") else str(key)
 
 
+def validation_problem(message: str) -> Problem:
+    """400 ``invalid_request`` from a msgspec validation message (``Expected `int`, got `str` - at
+    `$.stock```), naming the field it points at."""
+    field = _field_of({"message": message})
+    text = message.rsplit(" - at `", 1)[0]
+    return field_error(field, text)
+
+
 def _from_http_exception(exc: HTTPException) -> ProblemDetailsException:
     status = exc.status_code
     if isinstance(exc, ValidationException):
@@ -107,8 +122,14 @@ def _from_http_exception(exc: HTTPException) -> ProblemDetailsException:
         return Problem(400, "invalid_request", detail, errors=errors or None)
     if status >= 500:
         return Problem(status, "internal_error", "Internal server error.")
-    return Problem(status, _GENERIC_CODES.get(status, "error"), str(exc.detail), headers=exc.headers)
+    headers = exc.headers
+    if status == 401 and not (headers and "WWW-Authenticate" in headers):
+        headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="flashsale"'}  # RFC 9110 section 15.5.2
+    return Problem(status, _GENERIC_CODES.get(status, "error"), str(exc.detail), headers=headers)
 
+
+SIGNATURE_CHALLENGE = 'X-Signature realm="flashsale-payments", algorithm="HMAC-SHA256"'
+"""``WWW-Authenticate`` of a 401 from a domain check: the payment notification's signature."""
 
 STATUS_BY_CODE = {
     "invalid_request": 400,
@@ -131,6 +152,7 @@ STATUS_BY_CODE = {
     "channel_unavailable": 503,
     "idempotency_key_reused": 422,
     "token_required": 428,
+    "too_many_requests": 429,
     "unavailable": 503,
 }
 """The one place where a domain error's ``code`` becomes an HTTP status (../shared/DESIGN.md)."""
@@ -172,6 +194,8 @@ def _encoded_problem(
     if field is not None and message is not None:
         body["errors"] = [{"field": field, "message": message}]
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    if status == 401:  # RFC 9110 section 15.5.2: a 401 names how to authenticate
+        headers = {**(headers or {}), "WWW-Authenticate": SIGNATURE_CHALLENGE}
     return status, msgspec.json.encode(body), headers
 
 
@@ -181,6 +205,17 @@ def _domain_error(request: Request[Any, Any, Any], exc: DomainError) -> Response
     if exc.code not in STATUS_BY_CODE:
         return _unexpected(request, exc)
     return problem_response(exc)
+
+
+def _store_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """A store that did not answer outside the purchase path (a read on a lost MySQL or Redis):
+    503 ``unavailable`` with ``Retry-After``, logged once per request; anything else is a 500."""
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError) or is_unreachable(exc):
+        log.warning("store_unavailable", path=request.url.path, error=str(exc).splitlines()[0][:200])
+        return Problem(
+            503, "unavailable", "A store did not answer; retry shortly.", headers={"Retry-After": "1"}
+        ).to_response(request)
+    return _unexpected(request, exc)
 
 
 def _too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:
@@ -200,5 +235,12 @@ def problem_details_plugin() -> ProblemDetailsPlugin:
     )
 
 
-ERROR_HANDLERS: ExceptionHandlersMap = {DomainError: _domain_error, RecursionError: _too_deep, Exception: _unexpected}
+ERROR_HANDLERS: ExceptionHandlersMap = {
+    DomainError: _domain_error,
+    RecursionError: _too_deep,
+    DBAPIError: _store_error,
+    PoolTimeoutError: _store_error,
+    RedisError: _store_error,
+    Exception: _unexpected,
+}
 """Exception handlers of the app: domain errors, too-deep JSON, anything unexpected (500, logged)."""

@@ -19,7 +19,6 @@ import contextlib
 import importlib.metadata
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -45,16 +44,18 @@ from service.bench.report import Report, render
 from service.bench.rows import accept_ceiling, fill_ratios, judge
 from service.bench.server import ServerFailed
 from service.bench.wrk import WrkMissing, require_wrk
-from service.sale.isolation import environment, isolated_settings, new_run_id
+from service.sale.isolation import environment, isolated_settings, new_run_id, with_own_secrets
 from service.sale.stores import tear_down
 from service.settings import Settings
 
 
 def bench_settings(base: Settings, run_id: str) -> Settings:
-    """``base`` isolated under ``run_id`` with a random JWT secret and the bench routes on."""
-    isolated = isolated_settings(base, run_id)
-    auth = isolated.auth.model_copy(update={"jwt_secret": secrets.token_hex(32)})
-    return isolated.model_copy(update={"auth": auth, "bench_routes": True})
+    """``base`` isolated under ``run_id`` with secrets of its own, the bench routes on and no
+    purchase rate limits (wrk sends every request from one address, the sold-out row from one
+    user: the limits would measure themselves)."""
+    isolated = with_own_secrets(isolated_settings(base, run_id))
+    limits = isolated.rate_limit.model_copy(update={"user_per_second": 0.0, "address_per_second": 0.0})
+    return isolated.model_copy(update={"bench_routes": True, "rate_limit": limits})
 
 
 async def _versions(settings: Settings, engine: AsyncEngine) -> dict[str, str]:

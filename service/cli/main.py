@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import json
 import sys
 from collections.abc import Coroutine
 from datetime import datetime
@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
+from service.cli.dlq import dlq
+from service.runtime import run_async
 from service.settings import get_settings
 
 T = TypeVar("T")
@@ -19,46 +21,93 @@ T = TypeVar("T")
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on uvloop (the asyncio loop where uvloop is missing)."""
+    return run_async(coro)
+
+
+class FlashsaleGroup(click.Group):
+    """The ``flashsale`` group: a configuration error (an invalid setting, a store its URL does
+    not reach, a development secret outside development mode) ends the command with one line on
+    stderr naming the variable, exit code 2; ``--debug`` shows the traceback instead."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            if ctx.meta.get("flashsale.debug"):
+                raise
+            problem = _config_problem(exc)
+            if problem is None:
+                raise
+            click.echo(f"flashsale: configuration error: {problem}", err=True)
+            ctx.exit(2)
+
+
+def _config_problem(exc: Exception) -> str | None:
+    from service.settings import ConfigError
+
+    if isinstance(exc, ConfigError):
+        return str(exc)
     try:
-        import uvloop
+        settings = get_settings()
+    except ConfigError:
+        return None
+    from service.bootstrap import unreachable
 
-        return uvloop.run(coro)
-    except ImportError:  # pragma: no cover - platforms without uvloop
-        return asyncio.run(coro)
+    problem = unreachable(exc, settings)
+    return None if problem is None else str(problem)
 
 
-@click.group()
-def main() -> None:
+@click.group(cls=FlashsaleGroup)
+@click.version_option(package_name="flashsale", message="flashsale %(version)s")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line configuration errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
     """flashsale: inventory-aware order service for flash sales."""
+    ctx.meta["flashsale.debug"] = debug
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64), help="granian worker processes.")
 def serve(host: str, port: int, workers: int) -> None:
-    """Run the purchase API (granian, WORKERS processes)."""
+    """Run the purchase API (granian, WORKERS processes). Checks Redis, RabbitMQ and MySQL once
+    first: one that does not answer ends it with one line and exit code 2."""
+    from service.bootstrap import check_dependencies
     from service.cli.serve import serve_app
 
+    settings = get_settings()
+    settings.require_secrets()
+    _run(check_dependencies(settings))
     serve_app("service.api.app:create_app", host, port, workers)
+
+
+_metrics_port = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve /metrics on this port (default FLASHSALE_METRICS__PORT; 0: not served).",
+)
 
 
 @main.command()
 @click.option(
     "--prefetch", default=None, type=click.IntRange(1, 10_000), help="Unacked messages in hand (default from settings)."
 )
-def consume(prefetch: int | None) -> None:
+@_metrics_port
+def consume(prefetch: int | None, metrics_port: int | None) -> None:
     """Write queued orders to MySQL (run as many as you like). Exits 0 on SIGTERM after finishing its messages."""
     from consumers.order_consumer import run_consumer
-    from service.bootstrap import opened
+    from service.bootstrap import check_dependencies, opened
     from service.log_setup import configure_logging
 
     settings = get_settings()
     configure_logging(settings.log_level)
 
     async def go() -> None:
+        await check_dependencies(settings)
         async with opened(settings, publish=False) as resources:
-            await run_consumer(resources, prefetch or settings.amqp.prefetch)
+            await run_consumer(resources, prefetch or settings.amqp.prefetch, metrics_port)
 
     _run(go())
 
@@ -68,18 +117,25 @@ def consume(prefetch: int | None) -> None:
 @click.option("--dry-run", is_flag=True, help="Report without writing.")
 @click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array per pass.")
-def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json: bool) -> None:
+@_metrics_port
+def realign(
+    product_id: int | None, dry_run: bool, watch: float | None, as_json: bool, metrics_port: int | None
+) -> None:
     """Make Redis stock = MySQL stock - reservations in flight (one pass, or --watch)."""
     from consumers.realign import run_realign
 
-    sys.exit(_run(run_realign(get_settings(), product_id, dry_run, watch, as_json)))
+    sys.exit(_run(run_realign(get_settings(), product_id, dry_run, watch, as_json, metrics_port)))
 
 
 @main.command()
-@click.option("--stock", default=1000, show_default=True, type=click.IntRange(1))
-@click.option("--requests", "requests_", default=50_000, show_default=True, type=click.IntRange(1))
-@click.option("--users", default=20_000, show_default=True, type=click.IntRange(1))
-@click.option("--concurrency", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--stock", default=1000, show_default=True, type=click.IntRange(1), help="Units on sale.")
+@click.option(
+    "--requests", "requests_", default=50_000, show_default=True, type=click.IntRange(1), help="Purchase requests."
+)
+@click.option("--users", default=20_000, show_default=True, type=click.IntRange(1), help="Distinct buyers (JWTs).")
+@click.option(
+    "--concurrency", default=256, show_default=True, type=click.IntRange(1), help="Requests in flight at once."
+)
 @click.option("--limit", "per_user_limit", default=2, show_default=True, type=click.IntRange(1), help="Per-user limit.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1), help="API workers to start.")
 @click.option("--consumers", default=2, show_default=True, type=click.IntRange(1), help="Consumer processes to start.")
@@ -112,6 +168,13 @@ def realign(product_id: int | None, dry_run: bool, watch: float | None, as_json:
     type=click.Choice(["confirm", "async"]),
     default=None,
     help="FLASHSALE_ORDERS__PUBLISH_MODE of the API processes it starts (default: from settings).",
+)
+@click.option(
+    "--report",
+    "report_dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also write an HTML report with charts (report.html and PNGs) to DIR.",
 )
 def sale(**options: Any) -> None:
     """Run a whole flash sale end to end on the real services and check every invariant."""
@@ -189,10 +252,12 @@ def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
     type=click.Choice(["paid", "refunded", "refund_failed", "refund_rejected"]),
     default="paid",
     show_default=True,
+    help="What happened.",
 )
 @click.option("--channel", default=None, help="Channel name (default: the first configured).")
 @click.option("--currency", default=None, help="ISO 4217 (default: the shop's).")
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="The API.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"status", "answer"} as one JSON object.')
 def pay(
     order_no: str,
     amount: int | None,
@@ -201,22 +266,30 @@ def pay(
     channel: str | None,
     currency: str | None,
     url: str,
+    as_json: bool,
 ) -> None:
     """Send a signed payment notification for ORDER_NO, as a payment channel would."""
     from service.cli.pay import send_notification
 
-    result = _run(send_notification(get_settings(), order_no, amount, txn_id, event, channel, currency, url))
-    click.echo(result)
+    settings = get_settings()
+    settings.require_secrets()
+    response = _run(send_notification(settings, order_no, amount, txn_id, event, channel, currency, url))
+    if as_json:
+        click.echo(json.dumps({"status": response.status_code, "answer": response.json()}))
+    else:
+        click.echo(f"{response.status_code} {response.text}")
 
 
 @main.command()
 @click.option("--product", "product_id", type=click.IntRange(1), default=None, help="Only this product.")
 @click.option("--watch", type=float, default=None, metavar="SECONDS", help="Repeat every SECONDS.")
-def sweep(product_id: int | None, watch: float | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per pass.")
+@_metrics_port
+def sweep(product_id: int | None, watch: float | None, as_json: bool, metrics_port: int | None) -> None:
     """Cancel orders unpaid after the payment window (FLASHSALE_PAYMENT__WINDOW_SECONDS); units go back on sale."""
     from service.cli.pay import run_sweep
 
-    _run(run_sweep(get_settings(), product_id, watch))
+    _run(run_sweep(get_settings(), product_id, watch, as_json, metrics_port))
 
 
 @main.group()
@@ -225,8 +298,10 @@ def channel() -> None:
 
 
 @channel.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8100, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", default=8100, show_default=True, type=click.IntRange(1, 65535), help="Port of the simulated channels."
+)
 def channel_serve(host: str, port: int) -> None:
     """Serve the simulated channels over HTTP (one process: the books live in memory)."""
     from service.cli.serve import serve_app
@@ -236,7 +311,7 @@ def channel_serve(host: str, port: int) -> None:
 
 @channel.command("pay")
 @click.argument("order_no")
-@click.option("--channel", "channel_name", default="mockpay", show_default=True)
+@click.option("--channel", "channel_name", default="mockpay", show_default=True, help="The channel to pay at.")
 @click.option("--url", default=None, help="The channel's base URL (default: FLASHSALE_PAYMENT__CHANNEL_URLS).")
 def channel_pay(order_no: str, channel_name: str, url: str | None) -> None:
     """The buyer pays ORDER_NO at a running simulator (after POST /api/v1/orders/{order_no}/pay)."""
@@ -294,13 +369,31 @@ def reconcile(day: datetime, channel_name: str | None, apply_fixes: bool, as_jso
 
 
 @main.command()
-def migrate() -> None:
-    """Create the database if missing and upgrade the schema to head (Alembic)."""
-    from db.migrate import upgrade
+@click.option("--current", "show_current", is_flag=True, help="Print the current revision and change nothing.")
+@click.option("--downgrade", "down_to", default=None, metavar="REV", help="Downgrade to REV (base, -1, 0001...).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def migrate(show_current: bool, down_to: str | None, as_json: bool) -> None:
+    """Create the database if missing and upgrade the schema to head (Alembic); or show the
+    current revision, or downgrade to one."""
+    from alembic.util.exc import CommandError
+
+    from db import migrate as migrations
 
     url = get_settings().db.url
-    _run(upgrade(url))
-    click.echo(f"migrated {url.split('@')[-1]}")
+    database = url.split("@")[-1]
+    try:
+        if show_current:
+            action, revision = "current", _run(migrations.current(url))
+        elif down_to is not None:
+            action, revision = "downgraded", _run(migrations.downgrade(url, down_to))
+        else:
+            action, revision = "migrated", _run(migrations.upgrade(url))
+    except CommandError as exc:
+        raise click.BadParameter(str(exc), param_hint="--downgrade") from None
+    if as_json:
+        click.echo(json.dumps({"action": action, "database": database, "revision": revision}))
+    else:
+        click.echo(f"{action} {database}: revision {revision or 'none'}")
 
 
 @main.group()
@@ -310,7 +403,7 @@ def product() -> None:
 
 @product.command("set")
 @click.argument("product_id", type=click.IntRange(1))
-@click.option("--stock", required=True, type=click.IntRange(0))
+@click.option("--stock", required=True, type=click.IntRange(0), help="The sale's units in all, sold ones included.")
 @click.option(
     "--price", default=None, type=click.IntRange(0), help="Minor currency units (kept when left out; 0 on creation)."
 )
@@ -322,8 +415,18 @@ def product() -> None:
     help="Per-user limit in units (kept when left out; 1 on creation).",
 )
 @click.option("--name", default=None, help="Kept when left out.")
-@click.option("--starts", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
-@click.option("--ends", type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), default=None)
+@click.option(
+    "--starts",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]),
+    default=None,
+    help="Sale opens (ISO 8601, naive = UTC; on creation default: now; on update kept).",
+)
+@click.option(
+    "--ends",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]),
+    default=None,
+    help="Sale ends (ISO 8601, naive = UTC; on creation default: no end; on update kept).",
+)
 @click.option(
     "--stock-mode",
     type=click.Choice(["database", "redis"]),
@@ -381,19 +484,28 @@ def product_set(
 
 
 @main.command()
-@click.option("--user", "user_id", required=True)
-@click.option("--admin", is_flag=True)
+@click.option("--user", "user_id", required=True, help="The user id (JWT sub): 1-64 of A-Za-z0-9_.:@-.")
+@click.option("--admin", is_flag=True, help="Add role: admin (admin routes).")
 @click.option("--ttl", default=None, type=click.IntRange(1), help="Seconds (default from settings).")
 def token(user_id: str, admin: bool, ttl: int | None) -> None:
     """Print a JWT for USER (HS256 with FLASHSALE_AUTH__JWT_SECRET)."""
     from service.api.auth import issue_token
 
     settings = get_settings()
+    settings.require_secrets()
     try:
-        click.echo(issue_token(settings.auth.jwt_secret, user_id, admin, ttl or settings.auth.token_ttl_seconds))
+        auth = settings.auth
+        ttl_seconds = ttl or auth.token_ttl_seconds
+        click.echo(
+            issue_token(
+                auth.jwt_secret, user_id, admin, ttl_seconds, audience=auth.audience or None, issuer=auth.issuer or None
+            )
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--user") from None
 
+
+main.add_command(dlq)
 
 if __name__ == "__main__":
     main()

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 
 import httpx
 
+from consumers import observe
 from db.queries import orders
+from service import metrics
 from service.bootstrap import opened
 from service.domain.lifecycle import expire_unpaid
 from service.domain.order_no import is_valid_order_no
@@ -34,8 +37,8 @@ async def send_notification(
     channel: str | None,
     currency: str | None,
     url: str,
-) -> str:
-    """POST a notification signed with the channel's secret; returns ``<status> <body>``.
+) -> httpx.Response:
+    """POST a notification signed with the channel's secret; returns the API's 2xx answer.
 
     Raises:
         SystemExit: invalid order number, order not in MySQL, API unreachable, or a non-2xx answer.
@@ -60,12 +63,20 @@ async def send_notification(
         raise SystemExit(f"error: {url} did not answer: {exc!r}") from None
     if not response.is_success:
         raise SystemExit(f"error: {response.status_code} {response.text}")
-    return f"{response.status_code} {response.text}"
+    return response
 
 
-async def run_sweep(settings: Settings, product_id: int | None, every: float | None) -> None:
+async def run_sweep(
+    settings: Settings,
+    product_id: int | None,
+    every: float | None,
+    as_json: bool = False,
+    metrics_port: int | None = None,
+) -> None:
     """``flashsale sweep``: cancel unpaid orders past the payment window; one pass, or repeated
-    every ``every`` seconds until SIGTERM/SIGINT."""
+    every ``every`` seconds until SIGTERM/SIGINT (then ``/metrics`` on ``metrics_port``, default
+    ``FLASHSALE_METRICS__PORT``, 0: not served). Each pass prints one line (a JSON object
+    ``{"cancelled", "window_seconds", "product_id"}`` with ``as_json``)."""
     configure_logging(settings.log_level)
     window = settings.payment.window_seconds
     async with opened(settings, publish=False) as resources:
@@ -78,9 +89,15 @@ async def run_sweep(settings: Settings, product_id: int | None, every: float | N
                 product_id=product_id,
                 may_cancel=resources.checkout.may_cancel,
             )
-            print(f"cancelled {cancelled} unpaid order(s) past {window}s", flush=True)
+            metrics.SWEPT.inc(cancelled)
+            if as_json:
+                line = json.dumps({"cancelled": cancelled, "window_seconds": window, "product_id": product_id})
+            else:
+                line = f"cancelled {cancelled} unpaid order(s) past {window}s"
+            print(line, flush=True)
 
-        await watch(every, one_pass)
+        async with observe.exposed(settings, metrics_port if every else 0, sample_queues=False):
+            await watch(every, one_pass)
 
 
 async def run_sync(settings: Settings, order_no: str) -> list[dict[str, str | None]]:

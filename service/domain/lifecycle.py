@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import OrderStatus as S
-from db.queries import inventory, orders
+from db.queries import attempts, inventory, orders
 from service.adapters.redis.results import RestockOutcome
 from service.adapters.redis.stock_store import StockStore
 from service.domain import actors
@@ -33,6 +33,15 @@ ALLOWED: dict[S, frozenset[S]] = {
 }
 """The whitelist: from-status -> allowed to-statuses. Cancelled, completed, refunded and
 rejected are final; ``refunding -> paid`` when the channel fails or rejects the refund."""
+
+
+class PaymentOpen(Exception):
+    """The order has a payment attempt still open at a channel: it may be paid there, so it is
+    not cancelled (the channel must close it first; see :mod:`service.domain.checkout`)."""
+
+    def __init__(self, order_no: str) -> None:
+        super().__init__(f"order {order_no} has a payment open at a channel")
+        self.order_no = order_no
 
 
 class IllegalTransition(ValueError):
@@ -130,11 +139,15 @@ async def cancel_order(
     Raises:
         OrderNotFound: unknown, or not ``owner``'s.
         TransitionLost: the order is no longer pending payment (paid, cancelled, ...).
+        PaymentOpen: a payment attempt of the order is still open at a channel (a start that
+            came after the channels were asked).
     """
     async with engine.begin() as conn:
-        order = await load_order(conn, order_no)
+        order = await load_order(conn, order_no, for_update=True)
         if order is None or (owner is not None and order.user_id != owner):
             raise OrderNotFound(order_no)
+        if (await conn.execute(attempts.ANY_OPEN, {"o": order_no})).first() is not None:
+            raise PaymentOpen(order_no)
         await transition(conn, order_no, S.PENDING_PAYMENT, S.CANCELLED, reason, actor=actor)
         returned = await return_stock(conn, order, release_quota=True)
     log.info("order_cancelled", order_no=order_no, reason=reason, quantity=order.quantity)
@@ -199,7 +212,7 @@ async def expire_unpaid(
                 continue
             try:
                 returned = await cancel_order(engine, order_no, "payment_timeout", actor=actors.SWEEP)
-            except TransitionLost:
+            except (TransitionLost, PaymentOpen):
                 continue
             await give_back_to_redis(store, returned)
             cancelled += 1

@@ -46,6 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.engine import as_duplicate_key, in_transaction
 from db.models import MAX_AMOUNT, OrderStatus
 from db.queries import inventory, orders
+from service import metrics
 from service.adapters.broker import OrderMessage, decode_order
 from service.adapters.redis.results import ClaimOutcome
 from service.adapters.redis.stock_store import StockStore
@@ -165,7 +166,10 @@ async def write_orders(
         sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted.
     """
     return await in_transaction(
-        engine, lambda conn: _write(conn, batch, replay_window_seconds), label=f"write_orders({len(batch)})"
+        engine,
+        lambda conn: _write(conn, batch, replay_window_seconds),
+        label=f"write_orders({len(batch)})",
+        on_retry=metrics.TRANSACTION_RETRIES.inc,
     )
 
 

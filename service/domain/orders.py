@@ -17,7 +17,7 @@ from db.queries import orders as queries
 from service.adapters.redis.stock_store import StockStore
 from service.domain import actors
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound
-from service.domain.lifecycle import TransitionLost, cancel_order, give_back_to_redis
+from service.domain.lifecycle import PaymentOpen, TransitionLost, cancel_order, give_back_to_redis
 from service.domain.order_no import require_valid_order_no
 
 
@@ -209,5 +209,11 @@ class OrderService:
             raise
         except TransitionLost as lost:
             raise Conflict(f"The order is {lost.current.label}.", code="order_not_cancellable") from None
+        except PaymentOpen:
+            raise Conflict(
+                "A payment of the order is open at a channel; retry in a moment.",
+                code="order_not_cancellable",
+                retry_after=1,
+            ) from None
         await give_back_to_redis(self._store, returned)
         return await self.get(user_id, order_no)

@@ -474,7 +474,7 @@ class PaymentService:
         Raises:
             InvalidInput: ``invalid_order_no``.
             OrderNotFound: unknown order.
-            Conflict: ``order_not_refundable`` (not paid, a repeated refund included).
+            Conflict: ``order_not_refundable`` (not paid, still queued, a repeated refund included).
             ChannelDown: the channel did not take the refund in; the order is ``paid`` again.
         """
         require_valid_order_no(order_no)
@@ -482,6 +482,10 @@ class PaymentService:
             request = await request_refund(self._engine, order_no, restock, actors.admin(admin_id))
         except TransitionLost as lost:
             raise Conflict(f"The order is {lost.current.label}.", code="order_not_refundable") from None
+        except OrderNotFound:
+            if await self._store.queued_order(order_no) is not None:  # accepted, not paid: nothing to refund
+                raise Conflict("The order is still queued.", code="order_not_refundable") from None
+            raise
         if self._channels is not None and request.channel in self._channels.channels:
             try:
                 await self._channels.refund(request.channel, request.refund_no, order_no, request.amount)

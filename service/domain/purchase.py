@@ -65,11 +65,12 @@ class Accepted:
 class PurchaseRejected(DomainError):
     """The purchase was not taken; nothing stays reserved. ``code`` is the stable error code of
     the HTTP contract: ``sold_out``, ``limit_exceeded``, ``sale_not_active``,
-    ``request_in_progress``, ``idempotency_key_reused`` or ``unavailable`` (Redis/RabbitMQ
-    failure, or the stock is not loaded yet; ``retry_after`` seconds)."""
+    ``request_in_progress``, ``idempotency_key_reused``, ``too_many_requests`` (the purchase rate
+    of the user or the client address is spent; ``retry_after`` seconds) or ``unavailable``
+    (Redis/RabbitMQ failure, or the stock is not loaded yet; ``retry_after`` seconds)."""
 
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail, code=code, retry_after=1 if code == "unavailable" else None)
+    def __init__(self, code: str, detail: str, retry_after: int | None = None) -> None:
+        super().__init__(detail, code=code, retry_after=retry_after or (1 if code == "unavailable" else None))
 
 
 _REJECTIONS = {
@@ -110,6 +111,7 @@ class _Ask:
     quantity: int
     request_id: str
     order_token: str | None
+    client: str  # the caller's address (per-address purchase rate)
 
 
 class PurchaseService:
@@ -161,6 +163,7 @@ class PurchaseService:
         *,
         keyed: bool = True,
         order_token: str | None = None,
+        client: str = "",
     ) -> Accepted:
         """Buy ``quantity`` units of ``product_id`` for ``user_id`` in the product's stock mode.
 
@@ -170,7 +173,8 @@ class PurchaseService:
         earlier answer for a replayed request id. ``keyed=False`` says ``request_id`` was minted
         by the server (no Idempotency-Key, so never a replay): then a standing sold-out flag may
         answer without asking Redis. ``order_token``: the ``Order-Token`` header (the request id
-        derives from it); consumed by the purchase it makes.
+        derives from it); consumed by the purchase it makes. ``client`` is the caller's address,
+        for the per-address purchase rate (checked in the reserve call; stock mode ``redis`` only).
 
         Raises:
             PurchaseRejected: a business rejection (nothing was written) or ``unavailable``
@@ -184,7 +188,7 @@ class PurchaseService:
             if not keyed and (answer := self.standing_rejection(product_id, quantity)) is not None:
                 raise answer
             token = flags.token(product_id)
-        ask = _Ask(user_id, product_id, quantity, request_id, order_token)
+        ask = _Ask(user_id, product_id, quantity, request_id, order_token, client)
         route = self._routes.cached(product_id) or await self._routes.refresh(product_id)
         if route.mode is StockMode.DATABASE:
             return await self._in_database(ask, route, False)
@@ -225,7 +229,7 @@ class PurchaseService:
         attempt = new_attempt()
         try:
             reservation = await self._store.reserve(
-                product_id, request_id, ask.user_id, quantity, candidate, attempt, ask.order_token
+                product_id, request_id, ask.user_id, quantity, candidate, attempt, ask.order_token, ask.client
             )
         except (RedisError, OSError) as exc:
             # The script may have run and only its reply been lost, or it may still be on the
@@ -246,6 +250,9 @@ class PurchaseService:
             return accepted
         if outcome is ReserveOutcome.OVER_LIMIT:
             raise InvalidInput("quantity", _OVER_LIMIT)
+        if outcome is ReserveOutcome.RATE_LIMITED:
+            wait = -(-reservation.retry_after_ms // 1000)  # whole seconds, rounded up (RFC 9110 Retry-After)
+            raise PurchaseRejected("too_many_requests", "Too many purchase requests; retry later.", retry_after=wait)
         if outcome is ReserveOutcome.MOVED or (outcome is ReserveOutcome.NOT_LOADED and self._engine is not None):
             # Off the hot path: the product sells from MySQL, or Redis does not know it.
             route = await self._routes.refresh(product_id)

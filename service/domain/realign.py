@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders
+from service import metrics
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.results import JournalEntry, SaleTerms
 from service.adapters.redis.stock_store import StockStore
@@ -81,6 +82,14 @@ def sale_terms(
         return 0 if value is None else int(value.replace(tzinfo=UTC).timestamp() * 1000)
 
     return SaleTerms(epoch_ms(starts_at), epoch_ms(ends_at), per_user_limit, price, int(require_token))
+
+
+def _observe(report: RealignReport) -> None:
+    """The pass's drift, units in flight and re-published count, per product."""
+    product = str(report.product_id)
+    metrics.REALIGN_DRIFT.labels(product).set(report.drift or 0)
+    metrics.REALIGN_IN_FLIGHT.labels(product).set(report.in_flight_units)
+    metrics.REALIGN_REPUBLISHED.labels(product).inc(report.republished)
 
 
 class Realigner:
@@ -179,7 +188,9 @@ class Realigner:
             dry_run=dry_run,
             skipped_stale=result.stale,
         )
-        log.info("realigned", **msgspec.structs.asdict(report))
+        # a dry run is a read (the stock report, the ops page polling it): not worth an info line
+        (log.debug if dry_run else log.info)("realigned", **msgspec.structs.asdict(report))
+        _observe(report)
         return report
 
     async def _republish(self, product_id: int, price: int, stale: list[JournalEntry]) -> int:
@@ -189,6 +200,7 @@ class Realigner:
         those nothing better is known, as before."""
         assert self._publisher is not None
         count = 0
+        published: list[dict[str, str]] = []
         for entry in stale:
             message = OrderMessage(
                 entry.request_id,
@@ -202,10 +214,11 @@ class Realigner:
             try:
                 await self._publisher.publish(message)
             except PublishFailed:
-                log.warning("republish_failed", request_id=entry.request_id)
+                log.warning("republish_failed", request_id=entry.request_id, order_no=entry.order_no)
                 continue
             count += 1
+            published.append({"request_id": entry.request_id, "order_no": entry.order_no})
             await self._store.mark_queued_if_pending(product_id, entry.request_id)
         if count:
-            log.warning("republished_stale_reservations", product_id=product_id, count=count)
+            log.warning("republished_stale_reservations", product_id=product_id, count=count, orders=published)
         return count

@@ -114,7 +114,9 @@ class LifecycleRun:
 class Measured:
     """Everything the sale observed. ``noop`` is the framework-ceiling wave (None: skipped, for
     the reason in ``noop_skipped``); ``lifecycle`` None when orders were not paid and resold.
-    Seconds for the timings; ``drain_seconds`` None = the queue did not drain."""
+    Seconds for the timings; ``drain_seconds`` None = the queue did not drain. ``drain_timeline``:
+    the order queue sampled from the first wave to the end of the first drain,
+    (``time.perf_counter()``, order rows in MySQL, messages ready)."""
 
     purchase: Wave
     noop: Wave | None
@@ -124,3 +126,4 @@ class Measured:
     drain_seconds: float | None
     realignment: RealignReport
     facts: StoreFacts
+    drain_timeline: tuple[tuple[float, int, int], ...] = ()

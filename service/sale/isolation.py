@@ -48,6 +48,15 @@ def isolated_settings(base: Settings, run_id: str) -> Settings:
     )
 
 
+def with_own_secrets(settings: Settings) -> Settings:
+    """``settings`` with a random JWT secret and a random secret for each payment channel (same
+    channel names): what a run that starts its own API uses instead of the development secrets."""
+    auth = settings.auth.model_copy(update={"jwt_secret": secrets.token_hex(32)})
+    channels = {name: secrets.token_hex(32) for name in settings.payment.channel_secrets}
+    payment = settings.payment.model_copy(update={"channel_secrets": channels})
+    return settings.model_copy(update={"auth": auth, "payment": payment})
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now (for a subprocess to bind)."""
     with socket.socket() as sock:
@@ -102,14 +111,18 @@ class Sale:
 
 
 def sale_settings(settings: Settings, run_id: str, window_seconds: int | None) -> Settings:
-    """``settings`` isolated for the run (:func:`isolated_settings`) with a random JWT secret of
-    its own and, when given, a payment window of ``window_seconds``."""
-    isolated = isolated_settings(settings, run_id)
-    payment = isolated.payment
-    if window_seconds is not None:
-        payment = payment.model_copy(update={"window_seconds": window_seconds})
-    auth = isolated.auth.model_copy(update={"jwt_secret": secrets.token_hex(32)})
-    return isolated.model_copy(update={"auth": auth, "payment": payment})
+    """``settings`` isolated for the run (:func:`isolated_settings`) with secrets of its own
+    (:func:`with_own_secrets`), no per-address purchase rate (every buyer comes from this
+    machine) and, when given, a payment window of ``window_seconds``."""
+    isolated = with_own_secrets(isolated_settings(settings, run_id))
+    # Every simulated buyer comes from this one machine: the per-address purchase rate would
+    # throttle the whole crowd, so it is off; the per-user rate stays as configured.
+    limits = isolated.rate_limit.model_copy(update={"address_per_second": 0.0})
+    isolated = isolated.model_copy(update={"rate_limit": limits})
+    if window_seconds is None:
+        return isolated
+    payment = isolated.payment.model_copy(update={"window_seconds": window_seconds})
+    return isolated.model_copy(update={"payment": payment})
 
 
 def new_sale(settings: Settings, url: str | None, stock: int, per_user_limit: int, window_seconds: int | None) -> Sale:

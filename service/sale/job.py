@@ -111,15 +111,34 @@ async def _measure(
             raise SetupError(f"dead-letter queue {sale.settings.amqp.dead_letter_queue!r} not found: {exc!r}") from exc
         noop_skip = await open_sale(sale, processes, console, load.noop_requests)
         noop_requests = 0 if noop_skip else load.noop_requests
-        noop, purchase, token_seconds = await first_waves(sale, console, load, noop_requests)
-        orders = accepted_orders(purchase)
-        drain_seconds = await drain(stores, sale, orders, processes, console)
+        timeline: list[tuple[float, int, int]] = []
+        sampler = asyncio.create_task(_sample_queue(stores, sale, timeline))
+        try:
+            noop, purchase, token_seconds = await first_waves(sale, console, load, noop_requests)
+            orders = accepted_orders(purchase)
+            drain_seconds = await drain(stores, sale, orders, processes, console)
+        finally:
+            sampler.cancel()
         lifecycle = None
         if load.pay_share and drain_seconds is not None:
             lifecycle = await run_lifecycle(stores, sale, processes, console, load, orders)
         realignment = await stores.realign(sale.product_id)
         facts = await stores.facts(sale.product_id, dead_letters_before)
-    return Measured(purchase, noop, noop_skip, lifecycle, token_seconds, drain_seconds, realignment, facts)
+    return Measured(
+        purchase, noop, noop_skip, lifecycle, token_seconds, drain_seconds, realignment, facts, tuple(timeline)
+    )
+
+
+QUEUE_SAMPLE_SECONDS = 0.1
+
+
+async def _sample_queue(stores: Stores, sale: Sale, timeline: list[tuple[float, int, int]]) -> None:
+    """Until cancelled: (``time.perf_counter()``, order rows in MySQL, messages ready in the order
+    queue) every :data:`QUEUE_SAMPLE_SECONDS`, for the report's queue chart."""
+    while True:
+        rows = await stores.count_orders(sale.product_id)
+        timeline.append((time.perf_counter(), rows, await stores.queue_depth(sale.settings.amqp.queue)))
+        await asyncio.sleep(QUEUE_SAMPLE_SECONDS)
 
 
 def _quiet_logs() -> None:
@@ -153,13 +172,15 @@ async def run_sale(
     pay_share: float,
     payment_window: int,
     publish_mode: str | None = None,
+    report_dir: Path | None = None,
 ) -> int:
     """``flashsale sale`` (see the module docstring); returns the exit status: 0 every invariant
     holds, 1 one failed, 2 set-up failed, 130 interrupted. Prints the report to stdout (rich tables, or exactly one
     JSON document with ``as_json``); progress and errors go to stderr. ``pay_share`` > 0 needs
     ``url`` None (the sweep cancels every unpaid order of the database past the window);
     ``payment_window`` in seconds applies only then. ``publish_mode`` (``confirm``/``async``)
-    overrides the setting for the API processes the sale starts (not for a ``url``)."""
+    overrides the setting for the API processes the sale starts (not for a ``url``). With
+    ``report_dir`` an HTML report with charts is written there too (:mod:`service.sale.charts`)."""
     began = time.perf_counter()
     _quiet_logs()
     main_task = asyncio.current_task()
@@ -205,6 +226,10 @@ async def run_sale(
         shutil.rmtree(processes.log_dir, ignore_errors=True)
     else:
         report["logs"] = str(processes.log_dir)
+    if report_dir is not None:
+        from service.sale.charts import write_report
+
+        console.print(f"report: {write_report(report_dir, report, measured)}")
     if as_json:
         print(msgspec.json.encode(report).decode())
     else:

@@ -65,7 +65,7 @@ def _answer(status: int, content: bytes, latency: float) -> Answer:
     except msgspec.DecodeError:
         body = _Body()
     code = ACCEPTED if status == 202 else body.result or body.code or f"http_{status}"
-    return Answer(status, code, body.order_no, body.request_id, latency)
+    return Answer(status, code, body.order_no, body.request_id, latency, time.perf_counter())
 
 
 def load_clients(stack: AsyncExitStack, concurrency: int, trust_env: bool) -> list[httpx.AsyncClient]:
@@ -123,7 +123,7 @@ class LoadGenerator:
             response = await client.send(self._requests[shot.index])
         except httpx.HTTPError as exc:
             code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_error"
-            outcome = Answer(0, code, None, None, time.perf_counter() - start)
+            outcome = Answer(0, code, None, None, time.perf_counter() - start, time.perf_counter())
         else:
             outcome = _answer(response.status_code, response.content, time.perf_counter() - start)
         self.outcomes[shot.index] = outcome

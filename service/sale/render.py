@@ -107,7 +107,9 @@ def _invariants_table(invariants: dict[str, dict[str, Any]]) -> Table:
     return table
 
 
-def _headline(run: dict[str, Any]) -> str:
+def _headline(run: dict[str, Any], ceiling: dict[str, Any]) -> str:
+    """One line of what ran; the no-op requests are named only when that wave was sent."""
+    noop = "no-op ceiling skipped" if "skipped" in ceiling else f"{run['noop_requests']} no-op requests"
     workers = f"{run['workers']} API workers ({run['publish_mode']} publish)"
     where = workers if run["isolated"] else f"API at {run['url']}"
     lifecycle = f", pay share {run['pay_share']} (window {run['payment_window_seconds']}s)" if run["pay_share"] else ""
@@ -115,14 +117,14 @@ def _headline(run: dict[str, Any]) -> str:
         f"[bold]flash sale {run['run_id']}[/]: product {run['product_id']}, stock {run['stock']}, "
         f"limit {run['per_user_limit']}/user, {run['requests']} requests from {run['users']} users, "
         f"concurrency {run['concurrency']}, {where}, {run['consumers']} consumers, "
-        f"{run['noop_requests']} no-op requests{lifecycle}"
+        f"{noop}{lifecycle}"
     )
 
 
 def render(report: dict[str, Any], console: Console) -> None:
     """Print ``report`` (from :func:`build_report`) as rich tables."""
     responses, ceiling = report["responses"], report["ceiling"]
-    console.print(_headline(report["run"]))
+    console.print(_headline(report["run"], ceiling))
     console.print(
         _table(
             "responses",

@@ -19,10 +19,9 @@ import aio_pika
 from aio_pika.abc import AbstractChannel
 from redis.asyncio import Redis
 from sqlalchemy import TextClause, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from db.migrate import upgrade
+from db.migrate import drop_database, upgrade
 from db.models import OrderStatus
 from db.queries import inventory, orders, payments
 from service.adapters.broker import delete_topology, queue_depth
@@ -197,13 +196,7 @@ async def isolate(stack: AsyncExitStack, sale: Sale) -> None:
 
 async def tear_down(settings: Settings) -> None:
     """Drop the run's database, unlink its Redis keys, delete its queues and exchanges."""
-    parsed = make_url(settings.db.url)
-    engine = create_async_engine(parsed._replace(database=None))
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(text(f"DROP DATABASE IF EXISTS `{parsed.database}`"))
-    finally:
-        await engine.dispose()
+    await drop_database(settings.db.url)
 
     redis = Redis.from_url(settings.redis.url)
     try:

@@ -25,7 +25,7 @@ from service.adapters.redis.stock_store import StockStore
 from service.api.app import create_app
 from service.api.auth import issue_token
 from service.bootstrap import make_redis
-from service.sale.isolation import isolated_settings, new_run_id
+from service.sale.isolation import isolated_settings, new_run_id, with_own_secrets
 from service.sale.stores import tear_down
 from service.settings import Settings
 from tests.support import running_consumer
@@ -36,7 +36,7 @@ _product_ids = itertools.count(1000)
 @pytest.fixture(scope="session")
 def settings() -> Settings:
     base = Settings()
-    isolated = isolated_settings(base, new_run_id("t"))
+    isolated = with_own_secrets(isolated_settings(base, new_run_id("t")))
     return isolated.model_copy(
         update={
             "amqp": isolated.amqp.model_copy(update={"delivery_limit": 2, "confirm_timeout": 3.0}),
@@ -44,6 +44,8 @@ def settings() -> Settings:
             # No channel URL: the in-process API never calls a channel by accident (tests of the
             # channel simulator give their own, tests/integration/payments/conftest.py).
             "payment": isolated.payment.model_copy(update={"channel_urls": {}}),
+            # The suite's crowds come from one address and reuse users: rates are tested on their own.
+            "rate_limit": isolated.rate_limit.model_copy(update={"user_per_second": 0.0, "address_per_second": 0.0}),
         }
     )
 

@@ -14,9 +14,10 @@ from service.bench.context import Options
 from service.bench.procstat import machine_info
 from service.bench.profile import RUNTIME, summarize
 from service.bench.report import Report, render
-from service.bench.rows import TARGETS, Row, fill_ratios, judge
+from service.bench.rows import TARGETS, Row, accept_ceiling, fill_ratios, judge
 from service.bench.wrk import write_script
 from service.cli.main import main
+from service.settings import get_settings
 
 
 def test_the_bench_servers_run_on_the_granian_options_of_flashsale_serve(monkeypatch):
@@ -31,8 +32,18 @@ def test_the_bench_servers_run_on_the_granian_options_of_flashsale_serve(monkeyp
         def serve(self) -> None:
             pass
 
+    async def stores_answer(settings: object) -> None:  # unit tests run without the stores
+        pass
+
     monkeypatch.setattr("granian.Granian", Recorder)
-    assert CliRunner().invoke(main, ["serve", "--port", "8100", "--workers", "3"]).exit_code == 0
+    monkeypatch.setattr("service.bootstrap.check_dependencies", stores_answer)
+    monkeypatch.setenv("FLASHSALE_ENV", "development")
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(main, ["serve", "--port", "8100", "--workers", "3"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 0, result.output
     server.main(["service.bench.bare_app:create_app", "--port", "8101", "--workers", "2"])
     product, bare = calls
     differ = ("target", "port", "workers")
@@ -83,6 +94,18 @@ def test_profile_summary_drops_the_process_trunk(tmp_path):
     assert {"frame": "handler (app/x.py)", "share": 0.5} in summary["inclusive"]
 
 
+def test_the_accept_ceiling_is_what_the_publish_hop_leaves_of_a_no_op():
+    # per server CPU-s: 8,000 no-ops and 2,000 publishes -> 125 + 500 us; a no-op's share 0.2
+    rows = [
+        Row("product_noop", "product no-op", "req/s", 8000.0, 1, 1.0, cpu={"server": 1.0}),
+        Row("publish", "publish only", "msgs/s", 1000.0, 1, 1.0, cpu={"server": 0.5}),
+    ]
+    assert accept_ceiling(rows) is None  # ratios not filled yet
+    fill_ratios(rows)
+    assert accept_ceiling(rows) == 0.2
+    assert accept_ceiling(rows[:1]) is None
+
+
 def test_the_report_renders_and_serializes(tmp_path):
     rows = [
         Row("bare_noop", "bare no-op", "req/s", 1000.0, 1, 1.0, p99_ms=10.0, cpu={"server": 1.0, "machine": 0.5}),
@@ -97,7 +120,7 @@ def test_the_report_renders_and_serializes(tmp_path):
         Options(profile_dir=tmp_path),
         rows,
         judge(rows),
-        None,
+        accept_ceiling(rows),
         {"product_noop": summary},
         None,
     )

@@ -28,5 +28,27 @@ def test_compose_runs_every_deployable():
         '"flashsale", "consume"',
         '"flashsale", "realign"',
         '"flashsale", "sweep"',
+        '"flashsale", "channel", "serve"',
     ):
         assert command in text
+
+
+def test_compose_has_no_secret_and_reads_the_env_file_the_readme_names():
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    text = (ROOT / "compose.yaml").read_text()
+    assert "SECRET" not in "".join(f"{k}={v}" for k, v in compose["x-flashsale-env"].items())
+    for name, service in compose["services"].items():
+        if service.get("build"):
+            assert service["env_file"] == ["flashsale.env"], name
+    assert "dev-only" not in text and "change-me" not in text
+    readme = (ROOT / "README.md").read_text()
+    assert "flashsale.env" in readme and "FLASHSALE_ENV" in readme
+
+
+def test_the_api_has_a_healthcheck_on_readiness():
+    import yaml
+
+    api = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["api"]
+    assert "/api/v1/health/ready" in " ".join(api["healthcheck"]["test"])

@@ -15,8 +15,10 @@ from service.settings import (
     AMQPSettings,
     AuthSettings,
     DBSettings,
+    MetricsSettings,
     OrderSettings,
     PaymentSettings,
+    RateLimitSettings,
     RealignSettings,
     RedisSettings,
     Settings,
@@ -59,7 +61,13 @@ def _unlike_the_defaults() -> Settings:
             publish_channels=3,
             batch_size=13,
         ),
-        auth=AuthSettings(jwt_secret="s" * 40, token_ttl_seconds=120),
+        auth=AuthSettings(
+            jwt_secret="s" * 40,
+            token_ttl_seconds=120,
+            leeway_seconds=1.5,
+            audience="shop",
+            issuer="https://idp.example",
+        ),
         orders=OrderSettings(
             order_no_prefix="QX",
             replay_ttl_seconds=600,
@@ -70,6 +78,7 @@ def _unlike_the_defaults() -> Settings:
             sold_out_flag_seconds=0.25,
         ),
         realign=RealignSettings(grace_seconds=1.5),
+        rate_limit=RateLimitSettings(user_per_second=2.5, user_burst=3, address_per_second=7.5, address_burst=9),
         payment=PaymentSettings(
             channel_secrets={"a": "secret-a", "b": 'quote " and \\ backslash'},
             window_seconds=33,
@@ -78,8 +87,11 @@ def _unlike_the_defaults() -> Settings:
             channel_timeout=1.5,
             notify_url="http://api.example/api/v1/payments/notify",
         ),
+        metrics=MetricsSettings(enabled=False, port=9109, host="0.0.0.0"),
+        access_log=False,
         log_level="DEBUG",
         bench_routes=True,
+        env="development",
     )
 
 

@@ -122,6 +122,7 @@ class FakeStore:
         order_no: str,
         attempt: str,
         order_token: str | None = None,
+        client: str = "",
     ) -> Reservation:
         self.calls += 1
         if self.during is not None:

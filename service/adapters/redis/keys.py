@@ -23,6 +23,7 @@ class ProductKeys:
     - ``versions``: hash ``synced`` (inventory version of the last realignment snapshot) and
       ``restocked`` (highest inventory version whose returned units reached Redis).
     - ``returned(order_no)``: marker that the order's units were given back to Redis.
+    - ``user_rate(user_id)`` / ``address_rate(address)``: purchase rate buckets (GCRA arrival time).
     - ``order_token(token)``: string, the user id an order token was issued to (expires).
 
     The ``sale`` hash also holds ``token`` (``1``: a purchase needs an order token) and, while the
@@ -63,6 +64,12 @@ class ProductKeys:
 
     def order_token(self, token: str) -> str:
         return f"{self.tag}:tok:{token}"
+
+    def user_rate(self, user_id: str) -> str:
+        return f"{self.tag}:rate:u:{user_id}"
+
+    def address_rate(self, address: str) -> str:
+        return f"{self.tag}:rate:a:{address}"
 
 
 def order_key(prefix: str, order_no: str) -> str:

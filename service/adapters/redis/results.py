@@ -28,6 +28,7 @@ class ReserveOutcome(StrEnum):
     SOLD_OUT = "sold_out"
     TOKEN_REQUIRED = "token_required"  # the product needs an order token and none was sent
     TOKEN_INVALID = "token_invalid"  # the order token is unknown, expired or another user's
+    RATE_LIMITED = "rate_limited"  # the user's or the client address's purchase rate is spent
 
 
 class ReleaseOutcome(StrEnum):
@@ -65,7 +66,7 @@ class Reservation:
     and ``unit_price`` (minor currency units, from the sale terms in Redis) are set only when
     ``outcome`` is ``RESERVED``, 0 otherwise. For ``SOLD_OUT`` only: ``stock`` (units left, fewer
     than asked for), ``per_user_limit`` (units) and ``sale_left_ms`` (milliseconds until the sale
-    ends by Redis's clock; None: no end).
+    ends by Redis's clock; None: no end). For ``RATE_LIMITED`` only: ``retry_after_ms``.
     """
 
     outcome: ReserveOutcome
@@ -75,11 +76,13 @@ class Reservation:
     stock: int = 0
     per_user_limit: int = 0
     sale_left_ms: int | None = None
+    retry_after_ms: int = 0
 
 
 def parse_reservation(reply: Sequence[Any]) -> Reservation:
-    """``{outcome, order_no[, reserved_at_ms, unit_price]}`` or ``{'sold_out', '', stock, limit,
-    sale_left_ms or -1}`` from ``reserve.lua`` to a :class:`Reservation`.
+    """``{outcome, order_no[, reserved_at_ms, unit_price]}``, ``{'sold_out', '', stock, limit,
+    sale_left_ms or -1}`` or ``{'rate_limited', '', wait_ms}`` from ``reserve.lua`` to a
+    :class:`Reservation`.
 
     Raises:
         ValueError: an outcome the script does not return, or a malformed reply.
@@ -96,6 +99,11 @@ def parse_reservation(reply: Sequence[Any]) -> Reservation:
             per_user_limit=int(limit),
             sale_left_ms=None if left < 0 else left,
         )
+    if len(reply) == 3:
+        outcome, order_no, wait_ms = reply
+        if outcome != ReserveOutcome.RATE_LIMITED:
+            raise ValueError(f"reserve reply of 3 elements with outcome {outcome!r}")
+        return Reservation(ReserveOutcome.RATE_LIMITED, str(order_no), retry_after_ms=int(wait_ms))
     if len(reply) == 4:
         outcome, order_no, reserved_at_ms, unit_price = reply
         return Reservation(ReserveOutcome(outcome), str(order_no), int(reserved_at_ms), int(unit_price))

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from importlib.resources import files
+from time import perf_counter
 from typing import cast
 
 import structlog
@@ -26,6 +28,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from service import metrics
 from service.adapters.redis.batcher import CommandBatcher
 from service.adapters.redis.keys import (
     ProductKeys,
@@ -62,6 +65,9 @@ SEQUENCE_KEY_TTL_SECONDS = 120
 RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
 """Lifetime of the marker that an order's returned units reached Redis (restock runs once)."""
 
+_RESERVE_SECONDS = metrics.local_histogram(metrics.REDIS_SCRIPT_SECONDS, "reserve")
+_RELEASE_SECONDS = metrics.local_histogram(metrics.REDIS_SCRIPT_SECONDS, "release")
+
 log = structlog.get_logger(__name__)
 
 
@@ -77,6 +83,23 @@ def new_attempt() -> str:
     Random, not the candidate order number: a candidate the reserve did not use goes back to the
     minter and may be handed to another attempt of the same request id."""
     return secrets.token_hex(ATTEMPT_TOKEN_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimits:
+    """Purchase requests allowed per product: ``user_per_second`` per user and
+    ``address_per_second`` per client address (0: no limit), each with a burst of that many
+    requests at once (GCRA in ``lua/reserve.lua``, shared by every API process through Redis)."""
+
+    user_per_second: float = 0.0
+    user_burst: int = 1
+    address_per_second: float = 0.0
+    address_burst: int = 1
+
+
+def _interval_ms(per_second: float) -> int:
+    """The GCRA emission interval for ``per_second`` requests a second (0: no limit)."""
+    return max(1, round(1000 / per_second)) if per_second > 0 else 0
 
 
 class StockStore:
@@ -95,8 +118,16 @@ class StockStore:
         *,
         replay_ttl_seconds: int = 86_400,
         returned_marker_ttl_seconds: int = RETURNED_MARKER_TTL_SECONDS,
+        rate_limits: RateLimits | None = None,
     ) -> None:
         self._redis = redis
+        limits = rate_limits or RateLimits()
+        self._rate_args = (
+            _interval_ms(limits.user_per_second),
+            limits.user_burst,
+            _interval_ms(limits.address_per_second),
+            limits.address_burst,
+        )
         self._prefix = key_prefix
         self._replay_ttl = replay_ttl_seconds
         self._returned_ttl = returned_marker_ttl_seconds
@@ -111,6 +142,7 @@ class StockStore:
         self._lease_renew = _script(redis, "lease_renew")
         self._lease_release = _script(redis, "lease_release")
         self._take_token = _script(redis, "take_token")
+        self._purge = _script(redis, "purge")
         self._scripts = (
             self._reserve,
             self._release,
@@ -120,6 +152,7 @@ class StockStore:
             self._lease_renew,
             self._lease_release,
             self._take_token,
+            self._purge,
         )
 
     # -- set-up and health ---------------------------------------------------------------------
@@ -172,6 +205,7 @@ class StockStore:
         order_no: str,
         attempt: str,
         order_token: str | None = None,
+        client: str = "",
     ) -> Reservation:
         """``lua/reserve.lua``, one round trip: replay check for ``request_id``, sale loaded and
         open, per-user limit and quota, numeric stock check, then decrement ``quantity`` units,
@@ -179,21 +213,25 @@ class StockStore:
         ``pending``, naming ``attempt``). ``order_no`` is the candidate order number for a new
         reservation; ``attempt`` a token unique to this HTTP attempt (:func:`new_attempt`): the
         one :meth:`release` needs. ``ABANDONED`` when :meth:`release` for ``attempt`` already
-        ran. ``MOVED`` when the product sells from MySQL (stock mode ``database``). When the
-        product needs an order token, ``order_token`` must be one :meth:`issue_token` gave
-        ``user_id`` (``TOKEN_REQUIRED`` / ``TOKEN_INVALID``); it is deleted in the same call when
-        the reservation is made. Only ``RESERVED`` writes anything. Concurrent calls share a
-        pipeline (:class:`CommandBatcher`)."""
+        ran. First, in the same call, the purchase rate of ``user_id`` and of the ``client``
+        address on this product (:class:`RateLimits`): ``RATE_LIMITED`` with ``retry_after_ms``
+        when either is spent. ``MOVED`` when the product sells from MySQL (stock mode
+        ``database``). When the product needs an order token, ``order_token`` must be one
+        :meth:`issue_token` gave ``user_id`` (``TOKEN_REQUIRED`` / ``TOKEN_INVALID``); it is deleted
+        in the same call when the reservation is made. Only ``RESERVED`` writes stock, quota,
+        journal or replay record. Concurrent calls share a pipeline (:class:`CommandBatcher`)."""
         keys = ProductKeys(self._prefix, product_id)
         command = (
             "EVALSHA",
             self._reserve.sha,
-            6,
+            8,
             keys.stock,
             keys.sale,
             keys.journal,
             keys.quota,
             keys.replay(request_id),
+            keys.user_rate(user_id),
+            keys.address_rate(client),
             keys.order_token(order_token or ""),
             request_id,
             user_id,
@@ -201,13 +239,16 @@ class StockStore:
             order_no,
             self._replay_ttl,
             attempt,
+            *self._rate_args,
             "0" if order_token is None else "1",
         )
+        started = perf_counter()
         try:
             reply = await self._batcher.call(*command)
         except NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH): load, once more
             await self._reserve.registered_client.script_load(self._reserve.script)
             reply = await self._batcher.call(*command)
+        _RESERVE_SECONDS.observe(perf_counter() - started)
         return parse_reservation(reply)
 
     async def release(self, product_id: int, request_id: str, attempt: str) -> ReleaseOutcome:
@@ -218,11 +259,14 @@ class StockStore:
         is marked abandoned (for ``replay_ttl_seconds`` at least), so its reserve, should it
         reach Redis later, writes nothing."""
         keys = ProductKeys(self._prefix, product_id)
+        started = perf_counter()
         reply = await self._release(
             keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)],
             args=[request_id, self._channel, product_id, attempt, self._replay_ttl],
         )
+        _RELEASE_SECONDS.observe(perf_counter() - started)
         outcome = ReleaseOutcome(reply)
+        metrics.RELEASES.labels(outcome.value).inc()  # rare: a failed reserve or publish
         if outcome is ReleaseOutcome.RELEASED:
             self._announce(product_id)
         return outcome
@@ -419,6 +463,15 @@ class StockStore:
         if not dry_run and not result.stale:
             self._announce(product_id)
         return result
+
+    async def forget_reservation(self, product_id: int, request_id: str) -> bool:
+        """``lua/purge.lua``: drop ``request_id``'s journal entry and leave a ``released``
+        tombstone on its replay record (kept ``replay_ttl_seconds`` at least), for a dead-lettered
+        order that MySQL has no row of. Stock and quota are not touched here: the realignment
+        pass that must follow recomputes both. True when a journal entry was removed."""
+        keys = ProductKeys(self._prefix, product_id)
+        reply = await self._purge(keys=[keys.journal, keys.replay(request_id)], args=[request_id, self._replay_ttl])
+        return bool(reply)
 
     async def mark_queued_if_pending(self, product_id: int, request_id: str) -> bool:
         """After a re-publish: a replay record still ``pending`` becomes ``queued`` (two round

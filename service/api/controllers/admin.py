@@ -7,10 +7,11 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Controller, Request, get, post, put
 from litestar.di import NamedDependency
-from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
+from litestar.params import FromQuery, JSONBody, QueryParameter
 
 from service.api.auth import User, admin_only
-from service.api.params import ProductIdPath
+from service.api.openapi import problems
+from service.api.params import OrderNoPath, ProductIdPath
 from service.bootstrap import Resources
 from service.domain.catalog import ProductInput
 from service.domain.realign import RealignReport
@@ -46,16 +47,25 @@ class AdminController(Controller):
         """Create/update a product and load Redis by a realignment pass; returns that pass's report."""
         return await resources.catalog.set(product_id, data)
 
-    @get("/products/{product_id:int}/stock", summary="MySQL and Redis stock, in flight, drift")
+    @get(
+        "/products/{product_id:int}/stock",
+        summary="MySQL and Redis stock, in flight, drift",
+        opt=problems("product_not_found"),
+    )
     async def stock(self, product_id: ProductIdPath, resources: NamedDependency[Resources]) -> RealignReport:
         """MySQL and Redis stock, in flight and drift: a dry-run realignment of the product."""
         return await resources.realigner.realign(product_id, dry_run=True)
 
-    @post("/orders/{order_no:str}/refund", status_code=200, summary="Start the refund of a paid order")
+    @post(
+        "/orders/{order_no:str}/refund",
+        status_code=200,
+        summary="Start the refund of a paid order",
+        opt=problems("invalid_order_no", "order_not_found", "order_not_refundable", "channel_unavailable"),
+    )
     async def refund(
         self,
         request: Request[User, Any, Any],
-        order_no: FromPath[str],
+        order_no: OrderNoPath,
         resources: NamedDependency[Resources],
         data: JSONBody[RefundBody | None] = None,
     ) -> RefundStarted:
@@ -66,7 +76,7 @@ class AdminController(Controller):
         started = await resources.payments.refund(order_no, restock, request.user.id)
         return RefundStarted(order_no, "refunding", started.refund_no, started.channel, restock)
 
-    @post("/realign", status_code=200, summary="One realignment pass")
+    @post("/realign", status_code=200, summary="One realignment pass", opt=problems("product_not_found"))
     async def realign(
         self,
         resources: NamedDependency[Resources],

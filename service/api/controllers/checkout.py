@@ -7,11 +7,12 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Controller, Request, post
 from litestar.di import NamedDependency
-from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import FromPath, JSONBody
+from litestar.params import JSONBody
 from msgspec import Meta
 
 from service.api.auth import User
+from service.api.openapi import problems
+from service.api.params import OrderNoPath
 from service.bootstrap import Resources
 from service.domain.checkout import PayParameters
 
@@ -22,29 +23,6 @@ class PayRequest(msgspec.Struct, forbid_unknown_fields=True):
     channel: Annotated[str, Meta(pattern=r"^[a-z0-9_-]{1,32}$")]
 
 
-class ProblemBody(msgspec.Struct):
-    """RFC 9457 problem details with the stable machine ``code``."""
-
-    type: str
-    title: str
-    status: int
-    detail: str
-    code: str
-
-
-def problem_responses(codes: dict[int, str]) -> dict[int, ResponseSpec]:
-    """OpenAPI ``responses`` for error statuses: status -> the ``code`` words it carries."""
-    return {
-        status: ResponseSpec(
-            data_container=ProblemBody,
-            description=f"code: {words}",
-            media_type="application/problem+json",
-            generate_examples=False,
-        )
-        for status, words in codes.items()
-    }
-
-
 class CheckoutController(Controller):
     path = "/orders"
     tags = ["orders"]
@@ -53,21 +31,19 @@ class CheckoutController(Controller):
         "/{order_no:str}/pay",
         status_code=200,
         summary="Start or resume paying your order at a channel: its pay parameters",
-        responses=problem_responses(
-            {
-                400: "invalid_order_no, invalid_request (unknown channel)",
-                401: "unauthorized",
-                404: "order_not_found",
-                409: "order_queued (Retry-After), order_not_payable, payment_in_progress (Retry-After)",
-                415: "unsupported_media_type",
-                503: "channel_unavailable (Retry-After)",
-            }
+        opt=problems(
+            "invalid_order_no",
+            "order_not_found",
+            "order_queued",
+            "order_not_payable",
+            "payment_in_progress",
+            "channel_unavailable",
         ),
     )
     async def pay(
         self,
         request: Request[User, Any, Any],
-        order_no: FromPath[str],
+        order_no: OrderNoPath,
         data: JSONBody[PayRequest],
         resources: NamedDependency[Resources],
     ) -> PayParameters:

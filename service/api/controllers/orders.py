@@ -6,24 +6,28 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
+from litestar.datastructures import ResponseHeader
 from litestar.di import NamedDependency
 from litestar.openapi import ResponseSpec
 from litestar.params import (
-    FromPath,
-    FromQuery,
-    HeaderParameter,
     JSONBody,
     QueryParameter,
 )
 from msgspec import Meta
 
+from service import metrics
+from service.api import observe
 from service.api.auth import User
-from service.api.problems import field_error, problem_response
+from service.api.openapi import problems
+from service.api.params import CursorQuery, IdempotencyKeyHeader, OrderNoPath, OrderTokenHeader
+from service.api.problems import problem_response
 from service.bootstrap import Resources
 from service.domain.catalog import PositiveId
-from service.domain.errors import Conflict
+from service.domain.errors import Conflict, DomainError
 from service.domain.orders import OrderPage, OrderView
 from service.domain.request_id import is_valid_idempotency_key, request_id_for, request_id_from_key
+
+_ACCEPTED = metrics.purchase_outcome("accepted")
 
 
 class PurchaseRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -59,15 +63,6 @@ class OrderToken(msgspec.Struct):
     expires_in: int
 
 
-async def _require_integers(request: Request[Any, Any, Any], fields: tuple[str, ...]) -> None:
-    """Litestar converts bodies leniently ("1" and 1.0 become 1); a quantity must be a JSON
-    integer. Reads the JSON Litestar already parsed (no second decode)."""
-    raw = await request.json()
-    for field in fields:
-        if type(raw.get(field)) is not int:
-            raise field_error(field, "Expected `int`")
-
-
 class OrderController(Controller):
     path = "/orders"
     tags = ["orders"]
@@ -79,14 +74,29 @@ class OrderController(Controller):
         responses={
             201: ResponseSpec(OrderAccepted, description="Stock mode database: the order is written, pending_payment")
         },
+        response_headers=[
+            ResponseHeader(name="Location", description="/api/v1/orders/{order_no}", documentation_only=True)
+        ],
+        opt=problems(
+            "invalid_idempotency_key",
+            "product_not_found",
+            "sold_out",
+            "limit_exceeded",
+            "sale_not_active",
+            "request_in_progress",
+            "idempotency_key_reused",
+            "too_many_requests",
+            "token_invalid",
+            "token_required",
+        ),
     )
     async def create_order(
         self,
         request: Request[User, Any, Any],
         data: JSONBody[PurchaseRequest],
         resources: NamedDependency[Resources],
-        idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key", required=False)] = None,
-        order_token: Annotated[str | None, HeaderParameter(name="Order-Token", required=False)] = None,
+        idempotency_key: IdempotencyKeyHeader = None,
+        order_token: OrderTokenHeader = None,
     ) -> Response[OrderAccepted]:
         """Buy: ``{"product_id", "quantity"}`` (units). Stock mode ``redis``: 202 ``OrderAccepted``
         (``queued``) with ``Location``, only after the broker confirmed; ``database``: 201 with the
@@ -96,8 +106,7 @@ class OrderController(Controller):
         key (it wins over ``Idempotency-Key``). Errors (RFC 9457 problem+json, ``code``): 400
         invalid_request / invalid_idempotency_key, 401, 404 product_not_found, 409 sold_out /
         limit_exceeded / sale_not_active / request_in_progress / token_invalid, 422
-        idempotency_key_reused, 428 token_required, 503 unavailable."""
-        await _require_integers(request, ("product_id", "quantity"))
+        idempotency_key_reused, 428 token_required, 429 too_many_requests, 503 unavailable."""
         purchases = resources.purchase_service
         if order_token is not None:
             if not is_valid_idempotency_key(order_token):
@@ -106,17 +115,26 @@ class OrderController(Controller):
                 )
             request_id = request_id_from_key(request.user.id, data.product_id, f"order-token:{order_token}")
         elif idempotency_key is None and (answer := purchases.standing_rejection(data.product_id, data.quantity)):
+            metrics.purchase_outcome(answer.code, "sold_out_flag").inc()
             return problem_response(answer)  # a stampede's usual answer: no Redis, no raise
         else:
             request_id = request_id_for(request.user.id, data.product_id, idempotency_key)
-        accepted = await purchases.purchase(
-            request.user.id,
-            data.product_id,
-            data.quantity,
-            request_id,
-            keyed=idempotency_key is not None or order_token is not None,
-            order_token=order_token,
-        )
+        try:
+            client = request.client.host if request.client is not None else ""
+            accepted = await purchases.purchase(
+                request.user.id,
+                data.product_id,
+                data.quantity,
+                request_id,
+                keyed=idempotency_key is not None or order_token is not None,
+                order_token=order_token,
+                client=client,
+            )
+        except DomainError as exc:
+            metrics.purchase_outcome(exc.code).inc()
+            raise
+        _ACCEPTED.inc()
+        observe.note_order(request.scope, accepted.request_id, accepted.order_no)
         status = accepted.status or "queued"
         body = OrderAccepted(accepted.order_no, accepted.request_id, status, accepted.product_id, accepted.quantity)
         return Response(
@@ -125,7 +143,12 @@ class OrderController(Controller):
             headers={"Location": f"/api/v1/orders/{accepted.order_no}"},
         )
 
-    @post("/tokens", status_code=201, summary="An order token for a product (anti-duplicate submit)")
+    @post(
+        "/tokens",
+        status_code=201,
+        summary="An order token for a product (anti-duplicate submit)",
+        opt=problems("product_not_found"),
+    )
     async def create_token(
         self, request: Request[User, Any, Any], data: JSONBody[TokenRequest], resources: NamedDependency[Resources]
     ) -> OrderToken:
@@ -133,7 +156,6 @@ class OrderController(Controller):
         database design": issued when the order page opens, ``SET token EX 300``, deleted
         atomically by the purchase that sends it as ``Order-Token``). Errors: 400
         invalid_request, 401, 404 product_not_found, 503 unavailable."""
-        await _require_integers(request, ("product_id",))
         purchases = resources.purchase_service
         token = await purchases.issue_token(request.user.id, data.product_id)
         return OrderToken(token, purchases.token_ttl_seconds)
@@ -144,21 +166,26 @@ class OrderController(Controller):
         request: Request[User, Any, Any],
         resources: NamedDependency[Resources],
         limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
-        cursor: FromQuery[str | None] = None,
+        cursor: CursorQuery = None,
     ) -> OrderPage:
         """The caller's orders in MySQL, newest first, ``limit`` per page; 400 for a foreign ``cursor``."""
         return await resources.orders.page(request.user.id, limit, cursor)
 
-    @post("/{order_no:str}/cancel", status_code=200, summary="Cancel your unpaid order; its units go back on sale")
+    @post(
+        "/{order_no:str}/cancel",
+        status_code=200,
+        summary="Cancel your unpaid order; its units go back on sale",
+        opt=problems("invalid_order_no", "order_not_found", "order_not_cancellable"),
+    )
     async def cancel(
-        self, request: Request[User, Any, Any], order_no: FromPath[str], resources: NamedDependency[Resources]
+        self, request: Request[User, Any, Any], order_no: OrderNoPath, resources: NamedDependency[Resources]
     ) -> OrderView:
         """Cancel the caller's unpaid order; 400 invalid_order_no, 404 order_not_found, 409 order_not_cancellable."""
         return await resources.orders.cancel(request.user.id, order_no)
 
-    @get("/{order_no:str}", summary="Read one of your orders")
+    @get("/{order_no:str}", summary="Read one of your orders", opt=problems("invalid_order_no", "order_not_found"))
     async def get_order(
-        self, request: Request[User, Any, Any], order_no: FromPath[str], resources: NamedDependency[Resources]
+        self, request: Request[User, Any, Any], order_no: OrderNoPath, resources: NamedDependency[Resources]
     ) -> OrderView:
         """The caller's order with its status history; 400 invalid_order_no, 404 order_not_found."""
         return await resources.orders.get(request.user.id, order_no)

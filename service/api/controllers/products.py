@@ -5,6 +5,7 @@ from __future__ import annotations
 from litestar import Controller, get
 from litestar.di import NamedDependency
 
+from service.api.openapi import problems
 from service.api.params import ProductIdPath
 from service.bootstrap import Resources
 from service.domain.catalog import ProductView
@@ -14,7 +15,7 @@ class ProductController(Controller):
     path = "/products"
     tags = ["products"]
 
-    @get("/{product_id:int}", summary="Sale info and remaining stock")
+    @get("/{product_id:int}", summary="Sale info and remaining stock", opt=problems("product_not_found"))
     async def show(self, product_id: ProductIdPath, resources: NamedDependency[Resources]) -> ProductView:
         """Sale info and remaining stock; 404 product_not_found."""
         return await resources.catalog.get(product_id)

@@ -103,6 +103,7 @@ class _FakeDelivery:
     def __init__(self, body: bytes) -> None:
         self.body = body
         self.message_id = "late"
+        self.correlation_id = None
         self.settled: str | None = None
 
     async def ack(self) -> None:

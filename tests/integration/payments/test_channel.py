@@ -356,3 +356,23 @@ async def test_a_buyer_cannot_cancel_an_order_paid_at_its_channel(
     assert refused.status_code == 409 and refused.json()["code"] == "order_not_cancellable"
     assert "retry-after" not in refused.headers
     assert await status_of(engine, order_no) is S.PAID
+
+
+async def test_the_buyer_pays_with_the_channel_pay_command(
+    one_order, clean_faults, client, token, put_product, product_id, engine, consumer
+):
+    live = clean_faults
+    order_no = await one_order("cli-payer")
+    assert (await _pay(live, token, "cli-payer", order_no, "altpay")).status_code == 200
+    script = str(Path(sys.executable).with_name("flashsale"))
+    env = {**os.environ, **environment(live.settings)}
+
+    def pay(channel: str) -> subprocess.CompletedProcess:
+        args = [script, "channel", "pay", order_no, "--channel", channel]
+        return subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+
+    unknown = await asyncio.to_thread(pay, "mockpay")  # no payment of this order at mockpay
+    assert unknown.returncode == 1 and "payment_not_found" in unknown.stdout
+    done = await asyncio.to_thread(pay, "altpay")
+    assert done.returncode == 0 and '"status":"paid"' in done.stdout
+    await _becomes(engine, order_no, S.PAID)

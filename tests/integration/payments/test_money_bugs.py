@@ -105,7 +105,7 @@ async def test_a_republished_reservation_keeps_its_price_through_a_price_change(
 
 
 async def test_a_payment_for_a_queued_order_is_answered_retryably_then_applied(
-    client, token, put_product, product_id, engine, store, settings
+    client, token, admin, put_product, product_id, engine, store, settings
 ):
     """No consumer: the order is queued. The channel's notification gets 409 ``order_queued`` with
     ``Retry-After`` and nothing is recorded; once the row lands, the same notification pays it."""
@@ -117,6 +117,8 @@ async def test_a_payment_for_a_queued_order_is_answered_retryably_then_applied(
     assert early.status_code == 409 and early.json()["code"] == "order_queued"
     assert early.headers["retry-after"] == "1"
     assert await payments_of(engine, order_no) == []
+    refund = await client.post(f"/api/v1/admin/orders/{order_no}/refund", headers=admin)
+    assert refund.status_code == 409 and refund.json()["code"] == "order_not_refundable"  # not a 404 either
     async with running_consumer(settings, engine, store):
         await eventually(lambda: order_rows(engine, product_id))
     retried = await notify(client, settings, order_no, txn=f"early-{order_no}")
@@ -178,3 +180,35 @@ async def test_a_refund_failure_without_a_refund_in_progress_changes_nothing(
     stray = await notify(client, settings, order_no, txn=f"F-{order_no}", event="refund_failed")
     assert stray.json() == {"result": "unexpected", "order_status": "paid"}
     assert [(p.event, p.flagged) for p in await payments_of(engine, order_no)][-1] == ("refund_failed", True)
+
+
+async def test_no_cancel_while_a_payment_is_open_at_a_channel(
+    one_order, client, token, product_id, engine, store, consumer
+):
+    """Whatever asked the channels before (or did not), the cancel itself refuses an order whose
+    payment attempt is open: a start that came after the sweep's question keeps its order."""
+    from sqlalchemy import text
+
+    from service.domain.lifecycle import expire_unpaid
+
+    order_no = await one_order("open-attempt")
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("INSERT INTO payment_attempts (order_no, channel, status) VALUES (:o, 'mockpay', 'open')"),
+            {"o": order_no},
+        )
+
+    async def overdue():
+        async with engine.connect() as conn:
+            query = text("SELECT created_at < NOW() FROM orders WHERE order_no = :o")
+            return bool((await conn.execute(query, {"o": order_no})).scalar())
+
+    await eventually(overdue, interval=0.2)
+    assert await expire_unpaid(engine, store, 0, product_id=product_id) == 0
+    refused = await client.post(f"/api/v1/orders/{order_no}/cancel", headers=token("open-attempt"))
+    assert refused.status_code == 409 and refused.headers["retry-after"] == "1"
+    assert await status_of(engine, order_no) is S.PENDING_PAYMENT
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE payment_attempts SET status = 'closed' WHERE order_no = :o"), {"o": order_no})
+    assert await expire_unpaid(engine, store, 0, product_id=product_id) == 1
+    assert await status_of(engine, order_no) is S.CANCELLED

@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 
-from service.sale.isolation import environment, free_port
-from tests.support import eventually
+from service.sale.isolation import free_port
+from tests.support import eventually, start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -20,13 +18,7 @@ pytestmark = pytest.mark.slow
 async def test_a_killed_api_worker_is_replaced(settings):
     """Guards: a killed granian worker was not respawned and the API lost capacity for good."""
     port = free_port()
-    serve = subprocess.Popen(
-        [str(Path(sys.executable).with_name("flashsale")), "serve", "--port", str(port), "--workers", "2"],
-        env={**os.environ, **environment(settings)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    serve = start_serve(settings, port, workers=2)
     url = f"http://127.0.0.1:{port}/api/v1/health/ready"
 
     async def ready():

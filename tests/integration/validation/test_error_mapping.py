@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import structlog
 
+import service.api.problems as problems
 import service.domain.realign as realign_module
 
 
@@ -16,6 +17,9 @@ async def test_a_key_error_inside_a_realignment_pass_is_a_500_not_a_404(
         raise KeyError("a bug inside the pass")
 
     monkeypatch.setattr(realign_module, "sale_terms", broken)
+    # A fresh logger: the module's own caches its processors on first use (configure_logging), so
+    # once an earlier test made it log, capture_logs would no longer see it.
+    monkeypatch.setattr(problems, "log", structlog.get_logger(problems.__name__))
     with structlog.testing.capture_logs() as logs:
         stock = await client.get(f"/api/v1/admin/products/{product_id}/stock", headers=admin)
         one_pass = await client.post(f"/api/v1/admin/realign?product_id={product_id}", headers=admin)

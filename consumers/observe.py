@@ -1,0 +1,77 @@
+"""Metrics of the consumer, realignment and sweep processes (families in :mod:`service.metrics`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import aio_pika
+import structlog
+
+from service import metrics
+from service.adapters.broker import OrderMessage, queue_depth
+from service.domain.order_writer import Outcome
+from service.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+QUEUE_SAMPLE_SECONDS = 5.0
+"""How often the consumer asks the broker for the order and dead-letter queue depths."""
+
+_OUTCOME_NAMES = {"invalid": "dead_lettered"}  # an undecodable message is dead-lettered at once
+_WRITTEN = (Outcome.APPLIED, Outcome.REJECTED)
+
+
+def count(outcome: str) -> None:
+    """One message settled with ``outcome`` (an :class:`Outcome` value, ``invalid`` or ``failed``)."""
+    metrics.CONSUMER_MESSAGES.labels(_OUTCOME_NAMES.get(outcome, outcome)).inc()
+
+
+def written(orders: Sequence[OrderMessage], outcomes: Sequence[Outcome]) -> None:
+    """A committed batch: its size, and for each order that got its row the time since its
+    reservation (Redis server time against this host's clock)."""
+    metrics.BATCH_SIZE.observe(len(orders))
+    now_ms = time.time() * 1000
+    for order, outcome in zip(orders, outcomes, strict=True):
+        if outcome in _WRITTEN:
+            metrics.RESERVATION_TO_ROW_SECONDS.observe(max(0.0, (now_ms - order.reserved_at_ms) / 1000))
+
+
+async def _sample_queue_depths(settings: Settings) -> None:
+    """Set ``flashsale_queue_depth_messages`` every :data:`QUEUE_SAMPLE_SECONDS` (own connection)."""
+    amqp = settings.amqp
+    gauges = {
+        amqp.queue: metrics.QUEUE_DEPTH.labels("orders"),
+        amqp.dead_letter_queue: metrics.QUEUE_DEPTH.labels("dead_letter"),
+    }
+    connection = await aio_pika.connect_robust(amqp.url)
+    try:
+        channel = await connection.channel()
+        while True:
+            for queue, gauge in gauges.items():
+                try:
+                    gauge.set(await queue_depth(channel, queue))
+                except Exception as exc:  # a sample missed is not worth stopping the consumer for
+                    log.warning("queue_depth_failed", queue=queue, error=repr(exc))
+                    channel = await connection.channel()
+            await asyncio.sleep(QUEUE_SAMPLE_SECONDS)
+    finally:
+        await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def exposed(settings: Settings, port: int | None, *, sample_queues: bool = True) -> AsyncIterator[None]:
+    """Metrics of a consumer (with ``sample_queues``), realignment or sweep process while the block
+    runs: served on ``port`` (default ``FLASHSALE_METRICS__PORT``; 0: not served), local sums
+    flushed, queue depths sampled."""
+    async with metrics.exposed(settings.metrics.port if port is None else port, settings.metrics.host):
+        sampler = asyncio.create_task(_sample_queue_depths(settings)) if sample_queues else None
+        try:
+            yield
+        finally:
+            if sampler is not None:
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await sampler

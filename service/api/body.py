@@ -1,0 +1,59 @@
+"""Strict JSON bodies: a JSON integer for an integer, an RFC 3339 string for a datetime, no
+field the type does not name.
+
+Litestar converts a request body to its handler's ``data`` type leniently (``"100"``, ``100.0``
+and ``true`` become integers, ``0`` becomes 1970-01-01); every route here takes exactly the JSON
+types its schema states. The body Litestar parsed (``request.json()``, cached for the handler) is
+converted once more with ``msgspec.convert(strict=True)`` before the handler runs; the failure
+becomes ``400 invalid_request`` naming the field. An empty body on a route whose body is
+required is answered with a message that says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request
+from litestar.exceptions import SerializationException
+from litestar.handlers import HTTPRouteHandler
+
+from service.api.problems import field_error, validation_problem
+
+
+class BodySpec(msgspec.Struct, frozen=True):
+    """What a handler takes as its ``data``: the type and whether a body must be sent."""
+
+    annotation: Any
+    required: bool
+
+
+_SPEC_OPT = "body_spec"
+
+
+def body_spec(route_handler: HTTPRouteHandler) -> BodySpec | None:
+    """The ``data`` parameter of ``route_handler`` (None when it takes none), read once per handler
+    and kept in its ``opt``."""
+    opt = route_handler.opt
+    if _SPEC_OPT not in opt:
+        field = route_handler.parsed_fn_signature.parameters.get("data")
+        opt[_SPEC_OPT] = None if field is None else BodySpec(field.annotation, not field.has_default)
+    spec: BodySpec | None = opt[_SPEC_OPT]
+    return spec
+
+
+async def check_json_body(request: Request[Any, Any, Any], spec: BodySpec, body_sent: bool) -> None:
+    """Raises :class:`~service.api.problems.Problem` 400 ``invalid_request`` for a missing required
+    body or a body that does not strictly match ``spec.annotation``."""
+    if not body_sent:
+        if spec.required:
+            raise field_error("body", "A JSON object is required (Content-Type: application/json); the body was empty")
+        return
+    try:
+        raw = await request.json()
+    except SerializationException as exc:
+        raise field_error("body", "Not valid JSON") from exc
+    try:
+        msgspec.convert(raw, spec.annotation, strict=True)
+    except msgspec.ValidationError as exc:
+        raise validation_problem(str(exc)) from exc

@@ -1,0 +1,191 @@
+"""What every HTTP request leaves behind for the operator: a request id, one latency
+observation by method, route template and status (:mod:`service.metrics`), one access-log line;
+and the ``GET /metrics`` route.
+
+:class:`ObserveRequests` is a pure ASGI middleware (no Request object, no per-request label
+lookup beyond one dict probe, access-log lines written in batches): the cheapest place that sees
+the matched route template and the status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import re
+import secrets
+import sys
+import time
+from collections.abc import AsyncIterator, Iterable
+from time import perf_counter
+from typing import Any, BinaryIO
+
+import msgspec
+from litestar import Response, get
+from litestar.config.app import AppConfig
+from litestar.enums import ScopeType
+from litestar.middleware import DefineMiddleware
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import metrics
+from service.api.controllers.ops import OpsController
+from service.log_setup import HTTP_REQUEST_ID
+from service.settings import Settings
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+_ORDER = "flashsale.order"  # key in the request's scope["state"]
+_encode = msgspec.json.Encoder().encode
+_ACCESS_LOG_BATCH = 256  # lines held at most before a write
+ACCESS_LOG_FLUSH_SECONDS = 0.2
+
+
+class AccessLog:
+    """Access-log lines (JSON, the fields structlog's lines have), written to ``stream`` in
+    batches by :meth:`flush` (the lifespan calls it every :data:`ACCESS_LOG_FLUSH_SECONDS`), so
+    a request pays for one small encode and no write."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._lines: list[bytes] = []
+        self._second = -1
+        self._second_text = ""
+
+    def timestamp(self) -> str:
+        """Now, UTC, ISO 8601 with microseconds and ``Z`` (as structlog's lines); the date and
+        time of day are formatted once a second."""
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._second, self._second_text = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._second_text}.{int((now - second) * 1_000_000):06d}Z"
+
+    def add(self, line: dict[str, object]) -> None:
+        self._lines.append(_encode(line) + b"\n")
+        if len(self._lines) >= _ACCESS_LOG_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._lines:
+            lines, self._lines = self._lines, []
+            self._stream.write(b"".join(lines))
+            self._stream.flush()
+
+
+class ObserveRequests:
+    """ASGI middleware, per HTTP request: the request id (an incoming ``X-Request-ID`` of 1-128
+    visible ASCII characters, else a minted one: a random 16-hex prefix of the process and a hex
+    counter) set in
+    :data:`service.log_setup.HTTP_REQUEST_ID` and returned as ``X-Request-ID``; with metrics one
+    observation of the duration in ``flashsale_http_request_duration_seconds{method, route,
+    status}``; with an access log one line (method, path, route, status, duration in ms, the
+    request id, and for a purchase its order's request id and order number). Requests that match
+    no route never reach route middleware in Litestar and are not seen here."""
+
+    def __init__(self, app: ASGIApp, *, observe: bool, access_log: AccessLog | None) -> None:
+        self.app = app
+        self._observe = observe
+        self._access_log = access_log
+        self._children: dict[tuple[str, str, int], metrics.LocalHistogram] = {}
+        self._prefix = secrets.token_hex(8)
+        self._minted = itertools.count()
+
+    def _child(self, key: tuple[str, str, int]) -> metrics.LocalHistogram:
+        method, route, status = key
+        child = metrics.local_histogram(
+            metrics.HTTP_REQUEST_SECONDS, method if method in _METHODS else "other", route, str(status)
+        )
+        self._children[key] = child
+        return child
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await self.app(scope, receive, send)
+            return
+        started = perf_counter()
+        request_id = _incoming_request_id(scope["headers"]) or "%s%x" % (self._prefix, next(self._minted))  # noqa: UP031 - the cheapest
+        header = (b"x-request-id", request_id.encode())
+        status = 500
+
+        async def send_observed(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        # Not reset afterwards: the next request on this task sets its own first, and a task the
+        # request spawned (the async publisher) keeps the id it was spawned with.
+        HTTP_REQUEST_ID.set(request_id)
+        try:
+            await self.app(scope, receive, send_observed)
+        finally:
+            seconds = perf_counter() - started
+            route = scope.get("path_template", "")
+            if self._observe:
+                key = (scope["method"], route, status)
+                (self._children.get(key) or self._child(key)).observe(seconds)
+            if self._access_log is not None:
+                line: dict[str, object] = {
+                    "event": "http_request",
+                    "level": "info",
+                    "timestamp": self._access_log.timestamp(),
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "route": route,
+                    "status": status,
+                    "duration_ms": round(seconds * 1000, 3),
+                    "http_request_id": request_id,
+                }
+                state = scope.get("state")
+                if state and (order := state.get(_ORDER)) is not None:
+                    line["request_id"], line["order_no"] = order
+                self._access_log.add(line)
+
+
+def note_order(scope: Scope, request_id: str, order_no: str) -> None:
+    """The purchase answering ``scope`` took (or replayed) this order: its request id and order
+    number go in the access-log line, so one grep finds the HTTP request, the consumer's and the
+    realignment's lines of an order."""
+    scope.setdefault("state", {})[_ORDER] = (request_id, order_no)
+
+
+def _incoming_request_id(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name == b"x-request-id":
+            return value.decode("ascii") if _REQUEST_ID.fullmatch(value) else None
+    return None
+
+
+@get("/metrics", exclude_from_auth=True, include_in_schema=False)
+async def metrics_route() -> Response[bytes]:
+    """Prometheus text format: every worker's values (multiprocess mode) or this process's."""
+    metrics.flush()  # on the event loop: the local sums are the loop's
+    body = await asyncio.to_thread(metrics.exposition)
+    return Response(body, media_type=metrics.CONTENT_TYPE)
+
+
+def install(app_config: AppConfig, settings: Settings) -> None:
+    """The request middleware (request ids always; metrics with ``settings.metrics.enabled``,
+    then also ``GET /metrics``; the access log with ``settings.access_log``) and the lifespan
+    that flushes the local metric sums and the access log."""
+    enabled = settings.metrics.enabled
+    access_log = AccessLog(sys.stderr.buffer) if settings.access_log else None
+    app_config.middleware.append(DefineMiddleware(ObserveRequests, observe=enabled, access_log=access_log))
+    if enabled:
+        app_config.route_handlers.append(metrics_route)
+    app_config.route_handlers.append(OpsController)
+
+    @contextlib.asynccontextmanager
+    async def flushing(_: Any) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if enabled:
+                await stack.enter_async_context(metrics.flushing())
+            if access_log is not None:
+                await stack.enter_async_context(metrics.every(ACCESS_LOG_FLUSH_SECONDS, access_log.flush))
+            yield
+        if enabled:
+            metrics.process_exited(os.getpid())
+
+    app_config.lifespan.append(flushing)

@@ -1,0 +1,173 @@
+"""Dead-lettered orders: list them with why they died, redrive them to the order queue, or purge
+them without leaking stock.
+
+Redrive is safe for any message: the consumer's idempotency (``UNIQUE(request_id)``, the claim
+on the reservation) makes a redrive of an order already applied a no-op, and a poison message
+simply dies again without holding anything up.
+
+Purge gives a dead-lettered order's reservation back through realignment: the journal entry is
+dropped (its replay record becomes a ``released`` tombstone, so a late copy of the message is
+dropped by the consumer) and one realignment pass of the product recomputes Redis stock and
+quotas from MySQL and the journal left. An order MySQL already has (applied or rejected) holds
+no reservation to give back; a message that is no order holds nothing at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from datetime import datetime
+from enum import StrEnum
+
+import msgspec
+import structlog
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from db.queries import orders
+from service.adapters.broker import OrderMessage
+from service.adapters.dead_letters import DEFAULT_LIMIT, DeadLetter, DeadLetterQueue
+from service.adapters.redis.stock_store import StockStore
+from service.domain.errors import ProductNotFound
+from service.domain.order_writer import InvalidOrder, parse_order
+from service.domain.realign import Realigner, RealignReport
+
+log = structlog.get_logger(__name__)
+
+
+class DeadLetterView(msgspec.Struct, frozen=True):
+    """One dead-lettered message as the operator sees it: ``reason``/``count`` from its newest
+    x-death entry, ``order`` the order it carries (None when the body is no order: ``error``
+    says why), ``body`` the raw body (UTF-8, undecodable bytes replaced)."""
+
+    id: str
+    reason: str | None
+    count: int
+    queue: str | None
+    died_at: datetime | None
+    order: OrderMessage | None
+    error: str | None
+    body: str
+
+
+class PurgeOutcome(StrEnum):
+    """What purging one message did."""
+
+    GIVEN_BACK = "given_back"  # reservation dropped, realignment gave stock and quota back
+    ALREADY_IN_MYSQL = "already_in_mysql"  # the order has a row: nothing was reserved any more
+    NOT_AN_ORDER = "not_an_order"  # undecodable body or unknown product: nothing to give back
+
+
+class Purged(msgspec.Struct, frozen=True):
+    """One purged message: its id, the order it carried (if any), the outcome, and the
+    realignment pass that gave the stock back (with ``given_back`` only)."""
+
+    id: str
+    order: OrderMessage | None
+    outcome: PurgeOutcome
+    realign: RealignReport | None = None
+
+
+class DeadLetterNotFound(LookupError):
+    """No message with this id is in the dead-letter queue."""
+
+    def __init__(self, dead_letter_id: str) -> None:
+        super().__init__(f"no dead-lettered message {dead_letter_id!r}")
+        self.id = dead_letter_id
+
+
+def _view(letter: DeadLetter) -> DeadLetterView:
+    try:
+        order, error = parse_order(letter.body), None
+    except InvalidOrder as exc:
+        order, error = None, str(exc)
+    return DeadLetterView(
+        id=letter.id,
+        reason=letter.reason,
+        count=letter.count,
+        queue=letter.queue,
+        died_at=letter.died_at,
+        order=order,
+        error=error,
+        body=letter.body.decode("utf-8", errors="replace"),
+    )
+
+
+class DeadLetterService:
+    """The dead-letter tool's use cases on one deployment's queue, Redis and MySQL."""
+
+    def __init__(self, queue: DeadLetterQueue, engine: AsyncEngine, store: StockStore, realigner: Realigner) -> None:
+        self._queue = queue
+        self._engine = engine
+        self._store = store
+        self._realigner = realigner
+
+    async def entries(self, limit: int = DEFAULT_LIMIT) -> list[DeadLetterView]:
+        """Every dead-lettered message (oldest first, at most ``limit``); nothing is removed."""
+        return [_view(letter) for letter in await self._queue.peek(limit)]
+
+    async def show(self, dead_letter_id: str) -> list[DeadLetterView]:
+        """The message(s) with this id (several when the same order died more than once).
+
+        Raises:
+            DeadLetterNotFound: none.
+        """
+        found = [view for view in await self.entries() if view.id == dead_letter_id]
+        if not found:
+            raise DeadLetterNotFound(dead_letter_id)
+        return found
+
+    async def redrive(self, ids: Collection[str] | None) -> list[DeadLetterView]:
+        """Put the messages with these ids (all when None) back on the order queue; returns them.
+
+        Raises:
+            DeadLetterNotFound: an id names no message (checked first: then nothing moves).
+        """
+        if ids is not None:
+            await self._require(ids)
+        moved = [_view(letter) for letter in await self._queue.redrive(ids)]
+        log.info("dead_letters_redriven", count=len(moved), request_ids=[view.id for view in moved])
+        return moved
+
+    async def purge(self, ids: Collection[str]) -> list[Purged]:
+        """Remove the messages with these ids for good, giving back what their orders reserved.
+
+        Raises:
+            DeadLetterNotFound: an id names no message (checked first: then nothing is removed).
+        """
+        await self._require(ids)
+        purged: list[Purged] = []
+
+        async def give_back(letter: DeadLetter) -> bool:
+            purged.append(await self._give_back(letter))
+            return True
+
+        await self._queue.settle(lambda letter: letter.id in ids, give_back)
+        return purged
+
+    async def _give_back(self, letter: DeadLetter) -> Purged:
+        try:
+            order = parse_order(letter.body)
+        except InvalidOrder:
+            return Purged(letter.id, None, PurgeOutcome.NOT_AN_ORDER)
+        async with self._engine.connect() as conn:
+            present = (await conn.execute(orders.PRESENT_ORDER_NOS, {"order_nos": [order.order_no]})).first()
+        if present is not None:
+            return Purged(letter.id, order, PurgeOutcome.ALREADY_IN_MYSQL)
+        await self._store.forget_reservation(order.product_id, order.request_id)
+        try:
+            report = await self._realigner.realign(order.product_id)
+        except ProductNotFound:
+            return Purged(letter.id, order, PurgeOutcome.NOT_AN_ORDER)
+        log.warning(
+            "dead_letter_purged",
+            request_id=order.request_id,
+            order_no=order.order_no,
+            product_id=order.product_id,
+            quantity=order.quantity,
+        )
+        return Purged(letter.id, order, PurgeOutcome.GIVEN_BACK, report)
+
+    async def _require(self, ids: Collection[str]) -> None:
+        present = {letter.id for letter in await self._queue.peek()}
+        for dead_letter_id in ids:
+            if dead_letter_id not in present:
+                raise DeadLetterNotFound(dead_letter_id)

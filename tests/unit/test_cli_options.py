@@ -1,0 +1,53 @@
+"""The CLI's surface: help text on every option, --version, --json on every command that reports,
+and the loop runner lets a command's own ImportError through once."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from service.cli.main import _run, main
+
+
+def _commands(command: click.Command, path: tuple[str, ...] = ("flashsale",)):
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from _commands(sub, (*path, name))
+
+
+def test_every_option_has_help_text():
+    missing = [
+        f"{' '.join(path)} {option.opts[0]}"
+        for path, command in _commands(main)
+        for option in command.params
+        if isinstance(option, click.Option) and not option.help
+    ]
+    assert missing == []
+
+
+REPORTING = ["realign", "sale", "bench", "migrate", "pay", "sweep", "product set"]
+
+
+@pytest.mark.parametrize("name", REPORTING)
+def test_every_command_that_reports_has_json(name):
+    command = dict((" ".join(path[1:]), command) for path, command in _commands(main))[name]
+    assert "--json" in [opt for param in command.params for opt in param.opts]
+
+
+def test_version():
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == "flashsale 0.1.0"
+
+
+def test_an_import_error_inside_a_command_is_raised_once_not_rerun():
+    runs = []
+
+    async def command() -> None:
+        runs.append(1)
+        raise ImportError("no module named 'aiomysql'")
+
+    with pytest.raises(ImportError, match="aiomysql"):
+        _run(command())
+    assert runs == [1]

@@ -1,0 +1,32 @@
+"""The sale's headline names the no-op requests only when that wave was sent."""
+
+from __future__ import annotations
+
+from service.sale.render import _headline
+
+RUN = {
+    "run_id": "sale_1",
+    "product_id": 7,
+    "stock": 10,
+    "per_user_limit": 2,
+    "requests": 100,
+    "users": 50,
+    "concurrency": 8,
+    "workers": 2,
+    "publish_mode": "confirm",
+    "isolated": True,
+    "url": "http://127.0.0.1:1",
+    "consumers": 2,
+    "noop_requests": 10000,
+    "pay_share": 0,
+    "payment_window_seconds": 5,
+}
+
+
+def test_a_skipped_no_op_wave_is_not_claimed():
+    line = _headline(RUN, {"skipped": "the API does not mount POST /api/v1/bench/noop"})
+    assert "10000 no-op" not in line and "no-op ceiling skipped" in line
+
+
+def test_a_sent_no_op_wave_is_counted():
+    assert "10000 no-op requests" in _headline(RUN, {"throughput_rps": 1.0})
