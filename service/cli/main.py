@@ -73,13 +73,16 @@ def main(ctx: click.Context, debug: bool) -> None:
 def serve(host: str, port: int, workers: int) -> None:
     """Run the purchase API (granian, WORKERS processes). Checks Redis, RabbitMQ and MySQL once
     first: one that does not answer ends it with one line and exit code 2."""
-    from service.bootstrap import check_dependencies
-    from service.cli.serve import serve_app
+    from service.cli.serve import metrics_directory, serve_app
 
     settings = get_settings()
     settings.require_secrets()
-    _run(check_dependencies(settings))
-    serve_app("service.api.app:create_app", host, port, workers)
+    # The multiprocess directory first: the check imports prometheus_client, which reads it once.
+    with metrics_directory(settings.metrics.enabled):
+        from service.bootstrap import check_dependencies
+
+        _run(check_dependencies(settings))
+        serve_app("service.api.app:create_app", host, port, workers)
 
 
 _metrics_port = click.option(

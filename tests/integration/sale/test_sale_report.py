@@ -59,6 +59,7 @@ def test_a_small_sale_writes_its_report_with_charts(tmp_path):
     assert not re.search(r'(src|href)="(https?:)?//', page)
     invariants = re.search(r'<table id="invariants">(.*?)</table>', page, re.S)
     assert invariants is not None
-    assert invariants.group(1).count("<td>PASS</td>") == len(report["invariants"]) == 7
+    assert len(report["invariants"]) >= 7
+    assert invariants.group(1).count("<td>PASS</td>") == len(report["invariants"])
     assert "FAIL" not in invariants.group(1)
     assert re.search(r"p50 [\d.]+ ms, p95 [\d.]+ ms, p99 [\d.]+ ms", page)
