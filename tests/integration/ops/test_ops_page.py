@@ -68,7 +68,7 @@ async def test_the_ops_page_follows_a_sale_and_shows_a_dead_letter(own_deploymen
             await eventually(lambda: api_ready(http), timeout=60, interval=0.25)
             put = await http.put(
                 f"/api/v1/admin/products/{product}",
-                json={"stock": 40, "per_user_limit": 1, "price": 100},
+                json={"stock": 40, "per_user_limit": 1, "price": 100, "stock_mode": "redis"},
                 headers={"Authorization": f"Bearer {admin}"},
             )
             assert put.status_code == 200, put.text
