@@ -19,6 +19,7 @@ from pathlib import Path
 import aio_pika
 import httpx
 import pytest
+from litestar import Litestar
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy import event, text
@@ -212,17 +213,41 @@ class RunsAfterJournalRead:
 
 
 @contextlib.asynccontextmanager
-async def api_in_loop(settings: Settings, pool_size: int = 10) -> AsyncIterator[httpx.AsyncClient]:
-    """The API app (its lifespan run) behind an httpx client in the test's own event loop, with a
-    MySQL pool of ``pool_size`` (+ 5): requests gathered on it really run concurrently, as in one
-    API worker. (Litestar's ``AsyncTestClient`` runs the app in a portal thread and blocks the
-    loop for each request, so its gathered requests run one after another.)"""
-    db = settings.db.model_copy(update={"pool_size": pool_size, "max_overflow": 5})
-    app = create_app(settings.model_copy(update={"db": db}))
-    async with app.lifespan():
+async def serving(app: Litestar, timeout: float = 30) -> AsyncIterator[httpx.AsyncClient]:
+    """``app`` (its lifespan run) behind an httpx client in the test's own event loop: requests
+    gathered on it really run concurrently, as in one API worker. (Litestar's ``AsyncTestClient``
+    runs the app in a portal thread and blocks the loop for each request, so its gathered
+    requests run one after another.) The lifespan runs in a task of its own, entered and left
+    there: pytest-asyncio sets a fixture up and tears it down in different tasks, and Litestar's
+    lifespan holds an anyio cancel scope that must be left in the task that entered it."""
+    started, stop = asyncio.Event(), asyncio.Event()
+
+    async def run_lifespan() -> None:
+        async with app.lifespan():
+            started.set()
+            await stop.wait()
+
+    lifespan = asyncio.create_task(run_lifespan())
+    waiting = asyncio.create_task(started.wait())
+    await asyncio.wait({lifespan, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    if lifespan.done():
+        waiting.cancel()
+        lifespan.result()  # start-up failed: raise its error here
+    try:
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://api", timeout=60) as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://api", timeout=timeout) as client:
             yield client
+    finally:
+        stop.set()
+        await lifespan
+
+
+@contextlib.asynccontextmanager
+async def api_in_loop(settings: Settings, pool_size: int = 10) -> AsyncIterator[httpx.AsyncClient]:
+    """The API app on ``settings`` with a MySQL pool of ``pool_size`` (+ 5), :func:`serving`."""
+    db = settings.db.model_copy(update={"pool_size": pool_size, "max_overflow": 5})
+    async with serving(create_app(settings.model_copy(update={"db": db})), timeout=60) as client:
+        yield client
 
 
 @contextlib.asynccontextmanager

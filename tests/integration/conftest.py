@@ -12,8 +12,8 @@ import itertools
 from collections.abc import AsyncIterator
 
 import aio_pika
+import httpx
 import pytest
-from litestar.testing import AsyncTestClient
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -28,7 +28,7 @@ from service.bootstrap import make_redis
 from service.sale.isolation import isolated_settings, new_run_id, with_own_secrets
 from service.sale.stores import tear_down
 from service.settings import Settings
-from tests.support import running_consumer
+from tests.support import running_consumer, serving
 
 _product_ids = itertools.count(1000)
 
@@ -90,8 +90,8 @@ def new_product_id():
 
 
 @pytest.fixture(scope="session")
-async def client(settings: Settings) -> AsyncIterator[AsyncTestClient]:
-    async with AsyncTestClient(app=create_app(settings), timeout=30) as client:
+async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    async with serving(create_app(settings), timeout=30) as client:
         yield client
 
 
@@ -111,7 +111,7 @@ def admin(token) -> dict[str, str]:
 
 
 @pytest.fixture
-def put_product(client: AsyncTestClient, admin: dict[str, str]):
+def put_product(client: httpx.AsyncClient, admin: dict[str, str]):
     """``await put_product(id, stock=, limit=, **fields)`` through the admin route."""
 
     async def put(product_id: int, stock: int, limit: int = 1, **fields) -> dict:

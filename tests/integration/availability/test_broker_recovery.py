@@ -9,10 +9,9 @@ exchange touches no other test.
 from __future__ import annotations
 
 import aio_pika
-from litestar.testing import AsyncTestClient
 
 from service.api.app import create_app
-from tests.support import buy, eventually, own_queues, redis_state
+from tests.support import buy, eventually, own_queues, redis_state, serving
 
 RECOVERY_PATIENCE = 20.0
 """Seconds the API gets to publish again (it retries a closed channel once a second)."""
@@ -21,7 +20,7 @@ RECOVERY_PATIENCE = 20.0
 async def test_a_deleted_exchange_is_503_then_recovers_without_restart(settings, admin, token, new_product_id, redis):
     product_id = new_product_id()
     async with own_queues(settings, "delx") as own:
-        async with AsyncTestClient(app=create_app(own), timeout=30) as api:
+        async with serving(create_app(own), timeout=30) as api:
             body = {"stock": 100, "per_user_limit": 1, "price": 1500, "stock_mode": "redis"}
             assert (await api.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
             assert (await buy(api, token("before"), product_id)).status_code == 202

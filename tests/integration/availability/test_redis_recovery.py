@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
-from litestar.testing import AsyncTestClient
 from redis.asyncio import Redis
 
 from service.adapters.redis.results import (
@@ -26,7 +26,7 @@ from service.api.app import create_app
 from service.bootstrap import make_store
 from service.domain.order_no import compose_order_no
 from service.settings import Settings
-from tests.support import PausableProxy, buy, private_redis
+from tests.support import PausableProxy, buy, private_redis, serving
 
 pytestmark = pytest.mark.slow  # starts a redis-server
 
@@ -47,13 +47,13 @@ async def own_redis(settings: Settings) -> AsyncIterator[tuple[Settings, Redis]]
 
 
 @pytest.fixture
-async def api(own_redis) -> AsyncIterator[AsyncTestClient]:
+async def api(own_redis) -> AsyncIterator[httpx.AsyncClient]:
     on_redis, _ = own_redis
-    async with AsyncTestClient(app=create_app(on_redis), timeout=30) as client:
+    async with serving(create_app(on_redis), timeout=30) as client:
         yield client
 
 
-async def _put(client: AsyncTestClient, admin: dict[str, str], product_id: int, stock: int) -> None:
+async def _put(client: httpx.AsyncClient, admin: dict[str, str], product_id: int, stock: int) -> None:
     body = {"stock": stock, "per_user_limit": 1, "price": 1500, "stock_mode": "redis"}
     response = await client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)
     assert response.status_code == 200, response.text
@@ -144,7 +144,7 @@ async def test_a_stalled_redis_answers_503_instead_of_hanging(own_redis, admin, 
         }
     )
     try:
-        async with AsyncTestClient(app=create_app(stalled), timeout=60) as api:
+        async with serving(create_app(stalled), timeout=60) as api:
             product_id = new_product_id()
             await _put(api, admin, product_id, stock=5)
             assert (await buy(api, token("s1"), product_id)).status_code == 202

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from litestar.testing import AsyncTestClient
 
 from service.api.app import create_app
 from service.sale.isolation import environment, free_port
 from service.settings import DEV_CHANNEL_SECRETS, DEV_JWT_SECRET, ConfigError
+from tests.support import serving
 
 pytestmark = pytest.mark.slow  # starts CLI processes
 
@@ -102,7 +102,7 @@ async def test_a_read_on_a_lost_mysql_is_503(settings):
     lost = settings.model_copy(
         update={"db": settings.db.model_copy(update={"url": f"mysql+asyncmy://root@127.0.0.1:{_closed_port()}/x"})}
     )
-    async with AsyncTestClient(app=create_app(lost), timeout=30) as client:
+    async with serving(create_app(lost), timeout=30) as client:
         response = await client.get("/api/v1/products/1")
         assert response.status_code == 503, response.text
         assert response.json()["code"] == "unavailable" and response.headers["retry-after"] == "1"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import aio_pika
 import pytest
-from litestar.testing import AsyncTestClient
 
 from consumers.order_consumer import OrderConsumer
 from service.adapters.broker import OrderMessage, encode_order
@@ -13,7 +12,7 @@ from service.bootstrap import Resources
 from service.domain.order_no import compose_order_no
 from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
-from tests.support import inventory, order_rows, redis_state
+from tests.support import inventory, order_rows, redis_state, serving
 
 
 @pytest.fixture
@@ -22,7 +21,7 @@ async def unroutable_client(settings):
     broken = settings.model_copy(
         update={"amqp": settings.amqp.model_copy(update={"queue": f"{settings.redis.key_prefix}.nowhere"})}
     )
-    async with AsyncTestClient(app=create_app(broken), timeout=30) as client:
+    async with serving(create_app(broken), timeout=30) as client:
         connection = await aio_pika.connect(settings.amqp.url)
         channel = await connection.channel()
         await channel.queue_delete(broken.amqp.queue)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import aio_pika
 import pytest
-from litestar.testing import AsyncTestClient
 
 from db.models import OrderStatus as S
 from service.api.app import create_app
@@ -24,6 +23,7 @@ from tests.support import (
     payments_of,
     redis_state,
     running_consumer,
+    serving,
     status_of,
 )
 
@@ -80,7 +80,7 @@ async def test_a_republished_reservation_keeps_its_price_through_a_price_change(
                 "db": mine.db.model_copy(update={"pool_size": 2, "max_overflow": 2}),
             }
         )
-        async with AsyncTestClient(app=create_app(patient), timeout=30) as client:
+        async with serving(create_app(patient), timeout=30) as client:
             product = {"stock": 3, "per_user_limit": 1, "price": 700, "stock_mode": "redis"}
             assert (await client.put(f"/api/v1/admin/products/{product_id}", json=product, headers=admin)).is_success
             accepted = await buy(client, token("repriced"), product_id)

@@ -8,15 +8,15 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 import aio_pika
+import httpx
 import pytest
-from litestar.testing import AsyncTestClient
 
 from service.adapters.broker import declare_topology
 from service.api.app import create_app
 from service.bootstrap import Resources, opened
 from service.domain.request_id import mint_request_id
 from service.settings import Settings
-from tests.support import buy, eventually, inventory, order_rows, own_queues, redis_state, running_consumer
+from tests.support import buy, eventually, inventory, order_rows, own_queues, redis_state, running_consumer, serving
 
 
 def _async_mode(settings: Settings, **amqp: object) -> Settings:
@@ -29,8 +29,8 @@ def _async_mode(settings: Settings, **amqp: object) -> Settings:
 
 
 @pytest.fixture(scope="module")
-async def async_client(settings: Settings) -> AsyncIterator[AsyncTestClient]:
-    async with AsyncTestClient(app=create_app(_async_mode(settings)), timeout=30) as client:
+async def async_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    async with serving(create_app(_async_mode(settings)), timeout=30) as client:
         yield client
 
 

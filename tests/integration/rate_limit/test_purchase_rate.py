@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from litestar.testing import AsyncTestClient
 
 from service.api.app import create_app
-from tests.support import redis_state
+from tests.support import redis_state, serving
 
 SLOW_RATE = 0.01  # one request per 100 s: nothing refills during a test, so counts are exact
 
@@ -23,14 +22,14 @@ def _limited_settings(settings, **limits):
 @pytest.fixture(scope="module")
 async def user_limited(settings):
     limits = {"user_per_second": SLOW_RATE, "user_burst": 5, "address_per_second": 0.0}
-    async with AsyncTestClient(app=create_app(_limited_settings(settings, **limits)), timeout=30) as client:
+    async with serving(create_app(_limited_settings(settings, **limits)), timeout=30) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 async def address_limited(settings):
     limits = {"user_per_second": 0.0, "address_per_second": SLOW_RATE, "address_burst": 7}
-    async with AsyncTestClient(app=create_app(_limited_settings(settings, **limits)), timeout=30) as client:
+    async with serving(create_app(_limited_settings(settings, **limits)), timeout=30) as client:
         yield client
 
 

@@ -17,15 +17,15 @@ from collections import Counter
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
+import httpx
 import pytest
-from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
 from service.api.app import create_app
 from service.domain.lifecycle import expire_unpaid
 from service.domain.realign import Realigner
 from service.domain.sold_out import SoldOutFlags, Verdict
-from tests.support import buy, eventually, inventory, order_rows, rows_at_least, running_consumer
+from tests.support import buy, eventually, inventory, order_rows, rows_at_least, running_consumer, serving
 
 LONG_TTL = 60.0
 ANNOUNCEMENT_PATIENCE = 10.0
@@ -36,7 +36,7 @@ ANNOUNCEMENT_PATIENCE = 10.0
 class Api:
     """One API "process": its HTTP client and its sold-out flags."""
 
-    client: AsyncTestClient
+    client: httpx.AsyncClient
     flags: SoldOutFlags
     raised: int = 0  # flags this process raised (sold_out answers from Redis that stuck)
 
@@ -61,7 +61,7 @@ async def apis(settings):
         pair = []
         for _ in range(2):
             app = create_app(long_lived)
-            client = await stack.enter_async_context(AsyncTestClient(app=app, timeout=30))
+            client = await stack.enter_async_context(serving(app, timeout=30))
             flags = app.dependencies["resources"].dependency().sold_out
             assert isinstance(flags, SoldOutFlags)
             pair.append(Api(client, flags))

@@ -8,10 +8,10 @@ import time
 
 import jwt
 import pytest
-from litestar.testing import AsyncTestClient
 
 from service.api.app import create_app
 from service.api.auth import issue_token
+from tests.support import serving
 
 ORDERS = "/api/v1/orders"
 
@@ -78,7 +78,7 @@ async def idp_client(settings):
     """An API that wants ``aud: shop`` and ``iss: https://idp.example``."""
     auth = settings.auth.model_copy(update={"audience": "shop", "issuer": "https://idp.example"})
     idp_settings = settings.model_copy(update={"auth": auth, "db": settings.db.model_copy(update={"pool_size": 2})})
-    async with AsyncTestClient(app=create_app(idp_settings), timeout=30) as client:
+    async with serving(create_app(idp_settings), timeout=30) as client:
         yield client
 
 
