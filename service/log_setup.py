@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -26,6 +28,51 @@ def _add_http_request_id(_: WrappedLogger, __: str, event: EventDict) -> EventDi
     if request_id is not None:
         event.setdefault("http_request_id", request_id)
     return event
+
+
+STORM_EVENTS = frozenset(
+    {
+        "order_no_unavailable",
+        "reserve_failed",
+        "database_purchase_failed",
+        "give_token_failed",
+        "mark_queued_failed",
+        "publish_failed",
+        "store_unavailable",
+    }
+)
+"""Events that every request repeats while a store is lost (a stampede would write thousands a
+second): :class:`StormThrottle` lets one per second through."""
+
+
+class StormThrottle:
+    """A structlog processor: at most one line per ``seconds`` for each event in ``events``; the
+    next line let through after a quiet spell carries ``suppressed`` (lines dropped since).
+    Every other event passes untouched. ``clock`` is monotonic seconds (injectable for tests).
+    The requests themselves are still answered (503) and counted (metrics); only the log stays
+    readable while Redis, RabbitMQ or MySQL is away."""
+
+    def __init__(
+        self, events: frozenset[str] = STORM_EVENTS, seconds: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._events = events
+        self._seconds = seconds
+        self._clock = clock
+        self._next: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def __call__(self, _: WrappedLogger, __: str, event: EventDict) -> EventDict:
+        name = event.get("event")
+        if name not in self._events:
+            return event
+        now = self._clock()
+        if now < self._next.get(name, 0.0):
+            self._suppressed[name] = self._suppressed.get(name, 0) + 1
+            raise structlog.DropEvent
+        self._next[name] = now + self._seconds
+        if dropped := self._suppressed.pop(name, 0):
+            event["suppressed"] = dropped
+        return event
 
 
 def _shared_processors() -> list[Processor]:
@@ -70,7 +117,12 @@ def configure_logging(level: str = "INFO") -> None:
     loggers and, through :func:`json_formatter`, the standard library's root logger."""
     numeric = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
-        processors=[*_shared_processors(), structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
+        processors=[
+            StormThrottle(),
+            *_shared_processors(),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
