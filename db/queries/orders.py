@@ -122,6 +122,10 @@ UNITS_HELD = text(
 """Units each user holds of product ``:p`` against the per-user limit (statuses ``:released`` excluded)."""
 
 # Reads of the main job's report (``flashsale sale``): whole-product views, off the hot path.
+RECENT_OF_PRODUCT = text(
+    "SELECT request_id, order_no, quantity FROM orders"
+    " WHERE product_id = :p AND created_at >= CURRENT_TIMESTAMP - INTERVAL :seconds SECOND"
+)
 COUNT_OF_PRODUCT = text("SELECT COUNT(*) FROM orders WHERE product_id = :p")
 OF_PRODUCT = text("SELECT order_no, request_id, user_id, quantity, status, reason FROM orders WHERE product_id = :p")
 UNPAID_OF_PRODUCT = text(

@@ -115,7 +115,7 @@ async def set_product(
     if data.stock_mode is StockMode.DATABASE and mode != StockMode.DATABASE:
         await switch_to_database(engine, store, realigner, product_id)
     elif data.stock_mode is StockMode.REDIS and mode != StockMode.REDIS:
-        return await switch_to_redis(engine, realigner, product_id)
+        return await switch_to_redis(engine, store, realigner, product_id)
     return await realigner.realign(product_id)
 
 

@@ -19,7 +19,10 @@ conditional UPDATE: it may be rejected ``sold_out``, it cannot oversell.
 1. ``products.stock_mode = 'redis'`` with the inventory row locked: no ``database``-mode
    purchase takes stock after this commit (they answer ``moved`` and go to Redis, which still
    says ``moved`` until step 2: ``503``, retry).
-2. A realignment pass whose snapshot follows that commit loads Redis (stock = MySQL stock -
+2. Replay records for the orders written in ``database`` mode within the replay window, so that
+   a retry with the same Idempotency-Key (or Order-Token) is answered with its order, not taken
+   as a new purchase (the marker still stands: nothing is reserved meanwhile).
+3. A realignment pass whose snapshot follows that commit loads Redis (stock = MySQL stock -
    reservations in flight, quotas, terms) and removes the marker in the same atomic write.
 """
 
@@ -33,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import in_transaction
 from db.models import StockMode
-from db.queries import inventory, products
+from db.queries import inventory, orders, products
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import ProductNotFound
 from service.domain.realign import Realigner, RealignReport
@@ -88,7 +91,9 @@ async def switch_to_database(
     return in_flight
 
 
-async def switch_to_redis(engine: AsyncEngine, realigner: Realigner, product_id: int) -> RealignReport:
+async def switch_to_redis(
+    engine: AsyncEngine, store: StockStore, realigner: Realigner, product_id: int
+) -> RealignReport:
     """Move ``product_id`` from ``database`` to ``redis`` mode (see the module docstring); returns
     the realignment pass that loaded Redis and opened it.
 
@@ -98,6 +103,10 @@ async def switch_to_redis(engine: AsyncEngine, realigner: Realigner, product_id:
             until a pass succeeds: run the switch again).
     """
     await set_mode(engine, product_id, StockMode.REDIS)
+    async with engine.connect() as conn:
+        window = {"p": product_id, "seconds": store.replay_ttl_seconds}
+        recent = (await conn.execute(orders.RECENT_OF_PRODUCT, window)).all()
+    await store.seed_replays(product_id, [(r.request_id, r.order_no, r.quantity) for r in recent])
     for _ in range(_OPEN_ATTEMPTS):
         report = await realigner.realign(product_id, open_sale=True)
         if not report.skipped_stale:

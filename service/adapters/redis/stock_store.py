@@ -473,6 +473,26 @@ class StockStore:
         reply = await self._purge(keys=[keys.journal, keys.replay(request_id)], args=[request_id, self._replay_ttl])
         return bool(reply)
 
+    async def seed_replays(self, product_id: int, orders: list[tuple[str, str, int]]) -> None:
+        """Replay records (state ``queued``) for orders MySQL already holds: ``(request_id,
+        order_no, quantity)``, each living ``replay_ttl_seconds``. For a product moving to stock
+        mode ``redis``: a retry of a purchase answered in ``database`` mode must be answered as
+        its replay (same order number), not taken as a new purchase (IETF Idempotency-Key
+        draft). Pipelined, 500 orders per round trip."""
+        keys = ProductKeys(self._prefix, product_id)
+        for start in range(0, len(orders), 500):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for request_id, order_no, quantity in orders[start : start + 500]:
+                    replay = keys.replay(request_id)
+                    pipe.hset(replay, mapping={"quantity": quantity, "order_no": order_no, "state": "queued"})
+                    pipe.expire(replay, self._replay_ttl)
+                await pipe.execute()
+
+    @property
+    def replay_ttl_seconds(self) -> int:
+        """How long a replay record lives (seconds)."""
+        return self._replay_ttl
+
     async def mark_queued_if_pending(self, product_id: int, request_id: str) -> bool:
         """After a re-publish: a replay record still ``pending`` becomes ``queued`` (two round
         trips, not atomic: only realignment calls it). True when it changed the state."""

@@ -100,3 +100,31 @@ async def test_database_to_redis_mid_sale_sells_exactly_the_stock(
     report = await Realigner(engine, store, 60).realign(product_id)
     assert (report.redis_stock_after, report.in_flight, report.drift) == (0, 0, 0)
     assert "mode" not in await redis.hgetall(store.product_keys(product_id).sale)
+
+
+async def test_a_retry_answered_in_database_mode_replays_after_the_switch_to_redis(
+    client, token, put_product, product_id, engine, consumer
+):
+    """The same Idempotency-Key (or Order-Token) after a switch to ``redis`` answers the order
+    it made in ``database`` mode: same order number, no second order, no unit taken twice."""
+    await put_product(product_id, stock=10, limit=2, stock_mode="database")
+    first = await buy(client, token("replayer"), product_id, key="K-1")
+    assert first.status_code == 201, first.text
+    tokened = await client.post("/api/v1/orders/tokens", json={"product_id": product_id}, headers=token("replayer"))
+    order_token = tokened.json()["token"]
+    headers = {**token("replayer"), "Order-Token": order_token}
+    body = {"product_id": product_id, "quantity": 1}
+    with_token = await client.post("/api/v1/orders", json=body, headers=headers)
+    assert with_token.status_code == 201, with_token.text
+
+    await put_product(product_id, stock=10, limit=2, stock_mode="redis")
+    again = await buy(client, token("replayer"), product_id, key="K-1")
+    assert again.status_code == 202, again.text
+    assert again.json()["order_no"] == first.json()["order_no"]
+    assert again.json()["request_id"] == first.json()["request_id"]
+    token_again = await client.post("/api/v1/orders", json=body, headers=headers)
+    assert (token_again.status_code, token_again.json()["order_no"]) == (202, with_token.json()["order_no"])
+    reused = await buy(client, token("replayer"), product_id, quantity=2, key="K-1")
+    assert reused.status_code == 422 and reused.json()["code"] == "idempotency_key_reused"
+    assert len(await order_rows(engine, product_id)) == 2
+    assert (await inventory(engine, product_id))[:2] == (8, 2)
