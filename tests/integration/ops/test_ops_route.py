@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from service.api.auth import issue_token
+
 
 async def test_the_page_needs_an_admin_token(client, token, settings):
     assert (await client.get("/ops")).status_code == 401
     buyer = token("buyer")["Authorization"].removeprefix("Bearer ")
     assert (await client.get(f"/ops?token={buyer}")).status_code == 403
-    assert (await client.get("/ops?token=not.a.jwt")).status_code == 403
+    forged = issue_token("another-secret-of-32-characters-or-more", "ops", admin=True)
+    for bad in ("not.a.jwt", forged):  # forged, malformed: not a token at all (401, as everywhere)
+        refused = await client.get(f"/ops?token={bad}")
+        assert refused.status_code == 401 and refused.json()["code"] == "unauthorized"
     admin = token("ops", admin=True)["Authorization"].removeprefix("Bearer ")
     page = await client.get(f"/ops?token={admin}")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
