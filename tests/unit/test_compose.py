@@ -52,3 +52,14 @@ def test_the_api_has_a_healthcheck_on_readiness():
 
     api = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["api"]
     assert "/api/v1/health/ready" in " ".join(api["healthcheck"]["test"])
+
+
+def test_every_long_running_process_is_restarted():
+    """granian exits when a worker crashes twice within ~5 s (its crash-loop guard, no setting):
+    the supervisor brings the API back, and the consumers and jobs the same way."""
+    import yaml
+
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    for name in ("api", "consumer", "realign", "sweep", "channel"):
+        assert services[name].get("restart") == "unless-stopped", name
+    assert services["migrate"]["restart"] == "no"
