@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -49,13 +50,8 @@ PATIENCE = 60.0
 def start_serve(settings: Settings, port: int, workers: int = 1) -> subprocess.Popen:
     """``flashsale serve`` on ``port`` with ``workers`` granian workers, reading exactly ``settings``,
     in a session of its own (stop it with ``os.killpg(process.pid, ...)``), output discarded."""
-    return subprocess.Popen(
-        [str(Path(sys.executable).with_name("flashsale")), "serve", "--port", str(port), "--workers", str(workers)],
-        env={**os.environ, **environment(settings)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    env = {**os.environ, **environment(settings)}
+    return start_flashsale(["serve", "--port", str(port), "--workers", str(workers)], env)
 
 
 async def eventually(check, timeout: float = PATIENCE, interval: float = 0.05):
@@ -505,22 +501,7 @@ async def payments_of(engine: AsyncEngine, order_no: str) -> list:
 async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> AsyncIterator[subprocess.Popen]:
     """``flashsale ARGS`` as a subprocess reading ``settings`` (its own process group), once
     ``ready_url`` answers 200; SIGTERM on exit (SIGKILL after 20 s)."""
-    import os
-    import signal
-    import sys
-    from pathlib import Path
-
-    import httpx
-
-    from service.sale.isolation import environment
-
-    process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("flashsale")), *args],
-        env={**os.environ, **environment(settings)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    process = start_flashsale(list(args), {**os.environ, **environment(settings)})
 
     async def ready():
         assert process.poll() is None, f"flashsale {' '.join(args)} exited {process.returncode}"

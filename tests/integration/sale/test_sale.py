@@ -2,44 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_small_sale_with_payments_holds_every_invariant():
-    result = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("flashsale")),
-            "sale",
-            "--json",
-            "--stock",
-            "30",
-            "--requests",
-            "400",
-            "--users",
-            "150",
-            "--concurrency",
-            "32",
-            "--noop-requests",
-            "200",
-            "--pay-share",
-            "0.5",
-            "--payment-window",
-            "2",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+def test_a_small_sale_with_payments_holds_every_invariant(small_sale):
+    report, _ = small_sale
     assert report["ok"] is True
     assert all(check["ok"] for check in report["invariants"].values())
     assert len(report["invariants"]) == 8

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,37 +11,8 @@ pytestmark = pytest.mark.slow
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_small_sale_writes_its_report_with_charts(tmp_path):
-    directory = tmp_path / "report"
-    result = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("flashsale")),
-            "sale",
-            "--json",
-            "--stock",
-            "20",
-            "--requests",
-            "300",
-            "--users",
-            "120",
-            "--concurrency",
-            "32",
-            "--noop-requests",
-            "150",
-            "--pay-share",
-            "0.5",
-            "--payment-window",
-            "2",
-            "--report",
-            str(directory),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+def test_a_small_sale_writes_its_report_with_charts(small_sale):
+    report, directory = small_sale
     assert report["ok"] is True
 
     charts = {name: directory / f"{name}.png" for name in ("timeline", "latency", "outcomes")}
