@@ -41,25 +41,23 @@ def metrics_directory(enabled: bool) -> Iterator[None]:
 def serve_app(target: str, host: str, port: int, workers: int) -> None:
     """Serve the ASGI app factory ``target`` (``module:factory``) on granian until stopped:
     uvloop, a 4096-connection backlog, no access log of granian's own (the app writes one),
-    failed workers respawned; with ``FLASHSALE_METRICS__ENABLED`` (the default) the workers
-    share a multiprocess metrics directory (:func:`metrics_directory`)."""
+    failed workers respawned. ``flashsale serve`` runs it inside :func:`metrics_directory`, so
+    that its workers share one multiprocess metrics directory."""
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
     from service.log_setup import granian_logging
-    from service.settings import get_settings
 
-    with metrics_directory(get_settings().metrics.enabled):
-        Granian(
-            target,
-            factory=True,
-            address=host,
-            port=port,
-            interface=Interfaces.ASGI,
-            workers=workers,
-            loop=Loops.uvloop,
-            backlog=4096,
-            log_access=False,
-            log_dictconfig=granian_logging(),
-            respawn_failed_workers=True,
-        ).serve()
+    Granian(
+        target,
+        factory=True,
+        address=host,
+        port=port,
+        interface=Interfaces.ASGI,
+        workers=workers,
+        loop=Loops.uvloop,
+        backlog=4096,
+        log_access=False,
+        log_dictconfig=granian_logging(),
+        respawn_failed_workers=True,
+    ).serve()
