@@ -17,9 +17,11 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.maint_notifications import MaintNotificationsConfig
+from redis.typing import EncodableT
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -76,25 +78,37 @@ def make_redis(settings: Settings) -> Redis:
         health_check_interval=redis.health_check_interval,
         maint_notifications_config=MaintNotificationsConfig(enabled=False),
     )
-    pool.connection_class = _ping_retried(pool.connection_class)
+    pool.connection_class = _tuned(pool.connection_class)
     return Redis.from_pool(pool)
 
 
-class _PingRetried(AbstractConnection):
+class _Tuned(AbstractConnection):
     """A connection whose idle-time health check re-opens the connection once and PINGs again
-    when the PING fails; the command that follows is sent only on a connection that answered."""
+    when the PING fails (the command that follows is sent only on a connection that answered),
+    and whose commands are packed by hiredis.
+
+    redis-py's asyncio connection packs every command in Python (its sync client already uses
+    hiredis): ~20 us per EVALSHA of the reserve script on the 2-core box, measured with
+    ``timeit``, against ~8 us with the sync client's own ``HiredisRespSerializer``; byte for
+    byte the same protocol (RESP, https://redis.io/docs/latest/develop/reference/protocol-spec/).
+    """
 
     _PING_RETRY = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError, RedisTimeoutError))
+    _SERIALIZER = HiredisRespSerializer()
 
     async def check_health(self) -> None:
         if self.health_check_interval and asyncio.get_running_loop().time() > self.next_health_check:
             await self._PING_RETRY.call_with_retry(self._send_ping, self._ping_failed, with_failure_count=True)
 
+    def pack_command(self, *args: EncodableT) -> list[bytes]:
+        packed: list[bytes] = self._SERIALIZER.pack(*args)  # type: ignore[arg-type]  # redis-py hints args as lists
+        return packed
 
-def _ping_retried(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
-    """``connection_class`` (TCP, TLS or Unix socket, as the URL chose) with :class:`_PingRetried`'s
-    health check."""
-    return type(f"PingRetried{connection_class.__name__}", (_PingRetried, connection_class), {})
+
+def _tuned(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``connection_class`` (TCP, TLS or Unix socket, as the URL chose) with :class:`_Tuned`'s
+    health check and packing."""
+    return type(f"Tuned{connection_class.__name__}", (_Tuned, connection_class), {})
 
 
 def make_store(settings: Settings) -> StockStore:
