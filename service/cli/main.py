@@ -456,16 +456,23 @@ def product_set(
     as_json: bool,
 ) -> None:
     """Create or update PRODUCT_ID: STOCK is the sale's units in all (sold ones included), and
-    Redis is loaded safely (never over live stock)."""
+    Redis is loaded safely (never over live stock). With Redis down, --stock-mode database is
+    written on MySQL alone (the rollback plan; the Redis load waits for the next realignment)."""
+    from db.models import StockMode
     from service.bootstrap import opened
     from service.cli.render import print_reports
+    from service.cli.without_redis import redis_answers, set_product_without_redis
     from service.domain.catalog import InvalidProduct, ProductInput
     from service.domain.realign import RealignReport
     from service.log_setup import configure_logging
 
     async def load(data: ProductInput) -> RealignReport:
         configure_logging("WARNING")
-        async with opened(get_settings()) as resources:
+        settings = get_settings()
+        if data.stock_mode is StockMode.DATABASE and not await redis_answers(settings):
+            # The rollback plan: Redis is lost, the product sells from MySQL alone.
+            return await set_product_without_redis(settings, product_id, data)
+        async with opened(settings) as resources:
             return await resources.catalog.set(product_id, data)
 
     fields = {

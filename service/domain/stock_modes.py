@@ -12,8 +12,12 @@ database design": scheme 2 only "with a rollback plan"; this is that plan).
    Until then a purchase bounced by Redis finds MySQL still in ``redis`` mode and is answered
    ``503 unavailable`` (retry).
 If Redis is down (the reason to switch), steps 1-2 are skipped: nothing can be reserved there.
-A reservation still in flight after ``drain_seconds`` lands later through the consumer's
-conditional UPDATE: it may be rejected ``sold_out``, it cannot oversell.
+API processes that still route the product to Redis follow at their next purchase (a failed
+Redis call makes them read the mode from MySQL again, :mod:`service.domain.purchase`). A
+reservation still in flight after ``drain_seconds`` (or when Redis was down) lands later through
+the consumer's conditional UPDATE, which needs no Redis: it may be rejected ``sold_out``, it
+cannot oversell; one Redis still holds unpublished is re-published by realignment once Redis
+answers again.
 
 ``database -> redis`` (:func:`switch_to_redis`):
 1. ``products.stock_mode = 'redis'`` with the inventory row locked: no ``database``-mode
