@@ -14,10 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.engine import in_transaction
 from db.models import MAX_AMOUNT, StockMode
 from db.queries import inventory, products
+from service import metrics
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import InvalidInput, ProductNotFound
 from service.domain.realign import Realigner, RealignReport
 from service.domain.stock_modes import switch_to_database, switch_to_redis
+
+_SET_RETRIED = metrics.retries_of("set_product")
 
 log = structlog.get_logger(__name__)
 
@@ -121,7 +124,7 @@ async def set_product(
         await conn.execute(inventory.SET_SALE_UNITS, row)
         return str(mode)
 
-    mode = await in_transaction(engine, write, label="set_product")
+    mode = await in_transaction(engine, write, label="set_product", on_retry=_SET_RETRIED)
     if data.stock_mode is StockMode.DATABASE and mode != StockMode.DATABASE:
         await switch_to_database(engine, store, realigner, product_id)
         mode = StockMode.DATABASE

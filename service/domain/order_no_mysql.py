@@ -32,7 +32,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import in_transaction
 from db.queries import order_no_sequences as queries
+from service import metrics
 from service.domain.order_no import REDIS_SHARDS, SEQUENCE_MAX, SHARDS, compose_order_no
+
+_MINT_RETRIED = metrics.retries_of("mint_order_no")
 
 MYSQL_SHARDS = range(REDIS_SHARDS, SHARDS)
 """The shards only this minter uses (90-99)."""
@@ -107,7 +110,7 @@ class MysqlOrderNumberMinter:
             await conn.execute(queries.ADVANCE, {"s": shard, "second": second, "sequence": last})
             return shard, second, first, last
 
-        return await in_transaction(self._engine, reserve, label="mint_order_no")
+        return await in_transaction(self._engine, reserve, label="mint_order_no", on_retry=_MINT_RETRIED)
 
     async def mint(self) -> str:
         """A fresh order number: the next of this process's block, or of a new block.

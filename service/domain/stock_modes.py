@@ -41,9 +41,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.engine import in_transaction
 from db.models import StockMode
 from db.queries import inventory, orders, products
+from service import metrics
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import ProductNotFound
 from service.domain.realign import Realigner, RealignReport
+
+_SWITCH_RETRIED = metrics.retries_of("set_stock_mode")
 
 log = structlog.get_logger(__name__)
 
@@ -66,7 +69,7 @@ async def set_mode(engine: AsyncEngine, product_id: int, mode: StockMode) -> Non
             raise ProductNotFound(product_id)
         await conn.execute(products.SET_MODE, {"id": product_id, "mode": mode.value})
 
-    await in_transaction(engine, write, label="set_stock_mode")
+    await in_transaction(engine, write, label="set_stock_mode", on_retry=_SWITCH_RETRIED)
 
 
 async def switch_to_database(
