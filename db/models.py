@@ -195,3 +195,15 @@ class Refund(Base):
     status: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
     updated_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
+
+
+class OrderNoSequence(Base):
+    """The MySQL order-number minter's counter for one shard reserved to it (90-99, see
+    ``service.domain.order_no_mysql``): the last UTC ``yyyyMMddHHmmss`` second and sequence
+    handed out. Only ever moves forward, so no number is handed out twice."""
+
+    __tablename__ = "order_no_sequences"
+
+    shard: Mapped[int] = mapped_column(TINYINT, primary_key=True, autoincrement=False)
+    second: Mapped[str] = mapped_column(String(14))
+    sequence: Mapped[int] = mapped_column(Integer)

@@ -33,6 +33,7 @@ from service.adapters.redis.stock_store import RateLimits, StockStore
 from service.domain.catalog import CatalogService
 from service.domain.checkout import Checkout
 from service.domain.order_no import OrderNumberMinter, ShardLease
+from service.domain.order_no_mysql import MysqlOrderNumberMinter
 from service.domain.orders import OrderService
 from service.domain.payments import PaymentService
 from service.domain.purchase import PurchaseService
@@ -198,6 +199,9 @@ class Resources:
                     background=background,
                     sold_out=sold_out,
                     token_ttl_seconds=settings.orders.token_ttl_seconds,
+                    database_minter=MysqlOrderNumberMinter(
+                        engine, settings.orders.order_no_prefix, block=settings.orders.sequence_block
+                    ),
                 )
         except BaseException:
             await _close(settings, engine, store, publisher, lease, background, follower)

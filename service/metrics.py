@@ -73,6 +73,15 @@ RELEASES = Counter(
     ["outcome"],
 )
 
+# -- every process ----------------------------------------------------------------------------
+TRANSACTION_RETRIES_BY_WORK = Counter(
+    "flashsale_transaction_retries_total",
+    "MySQL transactions retried after a deadlock or lock wait timeout, by work (buy_in_database, "
+    "write_orders, mint_order_no, set_stock_mode, set_product), counted by the use case that runs "
+    "the transaction, so every process and entry point counts its own.",
+    ["work"],
+)
+
 # -- consumer ---------------------------------------------------------------------------------
 CONSUMER_MESSAGES = Counter(
     "flashsale_consumer_messages_total",
@@ -195,6 +204,20 @@ def purchase_outcome(code: str, answered_by: str = "redis") -> LocalCounter:
     if counter is None:
         counter = _outcomes[code, answered_by] = local_counter(PURCHASE_OUTCOMES, code, answered_by)
     return counter
+
+
+def retries_of(work: str, *also: Callable[[], None]) -> Callable[[], None]:
+    """The ``on_retry`` of :func:`db.engine.in_transaction` for the transactions of ``work`` (a
+    fixed name: a label value): one more in ``flashsale_transaction_retries_total{work}``, then
+    each of ``also``."""
+    child = TRANSACTION_RETRIES_BY_WORK.labels(work)
+
+    def retried() -> None:
+        child.inc()
+        for call in also:
+            call()
+
+    return retried
 
 
 def flush() -> None:

@@ -27,7 +27,8 @@ class Options:
     ``threads``, granian ``workers``, ``backlog`` orders for the drain rows, ``consumers``
     processes draining it together, ``batch`` orders per batched transaction, ``rounds`` (every
     row measured that many times, interleaved),
-    ``profile_dir`` for py-spy output (None: no profiling)."""
+    ``profile_dir`` for py-spy output (None: no profiling), ``only``: the row keys to measure
+    (empty: every row; the drain rows run together when any of them is named)."""
 
     duration: int = 8
     connections: int = 64
@@ -38,6 +39,11 @@ class Options:
     batch: int = 100
     rounds: int = 1
     profile_dir: Path | None = None
+    only: tuple[str, ...] = ()
+
+    def wants(self, key: str) -> bool:
+        """True when row ``key`` is measured in this run."""
+        return not self.only or key in self.only
 
 
 class BenchError(RuntimeError):

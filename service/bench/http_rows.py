@@ -28,7 +28,7 @@ from service.bench.context import (
     Context,
 )
 from service.bench.procstat import CpuSample
-from service.bench.rows import HTTP_ROWS, SERVERS, HttpRow, Row, merge_rounds
+from service.bench.rows import HTTP_ROWS, SERVERS, HttpRow, Row, merge_rounds, round_order
 from service.bench.server import Child, flashsale_argv, granian_argv
 from service.bench.wrk import run_wrk, write_script
 from service.sale.isolation import free_port
@@ -141,19 +141,27 @@ async def _measure(ctx: Context, row: HttpRow, child: Child, port: int, profiled
     )
 
 
-async def http_rows(ctx: Context) -> list[Row]:
-    """Start every server of :data:`SERVERS`, create the products on the first ``api`` one,
-    measure every row of :data:`HTTP_ROWS` ``rounds`` times (round robin), stop the servers."""
+async def http_rows(ctx: Context, *, products: bool = True) -> list[Row]:
+    """Start the servers of :data:`SERVERS` the measured rows of :data:`HTTP_ROWS` need (and one
+    ``api`` server always, with ``products``: it creates the products, the drain rows' too), create
+    the products on the first ``api`` one, measure every row ``rounds`` times (round robin,
+    :func:`round_order`), stop the servers."""
+    rows = [row for row in HTTP_ROWS if ctx.options.wants(row.key)]
+    needed = {row.server for row in rows}
+    specs = [spec for spec in SERVERS if spec.name in needed]
+    if products and not any(spec.kind == "api" for spec in specs):
+        specs.append(next(spec for spec in SERVERS if spec.kind == "api"))
     servers: dict[str, tuple[Child, int]] = {}
     try:
-        for spec in SERVERS:
+        for spec in specs:
             ctx.console.print(f"starting {spec.name} ({ctx.options.workers} granian worker(s))")
             servers[spec.name] = await _start_server(ctx, spec.kind, spec.name, spec.env)
-        api = next(s.name for s in SERVERS if s.kind == "api")
-        await create_products(ctx, servers[api][1])
-        measured: dict[str, list[Row]] = {row.key: [] for row in HTTP_ROWS}
+        api = next((s.name for s in specs if s.kind == "api"), None)
+        if api is not None:
+            await create_products(ctx, servers[api][1])
+        measured: dict[str, list[Row]] = {row.key: [] for row in rows}
         for r in range(ctx.options.rounds):
-            for row in HTTP_ROWS:
+            for row in round_order(rows, r):
                 ctx.console.print(f"round {r + 1}/{ctx.options.rounds}: {row.label}")
                 child, port = servers[row.server]
                 child.check_alive()

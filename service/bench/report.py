@@ -78,7 +78,7 @@ def _header(report: Report, console: Console) -> None:
     console.print(
         f"wrk -t{o.threads} -c{o.connections} -d{o.duration:g}s after a 1 s warm-up; granian workers "
         f"{o.workers}; backlog {o.backlog} orders drained by {o.consumers} consumers; batch {o.batch}; "
-        f"rounds {o.rounds} (interleaved)",
+        f"rounds {o.rounds} (interleaved)" + (f"; rows {', '.join(o.only)}" if o.only else ""),
         soft_wrap=True,
     )
 

@@ -5,7 +5,11 @@ A row is identified by a key. HTTP rows (:data:`HTTP_ROWS`) name the server they
 an API in publish mode ``async`` (202 once reserved; published in the background). The
 ``db_*`` rows run the accept and sold-out loads on products in stock mode ``database`` (seed
 "order system database design", scheme 1), each against the ``redis``-mode row (scheme 2) as
-reference, so one run puts numbers on the seed's advice.
+reference, so one run puts numbers on the seed's advice. The ``*_metrics_off`` rows run the
+no-op and sold-out loads on an API with ``FLASHSALE_METRICS__ENABLED=false`` (no ``/metrics``,
+no request observations), each right beside its metrics-on row in every round (the pair's order
+alternates between rounds, :func:`round_order`), so the cost of observing the hot path is one
+ratio: metrics on / metrics off.
 """
 
 from __future__ import annotations
@@ -42,16 +46,21 @@ SERVERS = [
     ServerSpec("bare", "bare"),
     ServerSpec("api", "api"),
     ServerSpec("api-async", "api", {"FLASHSALE_ORDERS__PUBLISH_MODE": "async"}),
+    ServerSpec("api-metrics-off", "api", {"FLASHSALE_METRICS__ENABLED": "false"}),
 ]
 HTTP_ROWS = [
     HttpRow("bare_noop", "bare no-op", "bare", "bare_noop", 202, None),
     HttpRow("product_noop", "product no-op", "api", "noop", 202, "bare_noop"),
+    HttpRow("product_noop_metrics_off", "product no-op, metrics off", "api-metrics-off", "noop", 202, "product_noop"),
     HttpRow("sold_out", "sold out", "api", "sold_out", 409, "product_noop"),
+    HttpRow("sold_out_metrics_off", "sold out, metrics off", "api-metrics-off", "sold_out", 409, "sold_out"),
     HttpRow("accept", "accept", "api", "accept", 202, "product_noop"),
     HttpRow("accept_async", "accept async", "api-async", "accept", 202, "product_noop"),
     HttpRow("db_accept", "accept, database mode", "api", "db_accept", 201, "accept"),
     HttpRow("db_sold_out", "sold out, database mode", "api", "db_sold_out", 409, "sold_out"),
 ]
+METRICS_PAIRS = {"product_noop": "product_noop_metrics_off", "sold_out": "sold_out_metrics_off"}
+"""Metrics-on row -> its metrics-off twin, measured next to each other in every round."""
 DRAIN_ROWS = [
     ("publish", "publish only", None),
     ("consumer", "consumer drain", "raw_one"),
@@ -63,6 +72,9 @@ DESCRIPTIONS = {
     "product_noop": "POST /api/v1/bench/noop of the real app: JWT auth + body decode (202)",
     "sold_out": "POST /api/v1/orders, product sold out, no Idempotency-Key: answered by the process's "
     "sold-out flag after the first Redis answer (409 sold_out)",
+    "product_noop_metrics_off": "the product no-op on an API with FLASHSALE_METRICS__ENABLED=false (no request "
+    "observations, no /metrics); ratio against product no-op: what metrics cost it is 1 - 1/ratio",
+    "sold_out_metrics_off": "the sold-out load on the API with metrics off; ratio against sold out",
     "accept": "POST /api/v1/orders with stock for the whole run: reserve + publish + confirm (202)",
     "accept_async": "the accept load on an API in publish mode async: 202 once reserved, published in the background",
     "db_accept": "the accept load on a product in stock mode database: one MySQL transaction per purchase, "
@@ -159,7 +171,30 @@ TARGETS = [
     Target("accept >= 0.40 x product no-op", "accept", "product_noop", minimum=0.40),
     Target("consumer >= 3 x raw 1 order/tx", "consumer", "raw_one", minimum=3.0),
     Target("sold-out p99 <= 2 x product no-op p99", "sold_out", "product_noop", "p99_ms", maximum=2.0),
+    Target("product no-op, metrics on >= 0.95 x metrics off", "product_noop", "product_noop_metrics_off", minimum=0.95),
+    Target("sold out, metrics on >= 0.95 x metrics off", "sold_out", "sold_out_metrics_off", minimum=0.95),
 ]
+
+
+def round_order(rows: list[HttpRow], round_index: int) -> list[HttpRow]:
+    """``rows`` in the order of round ``round_index`` (0-based): as listed, except that each
+    metrics pair (:data:`METRICS_PAIRS`) runs off before on in every other round, so a drift in
+    the machine's load does not always favour the same side."""
+    if round_index % 2 == 0:
+        return list(rows)
+    ordered = list(rows)
+    keys = [row.key for row in ordered]
+    for on, off in METRICS_PAIRS.items():
+        if on in keys and off in keys:
+            i, j = keys.index(on), keys.index(off)
+            ordered[i], ordered[j] = ordered[j], ordered[i]
+            keys[i], keys[j] = keys[j], keys[i]
+    return ordered
+
+
+def all_row_keys() -> list[str]:
+    """Every row key, HTTP rows first (the order of the report)."""
+    return [row.key for row in HTTP_ROWS] + [key for key, _, _ in DRAIN_ROWS]
 
 
 Verdict = TypedDict("Verdict", {"target": str, "ratio": float | None, "pass": bool | None})

@@ -6,7 +6,8 @@ Servers are subprocesses on granian with the same options and ``--workers``; wrk
 (a 1 s warm-up, then ``--duration`` seconds measured; :mod:`service.bench.http_rows`). Then a
 backlog of ``--backlog`` orders is drained by ``--consumers`` ``flashsale consume`` processes and the same number
 written by the raw writers (:mod:`service.bench.drain`). With ``--rounds N`` every row is
-measured N times, the rounds interleaved.
+measured N times, the rounds interleaved. ``--only KEY,...`` measures the named rows alone (the
+drain rows run together when any of them is named).
 
 Exit status: 0 when every row was measured (targets are reported, not enforced), 2 when
 something could not be set up or run (wrk missing, a service down, a server failing).
@@ -41,7 +42,7 @@ from service.bench.drain import drain_rows
 from service.bench.http_rows import http_rows
 from service.bench.procstat import machine_info, store_pids
 from service.bench.report import Report, render
-from service.bench.rows import accept_ceiling, fill_ratios, judge
+from service.bench.rows import DRAIN_ROWS, accept_ceiling, fill_ratios, judge
 from service.bench.server import ServerFailed
 from service.bench.wrk import WrkMissing, require_wrk
 from service.sale.isolation import environment, isolated_settings, new_run_id, with_own_secrets
@@ -104,7 +105,8 @@ async def measure(base: Settings, options: Options, console: Console) -> Report:
         stack.push_async_callback(engine.dispose)
         machine["versions"] = await _versions(settings, engine)
         rows = await http_rows(ctx)
-        rows += await drain_rows(ctx, engine)
+        if any(options.wants(key) for key, _, _ in DRAIN_ROWS):
+            rows += await drain_rows(ctx, engine)
     suspicious = any(r.unexpected or r.socket_errors or "never written" in r.note for r in rows)
     if not suspicious:
         shutil.rmtree(log_dir, ignore_errors=True)

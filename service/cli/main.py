@@ -186,6 +186,17 @@ def sale(**options: Any) -> None:
     sys.exit(_run(run_sale(get_settings(), **options)))
 
 
+def _bench_rows(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    """``--only``: comma-separated row keys of ``flashsale bench``, each a known one."""
+    from service.bench.rows import all_row_keys
+
+    keys = tuple(key.strip() for key in value.split(",") if key.strip())
+    unknown = [key for key in keys if key not in all_row_keys()]
+    if unknown:
+        raise click.BadParameter(f"unknown row {', '.join(unknown)}; rows: {', '.join(all_row_keys())}")
+    return keys
+
+
 @main.command()
 @click.option(
     "--duration",
@@ -234,6 +245,14 @@ def sale(**options: Any) -> None:
     default=None,
     type=click.Path(file_okay=False, path_type=Path),
     help="Run py-spy on the server under each HTTP row; stacks and summaries in DIR.",
+)
+@click.option(
+    "--only",
+    default="",
+    metavar="ROWS",
+    callback=_bench_rows,
+    help="Measure only these rows (comma-separated keys, e.g. product_noop,product_noop_metrics_off; "
+    "the drain rows run together when one is named). Default: every row.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
@@ -456,16 +475,23 @@ def product_set(
     as_json: bool,
 ) -> None:
     """Create or update PRODUCT_ID: STOCK is the sale's units in all (sold ones included), and
-    Redis is loaded safely (never over live stock)."""
+    Redis is loaded safely (never over live stock). With Redis down, --stock-mode database is
+    written on MySQL alone (the rollback plan; the Redis load waits for the next realignment)."""
+    from db.models import StockMode
     from service.bootstrap import opened
     from service.cli.render import print_reports
+    from service.cli.without_redis import redis_answers, set_product_without_redis
     from service.domain.catalog import InvalidProduct, ProductInput
     from service.domain.realign import RealignReport
     from service.log_setup import configure_logging
 
     async def load(data: ProductInput) -> RealignReport:
         configure_logging("WARNING")
-        async with opened(get_settings()) as resources:
+        settings = get_settings()
+        if data.stock_mode is StockMode.DATABASE and not await redis_answers(settings):
+            # The rollback plan: Redis is lost, the product sells from MySQL alone.
+            return await set_product_without_redis(settings, product_id, data)
+        async with opened(settings) as resources:
             return await resources.catalog.set(product_id, data)
 
     fields = {

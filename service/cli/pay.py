@@ -10,7 +10,6 @@ import httpx
 
 from consumers import observe
 from db.queries import orders
-from service import metrics
 from service.bootstrap import opened
 from service.domain.lifecycle import expire_unpaid
 from service.domain.order_no import is_valid_order_no
@@ -89,7 +88,6 @@ async def run_sweep(
                 product_id=product_id,
                 may_cancel=resources.checkout.may_cancel,
             )
-            metrics.SWEPT.inc(cancelled)
             if as_json:
                 line = json.dumps({"cancelled": cancelled, "window_seconds": window, "product_id": product_id})
             else:

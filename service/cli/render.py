@@ -48,4 +48,11 @@ def print_reports(reports: list[RealignReport], as_json: bool, console: Console 
                 ),
             )
         )
-    (console or Console(width=None if sys.stdout.isatty() else 160)).print(table)
+    out = console or Console(width=None if sys.stdout.isatty() else 160)
+    out.print(table)
+    for r in reports:
+        if r.redis_unreachable:
+            out.print(
+                f"product {r.product_id}: Redis did not answer; MySQL is written and sells it (stock mode "
+                "database), Redis is loaded by the next realignment pass (in flight: -1 = unknown)."
+            )

@@ -32,8 +32,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.engine import as_duplicate_key, in_transaction
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
+from service import metrics
 from service.adapters.redis.results import ReserveOutcome
 from service.domain import actors
+
+_BUY_RETRIED = metrics.retries_of("buy_in_database")
 
 _RELEASED_STATUSES = [OrderStatus.CANCELLED, OrderStatus.REJECTED]
 """Orders that hold no units against the per-user limit (as in realignment)."""
@@ -85,7 +88,9 @@ async def buy_in_database(engine: AsyncEngine, purchase: DatabasePurchase) -> Da
             1062 on the order number (a minter fault; ``UNIQUE(order_no)`` stopped it).
     """
     try:
-        return await in_transaction(engine, lambda conn: _buy(conn, purchase), label="buy_in_database")
+        return await in_transaction(
+            engine, lambda conn: _buy(conn, purchase), label="buy_in_database", on_retry=_BUY_RETRIED
+        )
     except _Refused as refused:
         return DatabaseAnswer(refused.outcome)
     except IntegrityError as exc:

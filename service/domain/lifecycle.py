@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import OrderStatus as S
 from db.queries import attempts, inventory, orders
+from service import metrics
 from service.adapters.redis.results import RestockOutcome
 from service.adapters.redis.stock_store import StockStore
 from service.domain import actors
@@ -215,6 +216,7 @@ async def expire_unpaid(
             except (TransitionLost, PaymentOpen):
                 continue
             await give_back_to_redis(store, returned)
+            metrics.SWEPT.inc()  # here, not at the CLI: the sale's in-process sweep counts too
             cancelled += 1
         if len(due) < batch:
             return cancelled

@@ -8,7 +8,9 @@ valid when ``int(digits(all 26)) % 97 == 1``.
 The sequence comes from a Redis counter per shard and second (with an expiry), taken in blocks:
 one ``INCRBY n`` hands the process ``n`` numbers, given out locally until the block is used or
 the second changes (a block's unused rest is a gap, never reused). The shard is a number 00-99
-that one running process holds exclusively through a lease in Redis (:class:`ShardLease`); the
+that one running process holds exclusively through a lease in Redis (:class:`ShardLease`); shards
+00-89 are leased here, 90-99 are reserved for the MySQL minter of stock mode ``database``
+(:mod:`service.domain.order_no_mysql`), so the two never hand out the same number. The
 counter still guards uniqueness when a shard changes hands within a second. Past 999,999 in one
 second the minter waits for the next second: the sequence never wraps. ``UNIQUE(order_no)`` in
 MySQL is the backstop.
@@ -36,6 +38,8 @@ log = structlog.get_logger(__name__)
 ORDER_NO_LENGTH = 26
 SEQUENCE_MAX = 999_999
 SHARDS = 100
+REDIS_SHARDS = 90
+"""Shards 00-89 are leased in Redis; 90-99 belong to :mod:`service.domain.order_no_mysql`."""
 _ORDER_NO = re.compile(r"[A-Z]{2}[0-9]{24}")
 _SPARE_MAX_AGE_SECONDS = 5.0
 
@@ -99,17 +103,17 @@ class ShardLease:
         """Take a free shard, trying them in random order.
 
         Raises:
-            ShardLost: all 100 shards are leased by other processes.
+            ShardLost: all 90 Redis shards are leased by other processes.
         """
-        start = random.randrange(SHARDS)
-        for offset in range(SHARDS):
-            shard = (start + offset) % SHARDS
+        start = random.randrange(REDIS_SHARDS)
+        for offset in range(REDIS_SHARDS):
+            shard = (start + offset) % REDIS_SHARDS
             began = time.monotonic()
             if await self._store.acquire_lease(shard, self._token, self._lease_ms):
                 self.shard = shard
                 self._valid_until = began + self._lease_ms / 1000 * 0.9
                 return shard
-        raise ShardLost("all order-number shards are leased")
+        raise ShardLost("all Redis order-number shards are leased")
 
     async def start(self) -> int:
         """Acquire a shard and keep renewing it in the background."""

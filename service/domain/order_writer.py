@@ -54,6 +54,8 @@ from service.domain.actors import CONSUMER
 from service.domain.order_no import is_valid_order_no
 from service.domain.request_id import USER_ID, reissued_request_id
 
+_WRITE_RETRIED = metrics.retries_of("write_orders", metrics.TRANSACTION_RETRIES.inc)
+
 log = structlog.get_logger(__name__)
 
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
@@ -169,7 +171,7 @@ async def write_orders(
         engine,
         lambda conn: _write(conn, batch, replay_window_seconds),
         label=f"write_orders({len(batch)})",
-        on_retry=metrics.TRANSACTION_RETRIES.inc,
+        on_retry=_WRITE_RETRIED,
     )
 
 

@@ -7,13 +7,20 @@
 ``PurchaseService.purchase`` is the whole hot path; the HTTP controller only authenticates,
 validates and maps the outcome to a status code.
 
-Which mode a product is in is kept per process (:class:`RouteCache`), learned once from MySQL
+Which mode a product is in is kept per process (:class:`RouteCache`), learned from MySQL
 and corrected by the answers themselves: ``reserve.lua`` answers ``moved`` for a product that
 sells from MySQL (a marker in the product's Redis slot, written before MySQL serves), and the
 MySQL transaction answers ``MOVED`` for a product that is in ``redis`` mode (read under the
 inventory row lock that a switch takes). So no message has to reach the process for a switch to
 be safe, the ``redis`` hot path costs neither a MySQL query nor an extra Redis round trip, and a
 stale entry costs one bounce.
+
+Stock mode ``database`` needs no Redis (the rollback plan when Redis is lost): its order
+numbers come from MySQL (:class:`MysqlOrderNumberMinter`, shards reserved to it), replays are
+found by MySQL's unique request id, the mode is read from MySQL, and a product routed to Redis
+whose Redis call fails is looked up in MySQL again, so a switch to ``database`` made while Redis
+is down takes effect in every process at its next purchase. Only order tokens live in Redis: a
+product that requires one answers ``503`` while Redis is down.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from service.domain.database_purchase import (
 )
 from service.domain.errors import DomainError, InvalidInput, ProductNotFound
 from service.domain.order_no import OrderNumberMinter, ShardLost
+from service.domain.order_no_mysql import MysqlOrderNumberMinter
 from service.domain.routes import Route, RouteCache
 from service.domain.sold_out import SoldOutFlags, Token, Verdict
 
@@ -124,6 +132,8 @@ class PurchaseService:
     ``sold_out``: the process's sold-out flags (None: every request asks Redis).
     ``engine`` None: every product is taken to be in ``redis`` mode (no MySQL at hand).
     ``token_ttl_seconds``: how long an order token lives.
+    ``database_minter``: order numbers of stock mode ``database`` (from MySQL, no Redis); None:
+    ``minter``'s (Redis).
     """
 
     def __init__(
@@ -135,10 +145,12 @@ class PurchaseService:
         background: BackgroundPublisher | None = None,
         sold_out: SoldOutFlags | None = None,
         token_ttl_seconds: int = 300,
+        database_minter: MysqlOrderNumberMinter | None = None,
     ) -> None:
         self._store = store
         self._engine = engine
         self._minter = minter
+        self._database_minter: OrderNumberMinter | MysqlOrderNumberMinter = database_minter or minter
         self._publisher = publisher
         self._background = background
         self._sold_out = sold_out
@@ -218,12 +230,38 @@ class PurchaseService:
             log.warning("order_no_unavailable", error=repr(exc))
             raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
 
+    async def _mint_for_database(self) -> str:
+        try:
+            return await self._database_minter.take()
+        except (DBAPIError, RedisError, ShardLost, OSError) as exc:
+            log.warning("order_no_unavailable", error=repr(exc))
+            raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.") from exc
+
+    async def _redis_failed(self, ask: _Ask, bounced: bool, exc: Exception) -> Accepted:
+        """Redis failed for a purchase routed to it: the product may have been switched to
+        ``database`` since this process learned its route (the rollback plan, made while Redis
+        is down, leaves no marker in Redis), so MySQL is asked again and, if it says
+        ``database``, the purchase is made there. Otherwise ``503 unavailable``.
+
+        Raises:
+            PurchaseRejected: ``unavailable`` (or the database purchase's answer).
+            ProductNotFound: MySQL has no such product.
+        """
+        if self._engine is not None and not bounced:
+            route = await self._routes.refresh(ask.product_id)
+            if route.mode is StockMode.DATABASE:
+                return await self._in_database(ask, route, True)
+        raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
+
     async def _in_redis(self, ask: _Ask, flag_token: Token | None, bounced: bool) -> Accepted:
         """Scheme 2: reserve in Redis, publish. ``bounced``: MySQL already said the product is in
         ``redis`` mode (a second ``moved`` then means the switch is under way)."""
         flags = self._sold_out
         product_id, quantity, request_id = ask.product_id, ask.quantity, ask.request_id
-        candidate = await self._mint()
+        try:
+            candidate = await self._mint()
+        except PurchaseRejected as exc:
+            return await self._redis_failed(ask, bounced, exc)
         # This HTTP attempt's token: a release names it, so it gives back only what this attempt
         # reserved (never the confirmed original of a retry, nor a concurrent attempt's).
         attempt = new_attempt()
@@ -236,7 +274,7 @@ class PurchaseService:
             # wire: give back what this attempt holds, or mark it abandoned so it never takes effect.
             log.warning("reserve_failed", request_id=request_id, error=repr(exc))
             await self._give_back(product_id, request_id, attempt)
-            raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
+            return await self._redis_failed(ask, bounced, exc)
         if flags is not None and flag_token is not None and reservation.outcome is ReserveOutcome.SOLD_OUT:
             flags.sold_out(
                 product_id, flag_token, reservation.stock, reservation.per_user_limit, reservation.sale_left_ms
@@ -307,7 +345,12 @@ class PurchaseService:
                         return self._answered(replay, purchase)
                     refusal = ReserveOutcome.IN_FLIGHT if token_left == TOKEN_USED else ReserveOutcome.TOKEN_INVALID
                     raise PurchaseRejected(*_REJECTIONS[refusal])
-        candidate = await self._mint()
+        try:
+            candidate = await self._mint_for_database()
+        except PurchaseRejected:
+            if token_left is not None:
+                await self._give_token(product_id, order_token or "", user_id, token_left)
+            raise
         purchase = DatabasePurchase(user_id, product_id, ask.quantity, request_id, candidate, token_left is not None)
         answer: DatabaseAnswer | None = None
         try:
@@ -320,10 +363,10 @@ class PurchaseService:
             if token_left is not None and not kept:
                 await self._give_token(product_id, order_token or "", user_id, token_left)
         if answer is None:
-            self._minter.give_back(candidate)
+            self._database_minter.give_back(candidate)
             raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.")
         if answer.outcome is not ReserveOutcome.RESERVED:
-            self._minter.give_back(candidate)
+            self._database_minter.give_back(candidate)
         if answer.outcome is ReserveOutcome.MOVED:
             self._routes.forget(product_id)
             if not bounced:

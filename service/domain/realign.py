@@ -55,7 +55,9 @@ class RealignReport(msgspec.Struct, frozen=True):
     """One product's realignment. Stock and units in units; ``redis_stock_before`` is None when
     the product was not loaded in Redis. ``drift`` = before - after (None when not loaded).
     ``skipped_stale``: Redis already reflected a newer MySQL state than this pass's snapshot
-    (another pass, or units returned by a later cancellation), so it wrote nothing."""
+    (another pass, or units returned by a later cancellation), so it wrote nothing.
+    ``redis_unreachable``: no pass ran, Redis did not answer (:meth:`Realigner.without_redis`:
+    MySQL's numbers only, ``in_flight`` and ``in_flight_units`` -1 for unknown)."""
 
     product_id: int
     mysql_stock: int
@@ -69,6 +71,7 @@ class RealignReport(msgspec.Struct, frozen=True):
     republished: int
     dry_run: bool
     skipped_stale: bool = False
+    redis_unreachable: bool = False
 
 
 def sale_terms(
@@ -192,6 +195,33 @@ class Realigner:
         (log.debug if dry_run else log.info)("realigned", **msgspec.structs.asdict(report))
         _observe(report)
         return report
+
+    async def without_redis(self, product_id: int) -> RealignReport:
+        """The report of a pass that could not run because Redis did not answer: MySQL's stock
+        and sold only (a product in stock mode ``database`` sells from MySQL alone; the next
+        pass once Redis answers loads it).
+
+        Raises:
+            ProductNotFound: the product has no inventory row in MySQL.
+        """
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(inventory.STOCK_AND_SOLD, {"p": product_id})).first()
+        if row is None:
+            raise ProductNotFound(product_id)
+        return RealignReport(
+            product_id=product_id,
+            mysql_stock=row.stock,
+            mysql_sold=row.sold,
+            redis_stock_before=None,
+            redis_stock_after=0,
+            in_flight=-1,
+            in_flight_units=-1,
+            drift=None,
+            resolved_dropped=0,
+            republished=0,
+            dry_run=False,
+            redis_unreachable=True,
+        )
 
     async def _republish(self, product_id: int, price: int, stale: list[JournalEntry]) -> int:
         """Publish overdue reservations again, each priced at the unit price fixed when it was

@@ -1,14 +1,20 @@
 """Which stock mode each product sells in, as one API process knows it (:class:`RouteCache`).
 
-Learned from MySQL once per product and process, then kept: the purchase path reads it without
-a MySQL query. It needs no invalidation message to be safe, because both sides refuse what is
-not theirs: ``reserve.lua`` answers ``moved`` for a product whose Redis slot carries the
-``database`` marker, and the ``database``-mode transaction answers ``MOVED`` for a product MySQL
-says is in ``redis`` mode; the purchase path then :meth:`RouteCache.refresh`es the entry.
+Learned from MySQL per product and process, then kept for :data:`ROUTE_TTL_SECONDS`: the
+purchase path reads it without a MySQL query (one every few seconds per product and process).
+It needs no invalidation message to be safe, because both sides refuse what is not theirs:
+``reserve.lua`` answers ``moved`` for a product whose Redis slot carries the ``database``
+marker, and the ``database``-mode transaction answers ``MOVED`` for a product MySQL says is in
+``redis`` mode; the purchase path then :meth:`RouteCache.refresh`es the entry, and so it does
+when Redis fails (a switch to ``database`` made while Redis was down left no marker there). The
+time limit covers what neither side can say: a switch made while Redis was unreachable, seen by
+a process that had no purchase of the product meanwhile, once Redis answers again (until a
+realignment pass writes the marker).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import structlog
@@ -31,19 +37,26 @@ class Route:
 
 
 _REDIS = Route(StockMode.REDIS)
+ROUTE_TTL_SECONDS = 5.0
+"""How long a process keeps a product's route before it reads MySQL again."""
 
 
 class RouteCache:
     """Per-process map product id -> :class:`Route`. Without an engine every product is taken
     to be in ``redis`` mode (Redis then decides, and answers ``moved`` if it is not)."""
 
-    def __init__(self, engine: AsyncEngine | None) -> None:
+    def __init__(self, engine: AsyncEngine | None, ttl_seconds: float = ROUTE_TTL_SECONDS) -> None:
         self._engine = engine
-        self._routes: dict[int, Route] = {}
+        self._ttl = ttl_seconds
+        self._routes: dict[int, tuple[Route, float]] = {}
 
     def cached(self, product_id: int) -> Route | None:
-        """The product's kept route, or None (then :meth:`refresh`): no coroutine on the hot path."""
-        return self._routes.get(product_id)
+        """The product's kept route while it is fresh, or None (then :meth:`refresh`): no
+        coroutine on the hot path."""
+        kept = self._routes.get(product_id)
+        if kept is None or time.monotonic() >= kept[1]:
+            return None
+        return kept[0]
 
     async def route(self, product_id: int) -> Route:
         """The product's route, from the cache or else from MySQL (:meth:`refresh`).
@@ -51,12 +64,14 @@ class RouteCache:
         Raises:
             ProductNotFound: MySQL has no such product.
         """
-        cached = self._routes.get(product_id)
+        cached = self.cached(product_id)
         return cached if cached is not None else await self.refresh(product_id)
 
     async def refresh(self, product_id: int) -> Route:
         """Read the product's route from MySQL and keep it. When MySQL does not answer, the
-        ``redis`` route (not kept): Redis sells without MySQL, and refuses what is not its own.
+        route kept before (kept again for a while, so a lost MySQL costs one attempt per
+        product every few seconds), else the ``redis`` route (not kept): Redis sells without
+        MySQL, and refuses what is not its own.
 
         Raises:
             ProductNotFound: MySQL has no such product.
@@ -68,12 +83,16 @@ class RouteCache:
                 row = (await conn.execute(products.ROUTING, {"id": product_id})).first()
         except (DBAPIError, OSError) as exc:
             log.warning("route_unavailable", product_id=product_id, error=repr(exc))
-            return _REDIS
+            kept = self._routes.get(product_id)
+            if kept is None:
+                return _REDIS
+            self._routes[product_id] = (kept[0], time.monotonic() + self._ttl)
+            return kept[0]
         if row is None:
             self._routes.pop(product_id, None)
             raise ProductNotFound(product_id)
         route = Route(StockMode(row.stock_mode), bool(row.require_token))
-        self._routes[product_id] = route
+        self._routes[product_id] = (route, time.monotonic() + self._ttl)
         return route
 
     def forget(self, product_id: int) -> None:

@@ -12,8 +12,12 @@ database design": scheme 2 only "with a rollback plan"; this is that plan).
    Until then a purchase bounced by Redis finds MySQL still in ``redis`` mode and is answered
    ``503 unavailable`` (retry).
 If Redis is down (the reason to switch), steps 1-2 are skipped: nothing can be reserved there.
-A reservation still in flight after ``drain_seconds`` lands later through the consumer's
-conditional UPDATE: it may be rejected ``sold_out``, it cannot oversell.
+API processes that still route the product to Redis follow at their next purchase (a failed
+Redis call makes them read the mode from MySQL again, :mod:`service.domain.purchase`). A
+reservation still in flight after ``drain_seconds`` (or when Redis was down) lands later through
+the consumer's conditional UPDATE, which needs no Redis: it may be rejected ``sold_out``, it
+cannot oversell; one Redis still holds unpublished is re-published by realignment once Redis
+answers again.
 
 ``database -> redis`` (:func:`switch_to_redis`):
 1. ``products.stock_mode = 'redis'`` with the inventory row locked: no ``database``-mode
@@ -37,9 +41,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.engine import in_transaction
 from db.models import StockMode
 from db.queries import inventory, orders, products
+from service import metrics
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import ProductNotFound
 from service.domain.realign import Realigner, RealignReport
+
+_SWITCH_RETRIED = metrics.retries_of("set_stock_mode")
 
 log = structlog.get_logger(__name__)
 
@@ -62,7 +69,7 @@ async def set_mode(engine: AsyncEngine, product_id: int, mode: StockMode) -> Non
             raise ProductNotFound(product_id)
         await conn.execute(products.SET_MODE, {"id": product_id, "mode": mode.value})
 
-    await in_transaction(engine, write, label="set_stock_mode")
+    await in_transaction(engine, write, label="set_stock_mode", on_retry=_SWITCH_RETRIED)
 
 
 async def switch_to_database(

@@ -132,3 +132,40 @@ def test_the_report_renders_and_serializes(tmp_path):
     assert loaded["options"]["profile_dir"] == str(tmp_path) and Path(loaded["options"]["profile_dir"]).is_dir()
     assert [r["key"] for r in loaded["rows"]] == ["bare_noop", "product_noop"] and loaded["rows"][1]["ratio"] == 0.8
     assert loaded["targets"] == report.targets and loaded["profiles"]["product_noop"] == summary
+
+
+def test_the_metrics_pairs_sit_side_by_side_and_alternate_their_order_between_rounds():
+    from service.bench.rows import HTTP_ROWS, METRICS_PAIRS, round_order
+
+    keys = [row.key for row in HTTP_ROWS]
+    for on, off in METRICS_PAIRS.items():
+        assert keys.index(off) == keys.index(on) + 1
+        row = next(r for r in HTTP_ROWS if r.key == off)
+        assert row.reference == on and row.server == "api-metrics-off"
+    first, second = ([r.key for r in round_order(HTTP_ROWS, i)] for i in (0, 1))
+    assert first == keys
+    assert second.index("product_noop_metrics_off") < second.index("product_noop")
+    assert second.index("sold_out_metrics_off") < second.index("sold_out")
+    assert sorted(second) == sorted(keys)
+
+
+def test_only_names_known_rows(monkeypatch):
+    seen: list[Options] = []
+
+    async def fake_run(settings, options, as_json):  # type: ignore[no-untyped-def]
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr("service.bench.run.run_bench", fake_run)
+    monkeypatch.setenv("FLASHSALE_ENV", "development")
+    get_settings.cache_clear()
+    try:
+        ok = CliRunner().invoke(main, ["bench", "--only", "product_noop, product_noop_metrics_off"])
+        bad = CliRunner().invoke(main, ["bench", "--only", "product_noop,nope"])
+    finally:
+        get_settings.cache_clear()
+    assert ok.exit_code == 0, ok.output
+    assert seen[0].only == ("product_noop", "product_noop_metrics_off")
+    assert seen[0].wants("product_noop") and not seen[0].wants("accept")
+    assert Options().wants("accept")
+    assert bad.exit_code == 2 and "unknown row nope" in bad.output

@@ -13,8 +13,8 @@ import pytest
 
 from service.adapters.redis.stock_store import StockStore
 from service.domain.order_no import (
+    REDIS_SHARDS,
     SEQUENCE_MAX,
-    SHARDS,
     OrderNumberMinter,
     ShardLease,
     ShardLost,
@@ -110,9 +110,9 @@ async def test_a_block_that_reaches_the_end_of_a_second_stops_there(redis, setti
 
 async def test_shards_are_exclusive(redis, settings):
     store = StockStore(redis, f"{settings.redis.key_prefix}-lease")
-    leases = [ShardLease(store, 30) for _ in range(SHARDS)]
+    leases = [ShardLease(store, 30) for _ in range(REDIS_SHARDS)]
     shards = [await lease.acquire() for lease in leases]
-    assert sorted(shards) == list(range(SHARDS))
+    assert sorted(shards) == list(range(REDIS_SHARDS))  # 90-99 are the MySQL minter's
     with pytest.raises(ShardLost):
         await ShardLease(store, 30).acquire()
     await leases[0].stop()

@@ -1,0 +1,51 @@
+"""``flashsale product set`` when Redis does not answer: the rollback plan of the seed "order
+system database design" (switch the hot product to stock mode ``database`` and keep selling)
+needs MySQL only.
+
+The normal path opens every store (:func:`service.bootstrap.opened`): Redis, RabbitMQ, MySQL.
+With Redis unreachable, a product set to ``--stock-mode database`` is written here on MySQL
+alone: the switch's Redis steps (the ``moved`` marker, the drain of reservations in flight)
+cannot run and are skipped (:func:`service.domain.stock_modes.switch_to_database`), the mode is
+written with the inventory row locked, and the Redis load is left to the next realignment pass.
+"""
+
+from __future__ import annotations
+
+from redis.exceptions import RedisError
+
+from service.bootstrap import make_redis, make_store
+from service.domain.catalog import ProductInput, set_product
+from service.domain.realign import Realigner, RealignReport
+from service.settings import Settings
+
+
+async def redis_answers(settings: Settings) -> bool:
+    """True when the Redis of ``settings`` answers PING (within its connect and socket timeouts)."""
+    client = make_redis(settings)
+    try:
+        return bool(await client.ping())
+    except (RedisError, OSError):
+        return False
+    finally:
+        await client.aclose()
+
+
+async def set_product_without_redis(settings: Settings, product_id: int, data: ProductInput) -> RealignReport:
+    """:func:`set_product` on MySQL alone (a Redis client that is never loaded: each of its calls
+    fails as the unreachable Redis does, and the switch skips what needs Redis; no publisher, so
+    nothing is re-published: ``realign --watch`` does that once Redis answers).
+
+    Raises:
+        InvalidProduct: as :func:`set_product`.
+        redis.exceptions.RedisError: the product is in stock mode ``redis`` after all.
+    """
+    from db.engine import make_engine
+
+    engine = make_engine(settings.db.url, pool_size=2, max_overflow=2)
+    store = make_store(settings)
+    try:
+        realigner = Realigner(engine, store, settings.realign.grace_seconds)
+        return await set_product(engine, store, realigner, product_id, data)
+    finally:
+        await store.aclose()
+        await engine.dispose()
