@@ -30,7 +30,7 @@ from service.adapters.channel_client import ChannelClient
 from service.adapters.redis.stock_store import RateLimits, StockStore
 from service.domain.catalog import CatalogService
 from service.domain.checkout import Checkout
-from service.domain.order_no import OrderNumberMinter, ShardLease
+from service.domain.order_no import OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.orders import OrderService
 from service.domain.payments import PaymentService
 from service.domain.purchase import PurchaseService
@@ -170,7 +170,11 @@ class Resources:
                 lease = ShardLease(store, settings.orders.shard_lease_seconds)
                 await lease.start()
                 minter = OrderNumberMinter(
-                    store, lease, settings.orders.order_no_prefix, block=settings.orders.sequence_block
+                    store,
+                    lease,
+                    settings.orders.order_no_prefix,
+                    ShardGenerations(engine),
+                    block=settings.orders.sequence_block,
                 )
                 if settings.orders.publish_mode == "async":
                     background = BackgroundPublisher(publisher)

@@ -126,8 +126,8 @@ class OrderSettings(BaseModel):
     token_ttl_seconds: int = Field(300, ge=1)
     """How long an order token lives (seed "order system database design": ``SET token EX 300``)."""
     shard_lease_seconds: int = Field(30, ge=3)
-    sequence_block: int = Field(100, ge=1, le=999_999)
-    """Order-number sequence numbers one Redis call takes (per shard and second)."""
+    sequence_block: int = Field(100, ge=1, le=99_999)
+    """Order-number counter values one Redis call takes (per shard and second)."""
     publish_mode: Literal["confirm", "async"] = "confirm"
     """``confirm``: 202 only after the broker confirmed the order message. ``async``: 202 once
     the reservation is in Redis; published in the background (see the README for the guarantee)."""

@@ -242,7 +242,9 @@ class PurchaseService:
                 product_id, flag_token, reservation.stock, reservation.per_user_limit, reservation.sale_left_ms
             )
         order_no = reservation.order_no
-        if order_no != candidate:
+        if order_no != candidate and reservation.outcome is not ReserveOutcome.NOT_LOADED:
+            # A definite answer that did not use the candidate. Not after 'not loaded': Redis
+            # lost data, and a number is never reused around a loss (service/domain/order_no.py).
             self._minter.give_back(candidate)
         accepted = Accepted(order_no, request_id, product_id, quantity)
         outcome = reservation.outcome
@@ -319,8 +321,7 @@ class PurchaseService:
             kept = answer is not None and answer.outcome in (ReserveOutcome.RESERVED, ReserveOutcome.REPLAY)
             if token_left is not None and not kept:
                 await self._give_token(product_id, order_token or "", user_id, token_left)
-        if answer is None:
-            self._minter.give_back(candidate)
+        if answer is None:  # the outcome is unknown (the commit may have happened): the number is not reused
             raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.")
         if answer.outcome is not ReserveOutcome.RESERVED:
             self._minter.give_back(candidate)

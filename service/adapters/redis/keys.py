@@ -78,8 +78,15 @@ def order_key(prefix: str, order_no: str) -> str:
 
 
 def sequence_key(prefix: str, shard: int, second: str) -> str:
-    """Order-number sequence counter of one shard in one UTC second (``yyyyMMddHHmmss``)."""
-    return f"{prefix}:seq:{shard:02d}:{second}"
+    """Order-number sequence counter of one shard in one UTC second (``yyyyMMddHHmmss``); in the
+    shard's slot (hash tag ``{seq:SS}``) with the shard's epoch."""
+    return f"{prefix}:{{seq:{shard:02d}}}:{second}"
+
+
+def epoch_key(prefix: str, shard: int) -> str:
+    """Hash ``generation``, ``run_id``: the order-number generation a shard mints in, and the run
+    id of the Redis server it was installed on (``lua/epoch.lua``, ``lua/mint.lua``)."""
+    return f"{prefix}:{{seq:{shard:02d}}}:epoch"
 
 
 def shard_lease_key(prefix: str, shard: int) -> str:

@@ -32,6 +32,7 @@ from service import metrics
 from service.adapters.redis.batcher import CommandBatcher
 from service.adapters.redis.keys import (
     ProductKeys,
+    epoch_key,
     order_key,
     restock_channel,
     sequence_key,
@@ -143,6 +144,8 @@ class StockStore:
         self._lease_release = _script(redis, "lease_release")
         self._take_token = _script(redis, "take_token")
         self._purge = _script(redis, "purge")
+        self._mint = _script(redis, "mint")
+        self._epoch = _script(redis, "epoch")
         self._scripts = (
             self._reserve,
             self._release,
@@ -153,6 +156,8 @@ class StockStore:
             self._lease_release,
             self._take_token,
             self._purge,
+            self._mint,
+            self._epoch,
         )
 
     # -- set-up and health ---------------------------------------------------------------------
@@ -313,16 +318,26 @@ class StockStore:
         switch to MySQL; one HSET, atomic against every reserve)."""
         await self._redis.hset(ProductKeys(self._prefix, product_id).sale, "mode", "database")
 
-    async def next_sequence(self, shard: int, second: str, count: int = 1) -> int:
-        """One pipeline round trip: INCRBY ``count`` the sequence counter of ``shard`` in UTC
-        ``second`` (``yyyyMMddHHmmss``) and (re)set its expiry. Returns the new value: the caller
-        owns the ``count`` numbers ending there (``value - count + 1 .. value``; 1 is the first)."""
-        key = sequence_key(self._prefix, shard, second)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.incrby(key, count)
-            pipe.expire(key, SEQUENCE_KEY_TTL_SECONDS)
-            sequence, _ = await pipe.execute()
-        return int(sequence)
+    async def mint_block(self, shard: int, generation: int, second: str, count: int) -> int | None:
+        """``lua/mint.lua``: INCRBY ``count`` the sequence counter of ``shard`` in UTC ``second``
+        (``yyyyMMddHHmmss``) and (re)set its expiry, only while the shard's epoch is
+        ``generation`` installed on this Redis server. Returns the new value (the caller owns
+        ``value - count + 1 .. value``; 1 is the first), or None when the epoch is gone or was
+        installed on another server (FLUSHALL, restart, failover): see :meth:`shard_epoch`."""
+        reply = await self._mint(
+            keys=[epoch_key(self._prefix, shard), sequence_key(self._prefix, shard, second)],
+            args=[generation, count, SEQUENCE_KEY_TTL_SECONDS],
+        )
+        return int(reply[1]) if reply[0] == "ok" else None
+
+    async def shard_epoch(self, shard: int, install: int | None = None) -> tuple[int | None, bool]:
+        """``lua/epoch.lua``: the generation ``shard`` mints in (None: none) and whether it was
+        installed on this Redis server. With ``install`` (a generation just taken in MySQL),
+        installs it first unless the shard already has an epoch of this server."""
+        generation, current = await self._epoch(
+            keys=[epoch_key(self._prefix, shard)], args=["" if install is None else install]
+        )
+        return (None if generation == "" else int(generation)), bool(current)
 
     # -- order-number shard leases -------------------------------------------------------------
 
