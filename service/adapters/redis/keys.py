@@ -20,8 +20,13 @@ class ProductKeys:
     - ``replay(request_id)``: hash ``quantity``, ``order_no``, ``state``, ``attempt`` (the token of
       the HTTP attempt that made the reservation) for replays, and ``abandoned:<attempt>`` for
       each attempt answered 503 before its reserve took effect (its reserve is then refused).
-    - ``versions``: hash ``synced`` (inventory version of the last realignment snapshot) and
-      ``restocked`` (highest inventory version whose returned units reached Redis).
+    - ``units``: string, units of every journal entry (kept by the scripts that add or drop
+      entries, so realignment reads it in O(1)).
+    - ``republished``: hash request id -> ``ms|count``: when realignment last published the
+      entry again and how often (its back-off).
+    - ``versions``: hash ``synced`` (inventory version of the last realignment snapshot),
+      ``restocked`` (highest inventory version whose returned units reached Redis) and
+      ``dropped`` (newest snapshot version that dropped resolved journal entries).
     - ``returned(order_no)``: marker that the order's units were given back to Redis.
     - ``user_rate(user_id)`` / ``address_rate(address)``: purchase rate buckets (GCRA arrival time).
     - ``order_token(token)``: string, the user id an order token was issued to (expires).
@@ -51,6 +56,14 @@ class ProductKeys:
     @property
     def quota(self) -> str:
         return f"{self.tag}:quota"
+
+    @property
+    def units(self) -> str:
+        return f"{self.tag}:units"
+
+    @property
+    def republished(self) -> str:
+        return f"{self.tag}:republished"
 
     @property
     def versions(self) -> str:

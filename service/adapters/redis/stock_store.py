@@ -63,6 +63,10 @@ ATTEMPT_TOKEN_BYTES = 8
 """Random bytes of an attempt token (:func:`new_attempt`): 64 bits, hex-encoded."""
 SEQUENCE_KEY_TTL_SECONDS = 120
 """Lifetime of an order-number sequence counter (one shard, one second)."""
+SCAN_COUNT = 1000
+"""Journal entries one HSCAN call asks for (bounded work per Redis call)."""
+DROP_BATCH = 500
+"""Journal entries one ``realign_drop.lua`` / ``republish_due.lua`` call handles, at most."""
 RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
 """Lifetime of the marker that an order's returned units reached Redis (restock runs once)."""
 
@@ -144,6 +148,8 @@ class StockStore:
         self._lease_release = _script(redis, "lease_release")
         self._take_token = _script(redis, "take_token")
         self._purge = _script(redis, "purge")
+        self._realign_drop = _script(redis, "realign_drop")
+        self._republish_due = _script(redis, "republish_due")
         self._mint = _script(redis, "mint")
         self._epoch = _script(redis, "epoch")
         self._scripts = (
@@ -156,6 +162,8 @@ class StockStore:
             self._lease_release,
             self._take_token,
             self._purge,
+            self._realign_drop,
+            self._republish_due,
             self._mint,
             self._epoch,
         )
@@ -229,7 +237,7 @@ class StockStore:
         command = (
             "EVALSHA",
             self._reserve.sha,
-            8,
+            9,
             keys.stock,
             keys.sale,
             keys.journal,
@@ -238,6 +246,7 @@ class StockStore:
             keys.user_rate(user_id),
             keys.address_rate(client),
             keys.order_token(order_token or ""),
+            keys.units,
             request_id,
             user_id,
             quantity,
@@ -266,7 +275,7 @@ class StockStore:
         keys = ProductKeys(self._prefix, product_id)
         started = perf_counter()
         reply = await self._release(
-            keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)],
+            keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id), keys.units],
             args=[request_id, self._channel, product_id, attempt, self._replay_ttl],
         )
         _RELEASE_SECONDS.observe(perf_counter() - started)
@@ -429,13 +438,73 @@ class StockStore:
     # -- realignment and reads -----------------------------------------------------------------
 
     async def journal(self, product_id: int) -> list[JournalEntry]:
-        """Every reservation in the product's journal (one HGETALL), in no particular order.
+        """Every reservation in the product's journal, in no particular order: HSCAN, about
+        :data:`SCAN_COUNT` entries per call, so no call blocks Redis for long however big the
+        journal is (an entry present throughout the scan is returned; one added or removed
+        meanwhile may or may not be, and one may come twice: kept once).
 
         Raises:
             ValueError: an entry of neither journal shape (:func:`.results.parse_journal_entry`).
         """
-        raw = cast(dict[str, str], await self._redis.hgetall(ProductKeys(self._prefix, product_id).journal))
-        return [parse_journal_entry(request_id, value) for request_id, value in raw.items()]
+        entries: dict[str, JournalEntry] = {}
+        key = ProductKeys(self._prefix, product_id).journal
+        async for request_id, value in self._redis.hscan_iter(key, count=SCAN_COUNT):
+            entries[request_id] = parse_journal_entry(request_id, value)
+        return list(entries.values())
+
+    async def journal_size(self, product_id: int) -> int | None:
+        """Entries in the product's journal (HLEN), or None when the product's stock or its
+        journal-units counter is missing from Redis (then only a full realignment pass can
+        restore it; else a pass may be incremental: :meth:`drop_resolved`, :meth:`realign`)."""
+        keys = ProductKeys(self._prefix, product_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.exists(keys.stock, keys.units)
+            pipe.hlen(keys.journal)
+            present, size = await pipe.execute()
+        return int(size) if int(present) == 2 else None
+
+    async def drop_resolved(
+        self, product_id: int, inventory_version: int, resolved: Sequence[tuple[str, str, bool]]
+    ) -> tuple[int, int]:
+        """``lua/realign_drop.lua``, :data:`DROP_BATCH` entries per call: drop the journal
+        entries of ``resolved`` = (request id, order number, rejected) whose order has a row in
+        the snapshot of ``inventory_version``; a rejected one gives its units back to the buyer's
+        quota. Returns (entries, units) dropped."""
+        keys = ProductKeys(self._prefix, product_id)
+        entries = units = 0
+        for start in range(0, len(resolved), DROP_BATCH):
+            batch = resolved[start : start + DROP_BATCH]
+            dropped, dropped_units = await self._realign_drop(
+                keys=[keys.journal, keys.units, keys.quota, keys.versions, keys.republished],
+                args=[
+                    inventory_version,
+                    *(
+                        value
+                        for request_id, order_no, rejected in batch
+                        for value in (request_id, order_no, int(rejected))
+                    ),
+                ],
+            )
+            entries += int(dropped)
+            units += int(dropped_units)
+        return entries, units
+
+    async def republish_due(
+        self, product_id: int, request_ids: Sequence[str], first_seconds: float, longest_seconds: float
+    ) -> list[str]:
+        """``lua/republish_due.lua``: of ``request_ids`` (overdue reservations), the ones to
+        publish again now, marked so: each at most once per back-off period, which starts at
+        ``first_seconds`` and doubles with each re-publish up to ``longest_seconds``, whichever
+        process asks. :data:`DROP_BATCH` ids per call."""
+        keys = ProductKeys(self._prefix, product_id)
+        due: list[str] = []
+        for start in range(0, len(request_ids), DROP_BATCH):
+            reply = await self._republish_due(
+                keys=[keys.journal, keys.republished],
+                args=[int(first_seconds * 1000), int(longest_seconds * 1000), *request_ids[start : start + DROP_BATCH]],
+            )
+            due.extend(reply)
+        return due
 
     async def realign(
         self,
@@ -444,23 +513,32 @@ class StockStore:
         mysql_stock: int,
         inventory_version: int,
         terms: SaleTerms,
-        resolved: Collection[str],
-        units_held: Iterable[tuple[str, int]],
+        resolved: Collection[str] | None,
+        units_held: Iterable[tuple[str, int]] = (),
+        pending: tuple[int, int] = (0, 0),
         dry_run: bool,
         marker: str = "keep",
-    ) -> RealignResult:
+    ) -> RealignResult | None:
         """``lua/realign.lua``, atomically against the journal as it is now: stock =
-        ``mysql_stock`` - units of journal entries whose request id is not in ``resolved``;
-        per-user quota = ``units_held`` (user id, units held in MySQL) + units still in the
-        journal; sale terms = ``terms``; resolved entries dropped. Writes nothing when
-        ``dry_run`` or when Redis already reflects an inventory version newer than
-        ``inventory_version`` (``stale``). ``marker``: ``database`` writes the stock-mode
-        marker (see :meth:`mark_moved`), ``open`` removes it in the same atomic write (the
-        switch to redis mode), ``keep`` leaves it."""
+        ``mysql_stock`` - units of journal entries not resolved in the snapshot; sale terms =
+        ``terms``. Writes nothing when ``dry_run`` or when Redis already reflects an inventory
+        version newer than ``inventory_version`` (``stale``). ``marker``: ``database`` writes the
+        stock-mode marker (see :meth:`mark_moved`), ``open`` removes it in the same atomic write
+        (the switch to redis mode), ``keep`` leaves it.
+
+        ``resolved`` None: the incremental form, O(1): the resolved entries were already dropped
+        (:meth:`drop_resolved`; in a dry run ``pending`` = (entries, units) still in the journal
+        though resolved); returns None when the stock or the units counter is missing (Redis lost
+        data): run the full form. Else the full form: walks the journal, drops the entries whose
+        request id is in ``resolved``, rebuilds per-user quotas = ``units_held`` (user id, units
+        held in MySQL) + units still in the journal, and sets the units counter."""
         keys = ProductKeys(self._prefix, product_id)
-        quota = [str(value) for pair in units_held for value in pair]
+        if resolved is None:
+            tail: list[str | int] = [-1, pending[1], pending[0]]
+        else:
+            tail = [len(resolved), *resolved, *(str(value) for pair in units_held for value in pair)]
         reply = await self._realign(
-            keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale],
+            keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale, keys.units, keys.republished],
             args=[
                 mysql_stock,
                 "0" if dry_run else "1",
@@ -469,11 +547,11 @@ class StockStore:
                 marker,
                 self._channel,
                 product_id,
-                len(resolved),
-                *resolved,
-                *quota,
+                *tail,
             ],
         )
+        if reply == ["full"]:
+            return None
         result = parse_realign_reply(reply)
         if not dry_run and not result.stale:
             self._announce(product_id)
@@ -482,10 +560,14 @@ class StockStore:
     async def forget_reservation(self, product_id: int, request_id: str) -> bool:
         """``lua/purge.lua``: drop ``request_id``'s journal entry and leave a ``released``
         tombstone on its replay record (kept ``replay_ttl_seconds`` at least), for a dead-lettered
-        order that MySQL has no row of. Stock and quota are not touched here: the realignment
-        pass that must follow recomputes both. True when a journal entry was removed."""
+        order that MySQL has no row of; its units leave the buyer's quota. Stock is not touched
+        here: the realignment pass that must follow recomputes it. True when a journal entry was
+        removed."""
         keys = ProductKeys(self._prefix, product_id)
-        reply = await self._purge(keys=[keys.journal, keys.replay(request_id)], args=[request_id, self._replay_ttl])
+        reply = await self._purge(
+            keys=[keys.journal, keys.replay(request_id), keys.units, keys.republished, keys.quota],
+            args=[request_id, self._replay_ttl],
+        )
         return bool(reply)
 
     async def seed_replays(self, product_id: int, orders: list[tuple[str, str, int]]) -> None:
