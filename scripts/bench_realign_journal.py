@@ -64,15 +64,10 @@ async def _longest(redis: Redis) -> tuple[int, str, int]:
     return int(worst["duration"]), command[:60], len(log)
 
 
-async def main(entries: int, resolved: int) -> None:
+async def main(redis_url: str, entries: int, resolved: int) -> None:
     configure_logging("WARNING")
-    port = free_port()
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
     base = isolated_settings(Settings(), new_run_id("bench"))
-    settings = base.model_copy(update={"redis": base.redis.model_copy(update={"url": f"redis://127.0.0.1:{port}/0"})})
+    settings = base.model_copy(update={"redis": base.redis.model_copy(update={"url": redis_url})})
     redis = Redis.from_url(settings.redis.url)
     try:
         for _ in range(100):
@@ -109,6 +104,18 @@ async def main(entries: int, resolved: int) -> None:
     finally:
         await redis.aclose()
         await tear_down(settings)
+
+
+def run(entries: int, resolved: int) -> None:
+    """:func:`main` on a Redis server of its own, stopped at the end."""
+    port = free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        asyncio.run(main(f"redis://127.0.0.1:{port}/0", entries, resolved))
+    finally:
         server.terminate()
         server.wait(timeout=10)
 
@@ -118,4 +125,4 @@ if __name__ == "__main__":
     parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--resolved", type=int, default=1000)
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.entries, arguments.resolved))
+    run(arguments.entries, arguments.resolved)
