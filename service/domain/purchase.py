@@ -19,6 +19,7 @@ stale entry costs one bounce.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -124,6 +125,8 @@ class PurchaseService:
     ``sold_out``: the process's sold-out flags (None: every request asks Redis).
     ``engine`` None: every product is taken to be in ``redis`` mode (no MySQL at hand).
     ``token_ttl_seconds``: how long an order token lives.
+    ``not_loaded(product_id)``: told when Redis does not know a product that MySQL sells through
+    Redis (Redis lost its state; :meth:`service.domain.recovery.Recovery.not_loaded`).
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class PurchaseService:
         background: BackgroundPublisher | None = None,
         sold_out: SoldOutFlags | None = None,
         token_ttl_seconds: int = 300,
+        not_loaded: Callable[[int], None] | None = None,
     ) -> None:
         self._store = store
         self._engine = engine
@@ -144,6 +148,7 @@ class PurchaseService:
         self._sold_out = sold_out
         self._routes = RouteCache(engine)
         self.token_ttl_seconds = token_ttl_seconds
+        self._not_loaded = not_loaded
 
     def standing_rejection(self, product_id: int, quantity: int) -> DomainError | None:
         """What a standing sold-out flag answers for a request without an Idempotency-Key, or
@@ -260,6 +265,8 @@ class PurchaseService:
             route = await self._routes.refresh(product_id)
             if route.mode is StockMode.DATABASE and not bounced:
                 return await self._in_database(ask, route, True)
+            if outcome is ReserveOutcome.NOT_LOADED and self._not_loaded is not None:
+                self._not_loaded(product_id)  # MySQL sells it through Redis: Redis lost its state
         if outcome is not ReserveOutcome.RESERVED:
             raise PurchaseRejected(*_REJECTIONS[outcome])
 

@@ -107,6 +107,11 @@ def shard_lease_key(prefix: str, shard: int) -> str:
     return f"{prefix}:shard:{shard:02d}"
 
 
+def lock_key(prefix: str, name: str) -> str:
+    """A lock of the key prefix's deployment (e.g. ``recovery``: one self-healing pass at a time)."""
+    return f"{prefix}:lock:{name}"
+
+
 def restock_channel(prefix: str) -> str:
     """Pub/sub channel on which the scripts that put stock back announce the product id (so
     every API process drops its sold-out flag). A channel, not a key: no hash tag needed."""

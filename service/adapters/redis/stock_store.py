@@ -33,6 +33,7 @@ from service.adapters.redis.batcher import CommandBatcher
 from service.adapters.redis.keys import (
     ProductKeys,
     epoch_key,
+    lock_key,
     order_key,
     restock_channel,
     sequence_key,
@@ -363,6 +364,15 @@ class StockStore:
     async def release_lease(self, shard: int, holder: str) -> bool:
         """``lua/lease_release.lua``: drop ``holder``'s lease on ``shard``; False when not held."""
         return bool(await self._lease_release(keys=[shard_lease_key(self._prefix, shard)], args=[holder]))
+
+    async def try_lock(self, name: str, holder: str, lock_ms: int) -> bool:
+        """SET NX PX: True when ``holder`` (a token unique to the caller) now holds the lock
+        ``name`` of this key prefix for ``lock_ms`` milliseconds, False when someone else does."""
+        return bool(await self._redis.set(lock_key(self._prefix, name), holder, nx=True, px=lock_ms))
+
+    async def unlock(self, name: str, holder: str) -> bool:
+        """``lua/lease_release.lua``: drop ``holder``'s lock ``name``; False when not held."""
+        return bool(await self._lease_release(keys=[lock_key(self._prefix, name)], args=[holder]))
 
     # -- restock announcements (the API's sold-out flags) -------------------------------------
 
