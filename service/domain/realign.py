@@ -180,7 +180,7 @@ class Realigner:
             marker = "database"
         else:
             marker = "open" if open_sale else "keep"
-        result = None
+        pending = (0, 0)
         dropped = 0
         if incremental:
             pending = (len(resolved), sum(entry.quantity for entry, _ in resolved.values()))
@@ -191,31 +191,21 @@ class Realigner:
                     [(request_id, entry.order_no, rejected) for request_id, (entry, rejected) in resolved.items()],
                 )
                 pending = (0, 0)
-            result = await self._store.realign(
-                product_id,
-                mysql_stock=mysql_stock,
-                inventory_version=version,
-                terms=terms,
-                resolved=None,
-                pending=pending,
-                dry_run=dry_run,
-                marker=marker,
-            )
-            if result is None:  # Redis lost the product's state meanwhile: a full pass, new snapshot
-                return await self.realign(product_id, dry_run, open_sale=open_sale)
+        result = await self._store.realign(
+            product_id,
+            mysql_stock=mysql_stock,
+            inventory_version=version,
+            terms=terms,
+            resolved=None if incremental else list(resolved),
+            units_held=units_held,
+            pending=pending,
+            dry_run=dry_run,
+            marker=marker,
+        )
+        if result is None:  # Redis lost the product's state meanwhile: a full pass, new snapshot
+            return await self.realign(product_id, dry_run, open_sale=open_sale)
+        if incremental:
             result = dataclasses.replace(result, resolved_dropped=len(resolved) if dry_run else dropped)
-        else:
-            result = await self._store.realign(
-                product_id,
-                mysql_stock=mysql_stock,
-                inventory_version=version,
-                terms=terms,
-                resolved=list(resolved),
-                units_held=units_held,
-                dry_run=dry_run,
-                marker=marker,
-            )
-            assert result is not None  # the full form always answers
         redis_before = result.stock_before
 
         republished = 0
