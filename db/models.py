@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    SmallInteger,
     String,
     UniqueConstraint,
     func,
@@ -87,6 +88,18 @@ class Inventory(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime, server_default=func.current_timestamp(), onupdate=func.current_timestamp()
     )
+
+
+class OrderNoGeneration(Base):
+    """The order-number generation of one shard (00-99): bumped when a minter finds that Redis
+    lost the shard's sequence; its last digit leads the sequence of every number minted in it
+    (:mod:`service.domain.order_no`)."""
+
+    __tablename__ = "order_no_generations"
+
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    generation: Mapped[int] = mapped_column(Integer, server_default="0")
+    changed_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
 
 
 class Order(Base):

@@ -1,9 +1,18 @@
 -- Make Redis = MySQL for one product, atomically against the journal as it is now (entries added
 -- since the caller's read count as unresolved):
 --   stock = MySQL stock - units of journal entries not resolved in the caller's snapshot
---   quota = units per user held in MySQL (snapshot) + units per user still in the journal
 --   sale  = the sale terms in the snapshot (window, per-user limit, price)
+-- Two forms:
+-- * incremental (ARGV[12] = -1; the caller already dropped the resolved entries with
+--   realign_drop.lua): O(1), the journal's units come from the running counter KEYS[6] that
+--   reserve, release, purge and realign_drop keep. Quotas are left as those scripts keep them.
+--   Answers {'full'} when the stock or the counter is missing (Redis lost data): the caller
+--   runs the full form.
+-- * full (ARGV[12] = n >= 0): walks the whole journal once, drops resolved entries, rebuilds the
+--   per-user quota (units held in MySQL + units still in the journal) and sets the counter.
+--   For a product whose Redis state is missing or predates the counter.
 -- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota   KEYS[4] versions   KEYS[5] sale
+-- KEYS[6] journal units   KEYS[7] re-publish times
 -- ARGV[1] MySQL stock in the snapshot   ARGV[2] '1' write, '0' dry run
 -- ARGV[3] inventory version of the snapshot
 -- ARGV[4..8] sale terms in the snapshot: starts_ms, ends_ms (0 = no end), per-user limit, price,
@@ -13,41 +22,64 @@
 -- whose snapshot says redis must not undo a switch to database that has begun)
 -- ARGV[10] restock channel   ARGV[11] product id: announced there when a write leaves stock to sell
 -- or changes the sale terms, so every API process drops its sold-out flag for the product
--- ARGV[12] n = number of resolved request ids
--- ARGV[13 .. 12+n] request ids whose order has a row in the snapshot
--- ARGV[13+n ..] pairs: user id, units that user holds in MySQL (snapshot)
+-- incremental: ARGV[12] -1   ARGV[13] units / ARGV[14] entries still in the journal that are
+-- resolved in the snapshot (a dry run, which dropped nothing; 0 and 0 otherwise)
+-- full: ARGV[12] n = number of resolved request ids   ARGV[13 .. 12+n] request ids whose order
+-- has a row in the snapshot   ARGV[13+n ..] pairs: user id, units that user holds in MySQL
 -- Returns {stock_before or '', stock_after, in_flight_count, in_flight_units, resolved_dropped, stale}.
 -- stale = 1: Redis already reflects a newer MySQL state (another pass, or a restock); nothing
 -- was written (the next pass, with a newer snapshot, writes).
 local n = tonumber(ARGV[12])
-local resolved = {}
-for i = 13, 12 + n do resolved[ARGV[i]] = true end
 local version = tonumber(ARGV[3])
-local versions = redis.call('HMGET', KEYS[4], 'synced', 'restocked')
--- Stale: a pass with a newer snapshot already wrote, or units returned after this snapshot
--- already reached Redis. Writing would turn the clock back.
+local versions = redis.call('HMGET', KEYS[4], 'synced', 'restocked', 'dropped')
+-- Stale: a pass with a newer snapshot already wrote or dropped entries, or units returned after
+-- this snapshot already reached Redis. Writing would turn the clock back.
 local stale = tonumber(versions[1] or '0') > version or tonumber(versions[2] or '0') > version
+  or tonumber(versions[3] or '0') > version
 local write = ARGV[2] == '1' and not stale
-
-local quota = {}
-for i = 13 + n, #ARGV, 2 do quota[ARGV[i]] = tonumber(ARGV[i + 1]) end
-
 local before = redis.call('GET', KEYS[1]) or ''
-local entries = redis.call('HGETALL', KEYS[2])
 local in_flight, units, dropped = 0, 0, 0
-for i = 1, #entries, 2 do
-  local request_id = entries[i]
-  if resolved[request_id] then
-    dropped = dropped + 1
-    if write then redis.call('HDEL', KEYS[2], request_id) end
-  else
+
+if n < 0 then
+  local counted = redis.call('GET', KEYS[6])
+  if before == '' or not counted then return {'full'} end
+  in_flight = redis.call('HLEN', KEYS[2]) - tonumber(ARGV[14])
+  units = tonumber(counted) - tonumber(ARGV[13])
+else
+  local resolved = {}
+  for i = 13, 12 + n do resolved[ARGV[i]] = true end
+  local quota = {}
+  for i = 13 + n, #ARGV, 2 do quota[ARGV[i]] = tonumber(ARGV[i + 1]) end
+  local entries = redis.call('HGETALL', KEYS[2])
+  local journal_units = 0
+  for i = 1, #entries, 2 do
+    local request_id = entries[i]
     -- user|quantity|order_no|reserved_at_ms|unit_price|claimed, or (written before the unit
     -- price was recorded) user|quantity|order_no|reserved_at_ms|claimed.
     local user, quantity = string.match(entries[i + 1], '^(.*)|(%d+)|[^|]*|%d+|%d+|%d$')
     if not user then user, quantity = string.match(entries[i + 1], '^(.*)|(%d+)|[^|]*|%d+|%d$') end
-    in_flight = in_flight + 1
-    units = units + tonumber(quantity)
-    quota[user] = (quota[user] or 0) + tonumber(quantity)
+    quantity = tonumber(quantity)
+    if resolved[request_id] then
+      dropped = dropped + 1
+      if write then
+        redis.call('HDEL', KEYS[2], request_id)
+        redis.call('HDEL', KEYS[7], request_id)
+      else
+        journal_units = journal_units + quantity
+      end
+    else
+      in_flight = in_flight + 1
+      units = units + quantity
+      journal_units = journal_units + quantity
+      quota[user] = (quota[user] or 0) + quantity
+    end
+  end
+  if write then
+    redis.call('SET', KEYS[6], journal_units)
+    redis.call('DEL', KEYS[3])
+    for user, held in pairs(quota) do
+      if held > 0 then redis.call('HSET', KEYS[3], user, held) end
+    end
   end
 end
 
@@ -66,10 +98,6 @@ if write then
     redis.call('HDEL', KEYS[5], 'mode')
   end
   redis.call('SET', KEYS[1], after)
-  redis.call('DEL', KEYS[3])
-  for user, held in pairs(quota) do
-    if held > 0 then redis.call('HSET', KEYS[3], user, held) end
-  end
   redis.call('HSET', KEYS[4], 'synced', version)
 end
 return {before, after, in_flight, units, dropped, stale and 1 or 0}

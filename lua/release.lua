@@ -2,7 +2,7 @@
 -- failed). Idempotent. Only a reservation made by that very attempt and still 'pending' is given
 -- back: never one that is 'queued', never another attempt's (a retry or a concurrent first
 -- attempt with the same idempotency key).
--- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota   KEYS[4] replay record
+-- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota   KEYS[4] replay record   KEYS[5] journal units
 -- ARGV[1] request id   ARGV[2] restock channel   ARGV[3] product id: announced there when the
 -- stock went up, so every API process drops its sold-out flag for the product
 -- ARGV[4] attempt token   ARGV[5] replay record ttl (seconds)
@@ -37,6 +37,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 if redis.call('HINCRBY', KEYS[3], user, -quantity) <= 0 then redis.call('HDEL', KEYS[3], user) end
 redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('DECRBY', KEYS[5], quantity)
 -- Tombstone, kept for the record's ttl: a late copy of the message is dropped by the consumer.
 redis.call('HSET', KEYS[4], 'state', 'released')
 return 'released'

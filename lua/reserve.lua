@@ -3,7 +3,7 @@
 -- KEYS[4] quota   KEYS[5] replay record
 -- KEYS[6] the user's rate bucket   KEYS[7] the client address's rate bucket (both in the product's slot)
 -- KEYS[8] order token (user id; seed "order system database design": the anti-duplicate token,
--- deleted atomically on submit)
+-- deleted atomically on submit)   KEYS[9] units of the journal's entries (realignment reads it)
 -- ARGV[1] request id   ARGV[2] user id   ARGV[3] quantity   ARGV[4] order number to use
 -- ARGV[5] replay record ttl (seconds)   ARGV[6] attempt token (unique to this HTTP attempt)
 -- ARGV[7] user emission interval (ms, 0: no user limit)   ARGV[8] user burst (requests)
@@ -92,7 +92,12 @@ redis.call('DECRBY', KEYS[1], quantity)
 redis.call('HINCRBY', KEYS[4], ARGV[2], quantity)
 -- The unit price is fixed here (minor units, the string Redis holds: Lua numbers are doubles),
 -- so a re-publish by realignment charges what this reservation was accepted at.
+-- The journal's units counter counts this entry; an entry it replaces (the same request id,
+-- reused after its replay record expired) no longer counts.
+local replaced = redis.call('HGET', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. quantity .. '|' .. order_no .. '|' .. now_ms .. '|' .. sale[4] .. '|0')
+redis.call('INCRBY', KEYS[9], quantity - tonumber(replaced and (string.match(replaced, '^.*|(%d+)|[^|]*|%d+|%d+|%d$')
+  or string.match(replaced, '^.*|(%d+)|[^|]*|%d+|%d$')) or 0))
 redis.call('HSET', KEYS[5], 'quantity', quantity, 'order_no', order_no, 'state', 'pending', 'attempt', ARGV[6])
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
 if needs_token then redis.call('DEL', KEYS[8]) end

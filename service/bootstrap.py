@@ -29,16 +29,19 @@ from db.engine import make_engine
 from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher
 from service.adapters.channel_client import ChannelClient
+from service.adapters.dead_letters import DeadLetterQueue
 from service.adapters.redis.stock_store import RateLimits, StockStore
 from service.domain.catalog import CatalogService
 from service.domain.checkout import Checkout
-from service.domain.order_no import OrderNumberMinter, ShardLease
+from service.domain.dead_letters import DeadLetterService
+from service.domain.order_no import OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.order_no_mysql import MysqlOrderNumberMinter
 from service.domain.orders import OrderService
 from service.domain.payments import PaymentService
 from service.domain.purchase import PurchaseService
 from service.domain.realign import Realigner
 from service.domain.reconcile import Reconciler
+from service.domain.recovery import Recovery
 from service.domain.sold_out import SoldOutFlags
 from service.settings import ConfigError, Settings
 
@@ -164,6 +167,7 @@ class Resources:
     checkout: Checkout
     reconciler: Reconciler
     sold_out: SoldOutFlags | None = None
+    recovery: Recovery | None = None
     _follower: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -175,17 +179,23 @@ class Resources:
         """
         engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
         store = make_store(settings)
-        publisher = lease = purchases = background = sold_out = follower = None
+        publisher = lease = purchases = background = sold_out = follower = recovery = None
         try:
             await store.load()
             if publish:
                 publisher = Publisher(settings.amqp)
                 await publisher.connect()
+            realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
             if purchase and publisher is not None:
+                recovery = _recovery(settings, engine, store, realigner)
                 lease = ShardLease(store, settings.orders.shard_lease_seconds)
                 await lease.start()
                 minter = OrderNumberMinter(
-                    store, lease, settings.orders.order_no_prefix, block=settings.orders.sequence_block
+                    store,
+                    lease,
+                    settings.orders.order_no_prefix,
+                    ShardGenerations(engine),
+                    block=settings.orders.sequence_block,
                 )
                 if settings.orders.publish_mode == "async":
                     background = BackgroundPublisher(publisher)
@@ -202,11 +212,13 @@ class Resources:
                     database_minter=MysqlOrderNumberMinter(
                         engine, settings.orders.order_no_prefix, block=settings.orders.sequence_block
                     ),
+                    not_loaded=None if recovery is None else recovery.not_loaded,
                 )
+                if recovery is not None:
+                    recovery.start()
         except BaseException:
-            await _close(settings, engine, store, publisher, lease, background, follower)
+            await _close(settings, engine, store, publisher, lease, background, follower, recovery)
             raise
-        realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
         payment = settings.payment
         channels = make_channel_client(settings)
         payments = PaymentService(engine, store, payment.channel_secrets, payment.currency, channels)
@@ -227,6 +239,7 @@ class Resources:
             checkout=checkout,
             reconciler=Reconciler(engine, channels, payments, payment.currency),
             sold_out=sold_out,
+            recovery=recovery,
             _follower=follower,
         )
 
@@ -247,8 +260,24 @@ class Resources:
         close every connection."""
         await self.channels.aclose()
         await _close(
-            self.settings, self.engine, self.store, self.publisher, self.lease, self.background, self._follower
+            self.settings,
+            self.engine,
+            self.store,
+            self.publisher,
+            self.lease,
+            self.background,
+            self._follower,
+            self.recovery,
         )
+
+
+def _recovery(settings: Settings, engine: AsyncEngine, store: StockStore, realigner: Realigner) -> Recovery | None:
+    """The API process's self-healing task (not started; None when ``auto_seconds`` is 0), which
+    also drops dead-lettered copies of orders that landed since."""
+    if settings.realign.auto_seconds <= 0:
+        return None
+    dead_letters = DeadLetterService(DeadLetterQueue(settings.amqp), engine, store, realigner)
+    return Recovery(realigner, store, settings.realign.auto_seconds, after_pass=dead_letters.drop_landed)
 
 
 def _follow_sold_out(store: StockStore, ttl_seconds: float) -> tuple[SoldOutFlags | None, asyncio.Task[None] | None]:
@@ -271,7 +300,10 @@ async def _close(
     lease: ShardLease | None,
     background: BackgroundPublisher | None,
     follower: asyncio.Task[None] | None = None,
+    recovery: Recovery | None = None,
 ) -> None:
+    if recovery is not None:
+        await recovery.stop()
     if follower is not None:
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):

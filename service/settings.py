@@ -126,8 +126,8 @@ class OrderSettings(BaseModel):
     token_ttl_seconds: int = Field(300, ge=1)
     """How long an order token lives (seed "order system database design": ``SET token EX 300``)."""
     shard_lease_seconds: int = Field(30, ge=3)
-    sequence_block: int = Field(100, ge=1, le=999_999)
-    """Order-number sequence numbers one Redis call takes (per shard and second)."""
+    sequence_block: int = Field(100, ge=1, le=99_999)
+    """Order-number counter values one Redis call takes (per shard and second)."""
     publish_mode: Literal["confirm", "async"] = "confirm"
     """``confirm``: 202 only after the broker confirmed the order message. ``async``: 202 once
     the reservation is in Redis; published in the background (see the README for the guarantee)."""
@@ -148,9 +148,13 @@ class RateLimitSettings(BaseModel):
 
 
 class RealignSettings(BaseModel):
-    """Realignment job: a journal entry older than ``grace_seconds`` with no order row is re-published."""
+    """Realignment: a journal entry older than ``grace_seconds`` with no order row is re-published.
+    ``auto_seconds``: every API process runs the self-healing pass (one process at a time, under a
+    Redis lock) this often, and at once when a purchase finds a product's Redis state gone
+    (:mod:`service.domain.recovery`); 0 turns it off (then only ``flashsale realign`` heals)."""
 
-    grace_seconds: float = Field(60.0, ge=0)
+    grace_seconds: float = Field(15.0, ge=0)
+    auto_seconds: float = Field(5.0, ge=0)
 
 
 class PaymentSettings(BaseModel):

@@ -202,10 +202,10 @@ class RunsAfterJournalRead:
     def __getattr__(self, name: str):
         return getattr(self._redis, name)
 
-    async def hgetall(self, key: str) -> dict[str, str]:
-        journal = await self._redis.hgetall(key)
+    async def hscan_iter(self, key: str, **options):
+        async for item in self._redis.hscan_iter(key, **options):
+            yield item
         await self._during_read()
-        return journal
 
 
 @contextlib.asynccontextmanager

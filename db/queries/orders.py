@@ -116,6 +116,11 @@ PRESENT_ORDER_NOS = text("SELECT order_no FROM orders WHERE order_no IN :order_n
 )
 """Which of ``:order_nos`` have a row (realignment: a reservation is resolved once its order exists)."""
 
+PRESENT_ORDER_STATUSES = text("SELECT order_no, status FROM orders WHERE order_no IN :order_nos").bindparams(
+    bindparam("order_nos", expanding=True)
+)
+"""Which of ``:order_nos`` have a row, with its status (realignment: resolved, and whether rejected)."""
+
 UNITS_HELD = text(
     "SELECT user_id, SUM(quantity) FROM orders WHERE product_id = :p AND status NOT IN :released GROUP BY user_id"
 ).bindparams(bindparam("released", expanding=True))

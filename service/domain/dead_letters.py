@@ -143,6 +143,25 @@ class DeadLetterService:
         await self._queue.settle(lambda letter: letter.id in ids, give_back)
         return purged
 
+    async def drop_landed(self) -> int:
+        """Remove the dead-lettered copies of orders that have a row by now (realignment
+        re-published them and that copy landed, or a redrive did): they hold nothing and would
+        only mislead an operator. Returns how many left the queue."""
+
+        async def landed(letter: DeadLetter) -> bool:
+            try:
+                order = parse_order(letter.body)
+            except InvalidOrder:
+                return False
+            async with self._engine.connect() as conn:
+                rows = await conn.execute(orders.PRESENT_REQUEST_IDS, {"r": [order.request_id]})
+                return rows.first() is not None
+
+        dropped = await self._queue.settle(lambda _letter: True, landed)
+        if dropped:
+            log.info("dead_letters_landed_dropped", count=len(dropped), request_ids=[letter.id for letter in dropped])
+        return len(dropped)
+
     async def _give_back(self, letter: DeadLetter) -> Purged:
         try:
             order = parse_order(letter.body)

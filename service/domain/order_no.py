@@ -5,14 +5,25 @@ Layout, 26 characters: prefix (2 letters) + UTC ``yyyyMMddHHmmss`` (14) + shard 
 24 characters with letters counted A=10 ... Z=35 as in IBAN (ISO 13616), so an order number is
 valid when ``int(digits(all 26)) % 97 == 1``.
 
-The sequence comes from a Redis counter per shard and second (with an expiry), taken in blocks:
-one ``INCRBY n`` hands the process ``n`` numbers, given out locally until the block is used or
-the second changes (a block's unused rest is a gap, never reused). The shard is a number 00-99
-that one running process holds exclusively through a lease in Redis (:class:`ShardLease`); shards
-00-89 are leased here, 90-99 are reserved for the MySQL minter of stock mode ``database``
-(:mod:`service.domain.order_no_mysql`), so the two never hand out the same number. The
-counter still guards uniqueness when a shard changes hands within a second. Past 999,999 in one
-second the minter waits for the next second: the sequence never wraps. ``UNIQUE(order_no)`` in
+The 6-digit sequence is the shard's generation digit followed by a 5-digit counter. The counter
+comes from Redis, one per shard and second (with an expiry), taken in blocks: one ``INCRBY n``
+hands the process ``n`` numbers, given out locally until the block is used or the second changes
+(a block's unused rest is a gap, never reused). The shard is a number 00-99 that one running
+process holds exclusively through a lease in Redis (:class:`ShardLease`); shards 00-89 are
+leased here, 90-99 are reserved for the MySQL minter of stock mode ``database``
+(:mod:`service.domain.order_no_mysql`), so the two never hand out the same number. The counter still
+guards uniqueness when a shard changes hands within a second. Past 99,999 in one second the
+minter waits for the next second: the counter never wraps.
+
+Generations (what makes a number unique whatever Redis forgets): a counter restarts when Redis
+loses it (FLUSHALL, a failover to an empty or lagging replica, a restart that replays an AOF
+missing its last second). Each shard has a generation in MySQL (``order_no_generations``), and
+its epoch in Redis says which generation it mints in and on which server (run id) that epoch was
+installed; ``lua/mint.lua`` hands out a block only while both still hold. A minter that meets a
+missing or foreign epoch moves the shard's generation on in MySQL (a conditional UPDATE: one
+minter wins each step) and installs the new one, so every number minted after the loss carries
+another generation digit than any number minted before it. Two numbers can only meet if one
+shard's generation went round all ten digits within the same UTC second. ``UNIQUE(order_no)`` in
 MySQL is the backstop.
 """
 
@@ -29,7 +40,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import structlog
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from db.queries import order_no as generations_sql
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import InvalidInput
 
@@ -37,6 +51,8 @@ log = structlog.get_logger(__name__)
 
 ORDER_NO_LENGTH = 26
 SEQUENCE_MAX = 999_999
+COUNTER_MAX = 99_999
+"""Order numbers one shard mints in one second (the sequence's last five digits)."""
 SHARDS = 100
 REDIS_SHARDS = 90
 """Shards 00-89 are leased in Redis; 90-99 belong to :mod:`service.domain.order_no_mysql`."""
@@ -77,7 +93,26 @@ def compose_order_no(prefix: str, second: str, shard: int, sequence: int) -> str
 
 
 class ShardLost(RuntimeError):
-    """This process no longer holds an order-number shard (Redis unreachable or lease taken)."""
+    """This process cannot mint right now: it holds no order-number shard (Redis unreachable or
+    lease taken), or MySQL could not say the shard's generation."""
+
+
+class ShardGenerations:
+    """The generation of each order-number shard, in MySQL (survives whatever Redis forgets)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def current(self, shard: int) -> int:
+        """Shard ``shard``'s generation (0 before its first epoch)."""
+        async with self._engine.connect() as conn:
+            return int((await conn.execute(generations_sql.GENERATION, {"s": shard})).scalar_one())
+
+    async def bump(self, shard: int, seen: int) -> bool:
+        """Move ``shard`` from generation ``seen`` to ``seen + 1``; False when another minter
+        moved it first."""
+        async with self._engine.begin() as conn:
+            return (await conn.execute(generations_sql.BUMP, {"s": shard, "g": seen})).rowcount == 1
 
 
 class ShardLease:
@@ -155,11 +190,12 @@ def _utc_now() -> datetime:
 class OrderNumberMinter:
     """Mints order numbers for this process from its leased shard.
 
-    ``take()`` returns a number that no other caller has; ``give_back()`` returns one that was
-    never handed to a client (a rejected purchase), so the reject path costs no Redis call beyond
-    the reservation itself. Spares older than five seconds are dropped, so the embedded time
-    stays close to the purchase time. ``block`` is how many sequence numbers one Redis call
-    takes (1 to 999,999); ``clock`` returns the current UTC time (tests move it).
+    ``take()`` returns a number that no other caller has; ``give_back()`` returns one that a
+    reserve call answered without using (a definite rejection), so the reject path costs no Redis
+    call beyond the reservation itself. Spares older than five seconds are dropped, so the
+    embedded time stays close to the purchase time, and every spare is dropped when the shard's
+    epoch changes. ``block`` is how many counter values one Redis call takes (1 to 99,999);
+    ``clock`` returns the current UTC time (tests move it).
     """
 
     def __init__(
@@ -167,6 +203,7 @@ class OrderNumberMinter:
         store: StockStore,
         lease: ShardLease,
         order_no_prefix: str,
+        generations: ShardGenerations,
         *,
         block: int = 100,
         clock: Callable[[], datetime] = _utc_now,
@@ -174,27 +211,62 @@ class OrderNumberMinter:
         self._store = store
         self._lease = lease
         self._order_prefix = order_no_prefix
-        self._block_size = block
+        self._generations = generations
+        self._block_size = min(block, COUNTER_MAX)
         self._clock = clock
         self._spares: deque[tuple[float, str]] = deque()
-        self._block: tuple[int, str, int, int] = (-1, "", 1, 0)
-        """(shard, second, next sequence, last sequence) of the block being given out."""
+        self._block: tuple[int, str, int, int, int] = (-1, "", 0, 1, 0)
+        """(shard, second, generation digit, next counter, last counter) of the block being given out."""
+        self._epoch: tuple[int, int] | None = None
+        """(shard, generation) this process mints in, once established."""
         self._refill = asyncio.Lock()
 
     def _from_block(self, shard: int, second: str) -> str | None:
         """The next number of the current block if it is for ``shard`` and ``second`` and not used up."""
-        block_shard, block_second, sequence, last = self._block
-        if block_shard != shard or block_second != second or sequence > last:
+        block_shard, block_second, digit, counter, last = self._block
+        if block_shard != shard or block_second != second or counter > last:
             return None
-        self._block = (shard, second, sequence + 1, last)
-        return compose_order_no(self._order_prefix, second, shard, sequence)
+        self._block = (shard, second, digit, counter + 1, last)
+        return compose_order_no(self._order_prefix, second, shard, digit * (COUNTER_MAX + 1) + counter)
+
+    async def _generation(self, shard: int) -> int:
+        """The generation ``shard`` mints in on this Redis server, moving it on in MySQL and
+        installing it in Redis when the shard's epoch is missing or foreign (see the module
+        docstring). Exactly one minter wins each step; the others adopt what it installed.
+
+        Raises:
+            ShardLost: MySQL failed.
+            redis.exceptions.RedisError: Redis failed.
+        """
+        if self._epoch is not None and self._epoch[0] == shard:
+            return self._epoch[1]
+        while True:
+            generation, current = await self._store.shard_epoch(shard)
+            if generation is not None and current:
+                break
+            try:
+                seen = await self._generations.current(shard)
+                won = await self._generations.bump(shard, seen)
+            except (DBAPIError, OSError) as exc:
+                raise ShardLost(f"order-number generation of shard {shard} unavailable") from exc
+            if won:
+                generation, current = await self._store.shard_epoch(shard, install=seen + 1)
+                log.warning("order_no_generation_moved", shard=shard, generation=seen + 1, installed=generation)
+                if generation is not None and current:
+                    break
+            await asyncio.sleep(0.05)  # another minter won the step: it installs the new epoch
+        self._epoch = (shard, generation)
+        self._spares.clear()
+        return generation
 
     async def mint(self) -> str:
         """A fresh order number: the next of this process's block for its shard and the current
-        UTC second; a new block (one ``INCRBY``) when that is used up or the second changed.
+        UTC second; a new block (one ``lua/mint.lua`` call) when that is used up or the second
+        changed, after establishing the shard's generation again if Redis lost its epoch.
 
         Raises:
-            ShardLost: the process does not hold a shard right now.
+            ShardLost: the process does not hold a shard right now, or MySQL failed while the
+                shard's generation had to move on.
             redis.exceptions.RedisError: Redis failed.
         """
         while True:
@@ -210,10 +282,16 @@ class OrderNumberMinter:
                 # Another caller may have fetched a block for this second while we waited.
                 if (order_no := self._from_block(shard, second)) is not None:
                     return order_no
-                last = await self._store.next_sequence(shard, second, self._block_size)
+                generation = await self._generation(shard)
+                last = await self._store.mint_block(shard, generation, second, self._block_size)
+                if last is None:  # Redis lost the epoch (and maybe the counter) since it was established
+                    log.warning("order_no_epoch_lost", shard=shard, generation=generation)
+                    self._epoch = None
+                    self._spares.clear()
+                    continue
                 first = last - self._block_size + 1
-                if first <= SEQUENCE_MAX:
-                    self._block = (shard, second, first, min(last, SEQUENCE_MAX))
+                if first <= COUNTER_MAX:
+                    self._block = (shard, second, generation % 10, first, min(last, COUNTER_MAX))
                     order_no = self._from_block(shard, second)
                     assert order_no is not None
                     return order_no
@@ -230,7 +308,8 @@ class OrderNumberMinter:
         return await self.mint()
 
     def give_back(self, order_no: str) -> None:
-        """Keep an order number that was never handed out for the next purchase of this process."""
+        """Keep an order number that a reserve call answered without using (a definite
+        rejection; never after an unknown outcome) for the next purchase of this process."""
         self._spares.append((time.monotonic(), order_no))
 
 

@@ -26,6 +26,7 @@ product that requires one answers ``503`` while Redis is down.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -134,6 +135,8 @@ class PurchaseService:
     ``token_ttl_seconds``: how long an order token lives.
     ``database_minter``: order numbers of stock mode ``database`` (from MySQL, no Redis); None:
     ``minter``'s (Redis).
+    ``not_loaded(product_id)``: told when Redis does not know a product that MySQL sells through
+    Redis (Redis lost its state; :meth:`service.domain.recovery.Recovery.not_loaded`).
     """
 
     def __init__(
@@ -146,6 +149,7 @@ class PurchaseService:
         sold_out: SoldOutFlags | None = None,
         token_ttl_seconds: int = 300,
         database_minter: MysqlOrderNumberMinter | None = None,
+        not_loaded: Callable[[int], None] | None = None,
     ) -> None:
         self._store = store
         self._engine = engine
@@ -156,6 +160,7 @@ class PurchaseService:
         self._sold_out = sold_out
         self._routes = RouteCache(engine)
         self.token_ttl_seconds = token_ttl_seconds
+        self._not_loaded = not_loaded
 
     def standing_rejection(self, product_id: int, quantity: int) -> DomainError | None:
         """What a standing sold-out flag answers for a request without an Idempotency-Key, or
@@ -280,7 +285,9 @@ class PurchaseService:
                 product_id, flag_token, reservation.stock, reservation.per_user_limit, reservation.sale_left_ms
             )
         order_no = reservation.order_no
-        if order_no != candidate:
+        if order_no != candidate and reservation.outcome is not ReserveOutcome.NOT_LOADED:
+            # A definite answer that did not use the candidate. Not after 'not loaded': Redis
+            # lost data, and a number is never reused around a loss (service/domain/order_no.py).
             self._minter.give_back(candidate)
         accepted = Accepted(order_no, request_id, product_id, quantity)
         outcome = reservation.outcome
@@ -296,6 +303,8 @@ class PurchaseService:
             route = await self._routes.refresh(product_id)
             if route.mode is StockMode.DATABASE and not bounced:
                 return await self._in_database(ask, route, True)
+            if outcome is ReserveOutcome.NOT_LOADED and self._not_loaded is not None:
+                self._not_loaded(product_id)  # MySQL sells it through Redis: Redis lost its state
         if outcome is not ReserveOutcome.RESERVED:
             raise PurchaseRejected(*_REJECTIONS[outcome])
 
@@ -362,8 +371,7 @@ class PurchaseService:
             kept = answer is not None and answer.outcome in (ReserveOutcome.RESERVED, ReserveOutcome.REPLAY)
             if token_left is not None and not kept:
                 await self._give_token(product_id, order_token or "", user_id, token_left)
-        if answer is None:
-            self._database_minter.give_back(candidate)
+        if answer is None:  # the outcome is unknown (the commit may have happened): the number is not reused
             raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.")
         if answer.outcome is not ReserveOutcome.RESERVED:
             self._database_minter.give_back(candidate)

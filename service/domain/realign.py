@@ -4,14 +4,20 @@ Exact while the sale is live. Per product:
 
 1. Open one consistent MySQL snapshot (REPEATABLE READ, ``START TRANSACTION WITH CONSISTENT
    SNAPSHOT``) and read the product's stock in it.
-2. Read the product's reservation journal from Redis.
+2. Read the product's reservation journal from Redis (HSCAN: bounded work per call).
 3. In the same snapshot, find which of those request ids have an order row (resolved).
-4. One Lua call (``realign.lua``) drops the resolved entries and sets
-   ``stock = snapshot stock - units of every entry still in the journal``; per-user quotas are
-   rebuilt the same way (units held in MySQL + units still in the journal), and the sale terms
-   (window, limit, price) are written from the snapshot, so a Redis that lost its data is whole
-   again after one pass. A pass whose snapshot is older than what Redis already reflects
-   writes nothing.
+4. Incremental pass (a journal of more than :data:`FULL_PASS_MAX_ENTRIES` entries, e.g. while
+   consumers lag behind): drop the resolved entries a few hundred per Lua call
+   (``realign_drop.lua``; a rejected order gives its units back to the buyer's quota), then one
+   O(1) Lua call (``realign.lua``) sets ``stock = snapshot stock - units still in the journal``,
+   read from a counter the scripts keep, and writes the sale terms from the snapshot. No call
+   walks the whole journal, so a big journal never blocks Redis for long.
+   Full pass (a smaller journal; or Redis lost the product's stock or counter; or a journal from
+   before the counter): one Lua call walks the journal, drops the resolved entries, sets the stock and the counter,
+   and rebuilds the per-user quotas (units held in MySQL + units still in the journal), so a
+   Redis that lost its data is whole again after one pass.
+   A pass whose snapshot is older than what Redis already reflects (another pass wrote or
+   dropped entries with a newer snapshot, or returned units reached Redis) writes nothing.
 
 Opening the snapshot before reading the journal is what makes it exact: an entry added after
 the journal read was reserved after the snapshot began, so it cannot be in the snapshot and is
@@ -20,13 +26,16 @@ flight, and a consumer committing it after the snapshot does not change the resu
 decrement is not in the snapshot stock either).
 
 A journal entry older than the grace period with no order row was accepted but its message
-never reached MySQL (e.g. the API died between reserve and publish): it is published again; the
-consumer's ``UNIQUE(request_id)`` makes that safe. It is priced at the unit price fixed when
-its stock was reserved (recorded in the journal entry), not at the product's price now.
+never reached MySQL (e.g. the API died between reserve and publish): it is published again (the
+consumer's ``UNIQUE(request_id)`` makes that safe), once per back-off period however many passes
+run (the grace period, then doubling, at most five minutes; ``republish_due.lua``). It is priced
+at the unit price fixed when its stock was reserved (recorded in the journal entry), not at the
+product's price now.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 
 import msgspec
@@ -49,6 +58,13 @@ log = structlog.get_logger(__name__)
 # (refunded ones included: the buyer did buy; lua/restock.lua keeps the quota for refunds too).
 _RELEASED_STATUSES = [OrderStatus.CANCELLED, OrderStatus.REJECTED]
 _CHUNK = 1000
+FULL_PASS_MAX_ENTRIES = 2000
+"""A journal up to this many entries is realigned in one full Lua call (which also rebuilds the
+per-user quotas from MySQL); a bigger one incrementally, a few hundred entries per call (quotas
+are then kept by the scripts alone, and rebuilt by the first pass after the journal shrank)."""
+_LONGEST_BACKOFF_SECONDS = 300.0
+"""An overdue reservation is published again after the grace period, then after twice that,
+four times, ... but at least every five minutes (issue 11: once per back-off, not per pass)."""
 
 
 class RealignReport(msgspec.Struct, frozen=True):
@@ -135,6 +151,8 @@ class Realigner:
         Raises:
             ProductNotFound: the product has no inventory row in MySQL.
         """
+        size = await self._store.journal_size(product_id)
+        incremental = size is not None and size > FULL_PASS_MAX_ENTRIES
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="REPEATABLE READ")
             await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
@@ -144,14 +162,20 @@ class Realigner:
                 raise ProductNotFound(product_id)
             mysql_stock, mysql_sold, version = row.stock, row.sold, row.version
             journal = await self._store.journal(product_id)
-            by_order_no = {entry.order_no: entry.request_id for entry in journal}
+            by_order_no = {entry.order_no: entry for entry in journal}
             order_nos = list(by_order_no)
-            resolved: set[str] = set()
+            resolved: dict[str, tuple[JournalEntry, bool]] = {}  # request id -> (entry, rejected)
             for start in range(0, len(order_nos), _CHUNK):
-                rows = await conn.execute(orders.PRESENT_ORDER_NOS, {"order_nos": order_nos[start : start + _CHUNK]})
-                resolved.update(by_order_no[order_no] for (order_no,) in rows)
-            held = await conn.execute(orders.UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
-            units_held = [(user_id, int(units)) for user_id, units in held]
+                rows = await conn.execute(
+                    orders.PRESENT_ORDER_STATUSES, {"order_nos": order_nos[start : start + _CHUNK]}
+                )
+                for order_no, status in rows:
+                    entry = by_order_no[order_no]
+                    resolved[entry.request_id] = (entry, status == OrderStatus.REJECTED)
+            units_held: list[tuple[str, int]] = []
+            if not incremental:
+                held = await conn.execute(orders.UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
+                units_held = [(user_id, int(units)) for user_id, units in held]
             await conn.rollback()
 
         terms = sale_terms(row.per_user_limit, row.price, row.sale_starts_at, row.sale_ends_at, row.require_token)
@@ -159,23 +183,42 @@ class Realigner:
             marker = "database"
         else:
             marker = "open" if open_sale else "keep"
+        pending = (0, 0)
+        dropped = 0
+        if incremental:
+            pending = (len(resolved), sum(entry.quantity for entry, _ in resolved.values()))
+            if not dry_run:
+                dropped, _ = await self._store.drop_resolved(
+                    product_id,
+                    version,
+                    [(request_id, entry.order_no, rejected) for request_id, (entry, rejected) in resolved.items()],
+                )
+                pending = (0, 0)
         result = await self._store.realign(
             product_id,
             mysql_stock=mysql_stock,
             inventory_version=version,
             terms=terms,
-            resolved=resolved,
+            resolved=None if incremental else list(resolved),
             units_held=units_held,
+            pending=pending,
             dry_run=dry_run,
             marker=marker,
         )
+        if result is None:  # Redis lost the product's state meanwhile: a full pass, new snapshot
+            return await self.realign(product_id, dry_run, open_sale=open_sale)
+        if incremental:
+            result = dataclasses.replace(result, resolved_dropped=len(resolved) if dry_run else dropped)
         redis_before = result.stock_before
 
         republished = 0
         if not dry_run and self._publisher is not None:
             cutoff = await self._store.server_time_ms() - self._grace_ms
-            overdue = [e for e in journal if e.request_id not in resolved and e.reserved_at_ms < cutoff]
-            republished = await self._republish(product_id, row.price, overdue)
+            overdue = [e.request_id for e in journal if e.request_id not in resolved and e.reserved_at_ms < cutoff]
+            due = set(
+                await self._store.republish_due(product_id, overdue, self._grace_ms / 1000, _LONGEST_BACKOFF_SECONDS)
+            )
+            republished = await self._republish(product_id, row.price, [e for e in journal if e.request_id in due])
 
         report = RealignReport(
             product_id=product_id,

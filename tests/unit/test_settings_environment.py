@@ -77,7 +77,7 @@ def _unlike_the_defaults() -> Settings:
             publish_mode="async",
             sold_out_flag_seconds=0.25,
         ),
-        realign=RealignSettings(grace_seconds=1.5),
+        realign=RealignSettings(grace_seconds=1.5, auto_seconds=2.5),
         rate_limit=RateLimitSettings(user_per_second=2.5, user_burst=3, address_per_second=7.5, address_burst=9),
         payment=PaymentSettings(
             channel_secrets={"a": "secret-a", "b": 'quote " and \\ backslash'},

@@ -3,7 +3,7 @@
 handed out (``service.domain.order_no_mysql``).
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-12-01
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects.mysql import TINYINT
 
 revision = "0007"
-down_revision = "0005"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

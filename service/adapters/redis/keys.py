@@ -20,8 +20,13 @@ class ProductKeys:
     - ``replay(request_id)``: hash ``quantity``, ``order_no``, ``state``, ``attempt`` (the token of
       the HTTP attempt that made the reservation) for replays, and ``abandoned:<attempt>`` for
       each attempt answered 503 before its reserve took effect (its reserve is then refused).
-    - ``versions``: hash ``synced`` (inventory version of the last realignment snapshot) and
-      ``restocked`` (highest inventory version whose returned units reached Redis).
+    - ``units``: string, units of every journal entry (kept by the scripts that add or drop
+      entries, so realignment reads it in O(1)).
+    - ``republished``: hash request id -> ``ms|count``: when realignment last published the
+      entry again and how often (its back-off).
+    - ``versions``: hash ``synced`` (inventory version of the last realignment snapshot),
+      ``restocked`` (highest inventory version whose returned units reached Redis) and
+      ``dropped`` (newest snapshot version that dropped resolved journal entries).
     - ``returned(order_no)``: marker that the order's units were given back to Redis.
     - ``user_rate(user_id)`` / ``address_rate(address)``: purchase rate buckets (GCRA arrival time).
     - ``order_token(token)``: string, the user id an order token was issued to (expires).
@@ -53,6 +58,14 @@ class ProductKeys:
         return f"{self.tag}:quota"
 
     @property
+    def units(self) -> str:
+        return f"{self.tag}:units"
+
+    @property
+    def republished(self) -> str:
+        return f"{self.tag}:republished"
+
+    @property
     def versions(self) -> str:
         return f"{self.tag}:versions"
 
@@ -78,13 +91,25 @@ def order_key(prefix: str, order_no: str) -> str:
 
 
 def sequence_key(prefix: str, shard: int, second: str) -> str:
-    """Order-number sequence counter of one shard in one UTC second (``yyyyMMddHHmmss``)."""
-    return f"{prefix}:seq:{shard:02d}:{second}"
+    """Order-number sequence counter of one shard in one UTC second (``yyyyMMddHHmmss``); in the
+    shard's slot (hash tag ``{seq:SS}``) with the shard's epoch."""
+    return f"{prefix}:{{seq:{shard:02d}}}:{second}"
+
+
+def epoch_key(prefix: str, shard: int) -> str:
+    """Hash ``generation``, ``run_id``: the order-number generation a shard mints in, and the run
+    id of the Redis server it was installed on (``lua/epoch.lua``, ``lua/mint.lua``)."""
+    return f"{prefix}:{{seq:{shard:02d}}}:epoch"
 
 
 def shard_lease_key(prefix: str, shard: int) -> str:
     """The lease that gives one process exclusive use of an order-number shard (00-99)."""
     return f"{prefix}:shard:{shard:02d}"
+
+
+def lock_key(prefix: str, name: str) -> str:
+    """A lock of the key prefix's deployment (e.g. ``recovery``: one self-healing pass at a time)."""
+    return f"{prefix}:lock:{name}"
 
 
 def restock_channel(prefix: str) -> str:

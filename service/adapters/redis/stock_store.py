@@ -32,6 +32,8 @@ from service import metrics
 from service.adapters.redis.batcher import CommandBatcher
 from service.adapters.redis.keys import (
     ProductKeys,
+    epoch_key,
+    lock_key,
     order_key,
     restock_channel,
     sequence_key,
@@ -62,6 +64,10 @@ ATTEMPT_TOKEN_BYTES = 8
 """Random bytes of an attempt token (:func:`new_attempt`): 64 bits, hex-encoded."""
 SEQUENCE_KEY_TTL_SECONDS = 120
 """Lifetime of an order-number sequence counter (one shard, one second)."""
+SCAN_COUNT = 1000
+"""Journal entries one HSCAN call asks for (bounded work per Redis call)."""
+DROP_BATCH = 500
+"""Journal entries one ``realign_drop.lua`` / ``republish_due.lua`` call handles, at most."""
 RETURNED_MARKER_TTL_SECONDS = 7 * 86_400
 """Lifetime of the marker that an order's returned units reached Redis (restock runs once)."""
 
@@ -143,6 +149,10 @@ class StockStore:
         self._lease_release = _script(redis, "lease_release")
         self._take_token = _script(redis, "take_token")
         self._purge = _script(redis, "purge")
+        self._realign_drop = _script(redis, "realign_drop")
+        self._republish_due = _script(redis, "republish_due")
+        self._mint = _script(redis, "mint")
+        self._epoch = _script(redis, "epoch")
         self._scripts = (
             self._reserve,
             self._release,
@@ -153,6 +163,10 @@ class StockStore:
             self._lease_release,
             self._take_token,
             self._purge,
+            self._realign_drop,
+            self._republish_due,
+            self._mint,
+            self._epoch,
         )
 
     # -- set-up and health ---------------------------------------------------------------------
@@ -224,7 +238,7 @@ class StockStore:
         command = (
             "EVALSHA",
             self._reserve.sha,
-            8,
+            9,
             keys.stock,
             keys.sale,
             keys.journal,
@@ -233,6 +247,7 @@ class StockStore:
             keys.user_rate(user_id),
             keys.address_rate(client),
             keys.order_token(order_token or ""),
+            keys.units,
             request_id,
             user_id,
             quantity,
@@ -261,7 +276,7 @@ class StockStore:
         keys = ProductKeys(self._prefix, product_id)
         started = perf_counter()
         reply = await self._release(
-            keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id)],
+            keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id), keys.units],
             args=[request_id, self._channel, product_id, attempt, self._replay_ttl],
         )
         _RELEASE_SECONDS.observe(perf_counter() - started)
@@ -313,16 +328,26 @@ class StockStore:
         switch to MySQL; one HSET, atomic against every reserve)."""
         await self._redis.hset(ProductKeys(self._prefix, product_id).sale, "mode", "database")
 
-    async def next_sequence(self, shard: int, second: str, count: int = 1) -> int:
-        """One pipeline round trip: INCRBY ``count`` the sequence counter of ``shard`` in UTC
-        ``second`` (``yyyyMMddHHmmss``) and (re)set its expiry. Returns the new value: the caller
-        owns the ``count`` numbers ending there (``value - count + 1 .. value``; 1 is the first)."""
-        key = sequence_key(self._prefix, shard, second)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.incrby(key, count)
-            pipe.expire(key, SEQUENCE_KEY_TTL_SECONDS)
-            sequence, _ = await pipe.execute()
-        return int(sequence)
+    async def mint_block(self, shard: int, generation: int, second: str, count: int) -> int | None:
+        """``lua/mint.lua``: INCRBY ``count`` the sequence counter of ``shard`` in UTC ``second``
+        (``yyyyMMddHHmmss``) and (re)set its expiry, only while the shard's epoch is
+        ``generation`` installed on this Redis server. Returns the new value (the caller owns
+        ``value - count + 1 .. value``; 1 is the first), or None when the epoch is gone or was
+        installed on another server (FLUSHALL, restart, failover): see :meth:`shard_epoch`."""
+        reply = await self._mint(
+            keys=[epoch_key(self._prefix, shard), sequence_key(self._prefix, shard, second)],
+            args=[generation, count, SEQUENCE_KEY_TTL_SECONDS],
+        )
+        return int(reply[1]) if reply[0] == "ok" else None
+
+    async def shard_epoch(self, shard: int, install: int | None = None) -> tuple[int | None, bool]:
+        """``lua/epoch.lua``: the generation ``shard`` mints in (None: none) and whether it was
+        installed on this Redis server. With ``install`` (a generation just taken in MySQL),
+        installs it first unless the shard already has an epoch of this server."""
+        generation, current = await self._epoch(
+            keys=[epoch_key(self._prefix, shard)], args=["" if install is None else install]
+        )
+        return (None if generation == "" else int(generation)), bool(current)
 
     # -- order-number shard leases -------------------------------------------------------------
 
@@ -339,6 +364,15 @@ class StockStore:
     async def release_lease(self, shard: int, holder: str) -> bool:
         """``lua/lease_release.lua``: drop ``holder``'s lease on ``shard``; False when not held."""
         return bool(await self._lease_release(keys=[shard_lease_key(self._prefix, shard)], args=[holder]))
+
+    async def try_lock(self, name: str, holder: str, lock_ms: int) -> bool:
+        """SET NX PX: True when ``holder`` (a token unique to the caller) now holds the lock
+        ``name`` of this key prefix for ``lock_ms`` milliseconds, False when someone else does."""
+        return bool(await self._redis.set(lock_key(self._prefix, name), holder, nx=True, px=lock_ms))
+
+    async def unlock(self, name: str, holder: str) -> bool:
+        """``lua/lease_release.lua``: drop ``holder``'s lock ``name``; False when not held."""
+        return bool(await self._lease_release(keys=[lock_key(self._prefix, name)], args=[holder]))
 
     # -- restock announcements (the API's sold-out flags) -------------------------------------
 
@@ -414,13 +448,73 @@ class StockStore:
     # -- realignment and reads -----------------------------------------------------------------
 
     async def journal(self, product_id: int) -> list[JournalEntry]:
-        """Every reservation in the product's journal (one HGETALL), in no particular order.
+        """Every reservation in the product's journal, in no particular order: HSCAN, about
+        :data:`SCAN_COUNT` entries per call, so no call blocks Redis for long however big the
+        journal is (an entry present throughout the scan is returned; one added or removed
+        meanwhile may or may not be, and one may come twice: kept once).
 
         Raises:
             ValueError: an entry of neither journal shape (:func:`.results.parse_journal_entry`).
         """
-        raw = cast(dict[str, str], await self._redis.hgetall(ProductKeys(self._prefix, product_id).journal))
-        return [parse_journal_entry(request_id, value) for request_id, value in raw.items()]
+        entries: dict[str, JournalEntry] = {}
+        key = ProductKeys(self._prefix, product_id).journal
+        async for request_id, value in self._redis.hscan_iter(key, count=SCAN_COUNT):
+            entries[request_id] = parse_journal_entry(request_id, value)
+        return list(entries.values())
+
+    async def journal_size(self, product_id: int) -> int | None:
+        """Entries in the product's journal (HLEN), or None when the product's stock or its
+        journal-units counter is missing from Redis (then only a full realignment pass can
+        restore it; else a pass may be incremental: :meth:`drop_resolved`, :meth:`realign`)."""
+        keys = ProductKeys(self._prefix, product_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.exists(keys.stock, keys.units)
+            pipe.hlen(keys.journal)
+            present, size = await pipe.execute()
+        return int(size) if int(present) == 2 else None
+
+    async def drop_resolved(
+        self, product_id: int, inventory_version: int, resolved: Sequence[tuple[str, str, bool]]
+    ) -> tuple[int, int]:
+        """``lua/realign_drop.lua``, :data:`DROP_BATCH` entries per call: drop the journal
+        entries of ``resolved`` = (request id, order number, rejected) whose order has a row in
+        the snapshot of ``inventory_version``; a rejected one gives its units back to the buyer's
+        quota. Returns (entries, units) dropped."""
+        keys = ProductKeys(self._prefix, product_id)
+        entries = units = 0
+        for start in range(0, len(resolved), DROP_BATCH):
+            batch = resolved[start : start + DROP_BATCH]
+            dropped, dropped_units = await self._realign_drop(
+                keys=[keys.journal, keys.units, keys.quota, keys.versions, keys.republished],
+                args=[
+                    inventory_version,
+                    *(
+                        value
+                        for request_id, order_no, rejected in batch
+                        for value in (request_id, order_no, int(rejected))
+                    ),
+                ],
+            )
+            entries += int(dropped)
+            units += int(dropped_units)
+        return entries, units
+
+    async def republish_due(
+        self, product_id: int, request_ids: Sequence[str], first_seconds: float, longest_seconds: float
+    ) -> list[str]:
+        """``lua/republish_due.lua``: of ``request_ids`` (overdue reservations), the ones to
+        publish again now, marked so: each at most once per back-off period, which starts at
+        ``first_seconds`` and doubles with each re-publish up to ``longest_seconds``, whichever
+        process asks. :data:`DROP_BATCH` ids per call."""
+        keys = ProductKeys(self._prefix, product_id)
+        due: list[str] = []
+        for start in range(0, len(request_ids), DROP_BATCH):
+            reply = await self._republish_due(
+                keys=[keys.journal, keys.republished],
+                args=[int(first_seconds * 1000), int(longest_seconds * 1000), *request_ids[start : start + DROP_BATCH]],
+            )
+            due.extend(reply)
+        return due
 
     async def realign(
         self,
@@ -429,23 +523,32 @@ class StockStore:
         mysql_stock: int,
         inventory_version: int,
         terms: SaleTerms,
-        resolved: Collection[str],
-        units_held: Iterable[tuple[str, int]],
+        resolved: Collection[str] | None,
+        units_held: Iterable[tuple[str, int]] = (),
+        pending: tuple[int, int] = (0, 0),
         dry_run: bool,
         marker: str = "keep",
-    ) -> RealignResult:
+    ) -> RealignResult | None:
         """``lua/realign.lua``, atomically against the journal as it is now: stock =
-        ``mysql_stock`` - units of journal entries whose request id is not in ``resolved``;
-        per-user quota = ``units_held`` (user id, units held in MySQL) + units still in the
-        journal; sale terms = ``terms``; resolved entries dropped. Writes nothing when
-        ``dry_run`` or when Redis already reflects an inventory version newer than
-        ``inventory_version`` (``stale``). ``marker``: ``database`` writes the stock-mode
-        marker (see :meth:`mark_moved`), ``open`` removes it in the same atomic write (the
-        switch to redis mode), ``keep`` leaves it."""
+        ``mysql_stock`` - units of journal entries not resolved in the snapshot; sale terms =
+        ``terms``. Writes nothing when ``dry_run`` or when Redis already reflects an inventory
+        version newer than ``inventory_version`` (``stale``). ``marker``: ``database`` writes the
+        stock-mode marker (see :meth:`mark_moved`), ``open`` removes it in the same atomic write
+        (the switch to redis mode), ``keep`` leaves it.
+
+        ``resolved`` None: the incremental form, O(1): the resolved entries were already dropped
+        (:meth:`drop_resolved`; in a dry run ``pending`` = (entries, units) still in the journal
+        though resolved); returns None when the stock or the units counter is missing (Redis lost
+        data): run the full form. Else the full form: walks the journal, drops the entries whose
+        request id is in ``resolved``, rebuilds per-user quotas = ``units_held`` (user id, units
+        held in MySQL) + units still in the journal, and sets the units counter."""
         keys = ProductKeys(self._prefix, product_id)
-        quota = [str(value) for pair in units_held for value in pair]
+        if resolved is None:
+            tail: list[str | int] = [-1, pending[1], pending[0]]
+        else:
+            tail = [len(resolved), *resolved, *(str(value) for pair in units_held for value in pair)]
         reply = await self._realign(
-            keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale],
+            keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale, keys.units, keys.republished],
             args=[
                 mysql_stock,
                 "0" if dry_run else "1",
@@ -454,11 +557,11 @@ class StockStore:
                 marker,
                 self._channel,
                 product_id,
-                len(resolved),
-                *resolved,
-                *quota,
+                *tail,
             ],
         )
+        if reply == ["full"]:
+            return None
         result = parse_realign_reply(reply)
         if not dry_run and not result.stale:
             self._announce(product_id)
@@ -467,10 +570,14 @@ class StockStore:
     async def forget_reservation(self, product_id: int, request_id: str) -> bool:
         """``lua/purge.lua``: drop ``request_id``'s journal entry and leave a ``released``
         tombstone on its replay record (kept ``replay_ttl_seconds`` at least), for a dead-lettered
-        order that MySQL has no row of. Stock and quota are not touched here: the realignment
-        pass that must follow recomputes both. True when a journal entry was removed."""
+        order that MySQL has no row of; its units leave the buyer's quota. Stock is not touched
+        here: the realignment pass that must follow recomputes it. True when a journal entry was
+        removed."""
         keys = ProductKeys(self._prefix, product_id)
-        reply = await self._purge(keys=[keys.journal, keys.replay(request_id)], args=[request_id, self._replay_ttl])
+        reply = await self._purge(
+            keys=[keys.journal, keys.replay(request_id), keys.units, keys.republished, keys.quota],
+            args=[request_id, self._replay_ttl],
+        )
         return bool(reply)
 
     async def seed_replays(self, product_id: int, orders: list[tuple[str, str, int]]) -> None:

@@ -16,6 +16,9 @@ class Readiness(msgspec.Struct):
     rabbitmq: bool
     mysql: bool
     shard: int | None
+    redis_state: str = "ok"
+    """``ok``, or ``being repaired`` while a product whose Redis state was lost waits for the
+    self-healing pass (:mod:`service.domain.recovery`): not ready meanwhile."""
 
 
 class HealthController(Controller):
@@ -29,7 +32,8 @@ class HealthController(Controller):
     @get("/ready", summary="Redis runs the script, RabbitMQ has a channel, MySQL answers")
     async def ready(self, resources: NamedDependency[Resources]) -> Response[Readiness]:
         """200 when Redis has every Lua script and this process holds a shard, RabbitMQ has a
-        channel and MySQL answers; 503 (same body) otherwise. The probe repairs what it can:
+        channel and MySQL answers, and no product waits for its lost Redis state to be repaired
+        (``redis_state``); 503 (same body) otherwise. The probe repairs what it can:
         scripts Redis lost are loaded again, publisher channels the broker closed re-opened."""
         redis_ok = rabbit_ok = mysql_ok = False
         lease = resources.lease
@@ -43,6 +47,14 @@ class HealthController(Controller):
                 mysql_ok = (await conn.execute(text("SELECT 1"))).scalar() == 1
         except Exception:
             pass
-        ready = redis_ok and rabbit_ok and mysql_ok
-        body = Readiness(ready, redis_ok, rabbit_ok, mysql_ok, lease.shard if lease is not None else None)
+        repairing = resources.recovery is not None and bool(resources.recovery.repairing)
+        ready = redis_ok and rabbit_ok and mysql_ok and not repairing
+        body = Readiness(
+            ready,
+            redis_ok,
+            rabbit_ok,
+            mysql_ok,
+            lease.shard if lease is not None else None,
+            "being repaired" if repairing else "ok",
+        )
         return Response(body, status_code=200 if ready else 503)

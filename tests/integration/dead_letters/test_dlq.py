@@ -199,3 +199,36 @@ async def test_cli_lists_shows_and_refuses_unknown_ids(mine, engine, store):
     purged = await asyncio.to_thread(run, "purge", "poison-1", "--json")
     assert json.loads(purged.stdout)[0]["outcome"] == "not_an_order"
     assert json.loads((await asyncio.to_thread(run, "list", "--json")).stdout) == []
+
+
+async def test_a_republished_order_that_lands_leaves_no_stale_copy_in_the_dead_letter_queue(
+    mine, engine, store, put_product, product_id
+):
+    """Guards (issue 11): after MySQL was down long enough to dead-letter the orders in hand,
+    realignment re-published them and they landed, but their dead copies stayed in the queue."""
+    from service.domain.realign import Realigner
+
+    own, resources, channel = mine
+    await put_product(product_id, stock=5, limit=2)
+    accepted = [
+        await resources.purchase_service.purchase(f"dead-{i}", product_id, 1, mint_request_id()) for i in (1, 2)
+    ]
+    await _kill_waiting_orders(own, 2)
+    await publish_raw(channel, own, POISON, message_id="")
+    await _kill_waiting_orders(own, 1)
+    service = _service(own, engine, store, resources)
+    assert len(await service.entries()) == 3
+
+    async with running_consumer(own, engine, store):
+        eager = Realigner(engine, store, grace_seconds=0, publisher=resources.publisher)
+        await asyncio.sleep(0.01)
+        assert (await eager.realign(product_id)).republished == 2
+        await eventually(lambda: _rows(engine, product_id, 2))
+    assert await service.drop_landed() == 2
+    [left] = await service.entries()
+    assert left.order is None  # the poison message stays for the operator
+    assert {row.order_no for row in await order_rows(engine, product_id)} == {a.order_no for a in accepted}
+
+
+async def _rows(engine, product_id: int, count: int) -> bool:
+    return len(await order_rows(engine, product_id)) == count

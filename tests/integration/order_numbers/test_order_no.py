@@ -13,26 +13,28 @@ import pytest
 
 from service.adapters.redis.stock_store import StockStore
 from service.domain.order_no import (
+    COUNTER_MAX,
     REDIS_SHARDS,
-    SEQUENCE_MAX,
     OrderNumberMinter,
+    ShardGenerations,
     ShardLease,
     ShardLost,
     is_valid_order_no,
 )
+from service.sale.isolation import environment
 
 
-async def test_a_used_up_second_waits_for_the_next_instead_of_wrapping(redis, settings):
+async def test_a_used_up_second_waits_for_the_next_instead_of_wrapping(redis, settings, engine):
     store = StockStore(redis, f"{settings.redis.key_prefix}-wrap")
     lease = ShardLease(store, 30)
     shard = await lease.acquire()
     try:
         second = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
-        await redis.set(store.sequence_key(shard, second), SEQUENCE_MAX, ex=30)
-        order_no = await OrderNumberMinter(store, lease, "FS").mint()
+        await redis.set(store.sequence_key(shard, second), COUNTER_MAX, ex=30)
+        order_no = await OrderNumberMinter(store, lease, "FS", ShardGenerations(engine)).mint()
         assert is_valid_order_no(order_no)
         assert order_no[2:16] > second
-        assert int(order_no[18:24]) <= SEQUENCE_MAX
+        assert _sequence(order_no) <= COUNTER_MAX
     finally:
         await lease.stop()
 
@@ -48,16 +50,17 @@ class _Clock:
 
 
 def _sequence(order_no: str) -> int:
-    return int(order_no[18:24])
+    """The counter part of the sequence (after the generation digit)."""
+    return int(order_no[19:24])
 
 
-async def test_a_block_is_given_out_locally_and_a_new_second_takes_a_new_block(redis, settings):
+async def test_a_block_is_given_out_locally_and_a_new_second_takes_a_new_block(redis, settings, engine):
     store = StockStore(redis, f"{settings.redis.key_prefix}-block")
     lease = ShardLease(store, 30)
     shard = await lease.acquire()
     clock = _Clock(datetime(2026, 11, 30, 12, 0, 0, 250_000, tzinfo=UTC))
     try:
-        minter = OrderNumberMinter(store, lease, "FS", block=3, clock=clock)
+        minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine), block=3, clock=clock)
         first_second = [await minter.mint() for _ in range(4)]
         assert [_sequence(n) for n in first_second] == [1, 2, 3, 4]
         assert await redis.get(store.sequence_key(shard, "20261130120000")) == "6"  # two blocks of 3
@@ -69,7 +72,7 @@ async def test_a_block_is_given_out_locally_and_a_new_second_takes_a_new_block(r
 
         # Another process that takes the shard over within the same second continues after
         # this process's blocks; the first keeps giving out its own block: no number twice.
-        successor = OrderNumberMinter(store, lease, "FS", block=3, clock=clock)
+        successor = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine), block=3, clock=clock)
         taken_over = [await successor.mint(), await minter.mint(), await successor.mint(), await minter.mint()]
         assert [_sequence(n) for n in taken_over] == [4, 2, 5, 3]
         numbers = [*first_second, next_second, *taken_over]
@@ -78,13 +81,13 @@ async def test_a_block_is_given_out_locally_and_a_new_second_takes_a_new_block(r
         await lease.stop()
 
 
-async def test_concurrent_mints_share_blocks_without_repeats(redis, settings):
+async def test_concurrent_mints_share_blocks_without_repeats(redis, settings, engine):
     store = StockStore(redis, f"{settings.redis.key_prefix}-blocks")
     lease = ShardLease(store, 30)
     shard = await lease.acquire()
     clock = _Clock(datetime(2026, 11, 30, 12, 0, 1, tzinfo=UTC))
     try:
-        minter = OrderNumberMinter(store, lease, "FS", block=100, clock=clock)
+        minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine), block=100, clock=clock)
         numbers = await asyncio.gather(*(minter.mint() for _ in range(500)))
         assert sorted(_sequence(n) for n in numbers) == list(range(1, 501))
         assert await redis.get(store.sequence_key(shard, "20261130120001")) == "500"  # five INCRBY, no waste
@@ -92,18 +95,18 @@ async def test_concurrent_mints_share_blocks_without_repeats(redis, settings):
         await lease.stop()
 
 
-async def test_a_block_that_reaches_the_end_of_a_second_stops_there(redis, settings):
+async def test_a_block_that_reaches_the_end_of_a_second_stops_there(redis, settings, engine):
     store = StockStore(redis, f"{settings.redis.key_prefix}-block-end")
     lease = ShardLease(store, 30)
     shard = await lease.acquire()
     try:
         second = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
-        await redis.set(store.sequence_key(shard, second), SEQUENCE_MAX - 1, ex=30)
-        minter = OrderNumberMinter(store, lease, "FS", block=5)
+        await redis.set(store.sequence_key(shard, second), COUNTER_MAX - 1, ex=30)
+        minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine), block=5)
         last, after = await minter.mint(), await minter.mint()
         if last[2:16] == second:  # the clock did not tick over between the set-up and the mint
-            assert _sequence(last) == SEQUENCE_MAX
-        assert after[2:16] > last[2:16] and _sequence(after) <= SEQUENCE_MAX
+            assert _sequence(last) == COUNTER_MAX
+        assert after[2:16] > last[2:16] and _sequence(after) <= COUNTER_MAX
     finally:
         await lease.stop()
 
@@ -124,7 +127,8 @@ async def test_shards_are_exclusive(redis, settings):
 
 _MINT_IN_A_PROCESS = """
 import asyncio, json, sys
-from service.domain.order_no import OrderNumberMinter, ShardLease
+from db.engine import make_engine
+from service.domain.order_no import OrderNumberMinter, ShardGenerations, ShardLease
 from service.bootstrap import make_store
 from service.settings import Settings
 
@@ -133,7 +137,8 @@ async def main(count):
     store = make_store(settings)
     lease = ShardLease(store, 30)
     await lease.start()
-    minter = OrderNumberMinter(store, lease, "FS")
+    engine = make_engine(settings.db.url, pool_size=2, max_overflow=0)
+    minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine))
     # At most half the pool's connections in flight: the mints stay concurrent, but none waits on
     # the pool (which gives up after 5 s) however slow a busy machine makes Redis.
     bound = asyncio.Semaphore(max(1, settings.redis.max_connections // 2))
@@ -145,6 +150,7 @@ async def main(count):
     numbers = await asyncio.gather(*(mint() for _ in range(count)))
     await lease.stop()
     await store.aclose()
+    await engine.dispose()
     print(json.dumps(numbers))
 
 asyncio.run(main(int(sys.argv[1])))
@@ -153,7 +159,7 @@ asyncio.run(main(int(sys.argv[1])))
 
 @pytest.mark.slow
 async def test_order_numbers_are_unique_across_processes(settings):
-    env = {**os.environ, "FLASHSALE_REDIS__KEY_PREFIX": f"{settings.redis.key_prefix}-procs"}
+    env = {**os.environ, **environment(settings), "FLASHSALE_REDIS__KEY_PREFIX": f"{settings.redis.key_prefix}-procs"}
     processes = [
         await asyncio.create_subprocess_exec(
             sys.executable, "-c", _MINT_IN_A_PROCESS, "3000", env=env, stdout=subprocess.PIPE
@@ -162,7 +168,7 @@ async def test_order_numbers_are_unique_across_processes(settings):
     ]
     outputs = [await process.communicate() for process in processes]
     assert all(process.returncode == 0 for process in processes)
-    batches = [json.loads(stdout) for stdout, _ in outputs]
+    batches = [json.loads(stdout.splitlines()[-1]) for stdout, _ in outputs]  # after any log lines
     numbers = [n for batch in batches for n in batch]
     assert len(numbers) == 12_000 == len(set(numbers))
     assert all(is_valid_order_no(n) for n in numbers)

@@ -128,11 +128,13 @@ async def test_entries_written_before_the_unit_price_was_recorded_still_count(
     order_no = compose_order_no("FS", "20261130000000", 91, product_id)
     await redis.decrby(keys.stock, 2)
     await redis.hset(keys.journal, "old-entry", f"legacy|2|{order_no}|1764460800123|0")
+    await redis.delete(keys.units)  # the previous version kept no units counter: a full pass sets it
     [entry] = await store.journal(product_id)
     assert (entry.user_id, entry.quantity, entry.order_no, entry.unit_price) == ("legacy", 2, order_no, None)
     report = await realigner.realign(product_id)
     assert (report.redis_stock_after, report.in_flight, report.in_flight_units) == (3, 1, 2)
     assert await redis.hgetall(keys.quota) == {"legacy": "2"}
+    assert await redis.get(keys.units) == "2"
 
 
 async def test_realignment_during_live_purchases_and_consumers_ends_exact(
