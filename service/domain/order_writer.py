@@ -272,9 +272,9 @@ async def _insert(
         except IntegrityError as exc:
             if as_duplicate_key(exc) is None:
                 raise
-            before = [(row.index, row.request_id) for row in rows]
+            before = [(row.index, row.request_id, row.order_no) for row in rows]
             rows = await _settle_collisions(conn, rows, outcomes, replay_window)
-            if [(row.index, row.request_id) for row in rows] == before:
+            if [(row.index, row.request_id, row.order_no) for row in rows] == before:
                 raise  # no row of ours collided with a written order: not a repeat, let it fail
             continue
         if inserted.rowcount == len(rows):

@@ -147,7 +147,9 @@ async def list_orders(engine: AsyncEngine, user_id: str, limit: int, cursor: str
         rows = (await conn.execute(queries.page_of_user(after_cursor=cursor is not None), params)).all()
         page = rows[:limit]
         stood_in = [row.request_id for row in page if row.reason == "order_no_conflict"]
-        given = dict((await conn.execute(quota.GIVEN_ORDER_NOS, {"r": stood_in})).tuples().all()) if stood_in else {}
+        given: dict[str, str] = {}
+        if stood_in:
+            given = {row.request_id: row.order_no for row in await conn.execute(quota.GIVEN_ORDER_NOS, {"r": stood_in})}
     next_cursor = _encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
     views = [_view(row) for row in page]
     for view in views:  # an order written under a stand-in number shows the number its buyer was given

@@ -7,20 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
-from sqlalchemy import text
-
 from service.domain.order_writer import Outcome, write_orders
-from tests.support import buy, eventually, inventory, message_for, order_rows
+from tests.support import buy, eventually, inventory, message_for, order_rows, quota_rows
 
 LIMIT_EXCEEDED = (7, "limit_exceeded")
-
-
-async def quota_rows(engine, product_id: int) -> dict[str, int]:
-    async with engine.connect() as conn:
-        rows = await conn.execute(
-            text("SELECT user_id, bought FROM user_quota WHERE product_id = :p"), {"p": product_id}
-        )
-        return {row.user_id: row.bought for row in rows}
 
 
 async def held_by_user(engine, product_id: int) -> dict[str, int]:
@@ -35,11 +25,11 @@ async def held_by_user(engine, product_id: int) -> dict[str, int]:
 async def test_a_batch_with_two_orders_of_one_user_crossing_the_limit(engine, put_product, product_id):
     await put_product(product_id, stock=10, limit=2)
     batch = [
-        message_for(product_id, "crosser", 1),
-        message_for(product_id, "other", 2),
-        message_for(product_id, "crosser", 3),
-        message_for(product_id, "crosser", 4),  # the third unit: over the limit of 2
-        message_for(product_id, "late", 5, quantity=2),
+        message_for(product_id, "crosser", 900001),
+        message_for(product_id, "other", 900002),
+        message_for(product_id, "crosser", 900003),
+        message_for(product_id, "crosser", 900004),  # the third unit: over the limit of 2
+        message_for(product_id, "late", 900005, quantity=2),
     ]
     outcomes = await write_orders(engine, batch)
     assert outcomes == [Outcome.APPLIED, Outcome.APPLIED, Outcome.APPLIED, Outcome.REJECTED, Outcome.APPLIED]
@@ -50,21 +40,19 @@ async def test_a_batch_with_two_orders_of_one_user_crossing_the_limit(engine, pu
     assert await held_by_user(engine, product_id) == {"crosser": 2, "other": 1, "late": 2}
 
     # A later batch meets the count the first one left in MySQL.
-    again = [message_for(product_id, "crosser", 6), message_for(product_id, "other", 7)]
+    again = [message_for(product_id, "crosser", 900006), message_for(product_id, "other", 900007)]
     assert await write_orders(engine, again) == [Outcome.REJECTED, Outcome.APPLIED]
     assert await inventory(engine, product_id) == (4, 6)
     assert await quota_rows(engine, product_id) == {"crosser": 2, "other": 2, "late": 2}
 
 
-async def test_an_order_refused_for_the_limit_leaves_its_units_to_the_orders_behind_it(
-    engine, put_product, product_id
-):
+async def test_an_order_refused_for_the_limit_leaves_its_units_to_the_orders_behind_it(engine, put_product, product_id):
     await put_product(product_id, stock=2, limit=1)
     batch = [
-        message_for(product_id, "first", 11),
-        message_for(product_id, "first", 12),  # over the limit: must not take the last unit
-        message_for(product_id, "second", 13),
-        message_for(product_id, "third", 14),  # no unit left
+        message_for(product_id, "first", 900011),
+        message_for(product_id, "first", 900012),  # over the limit: must not take the last unit
+        message_for(product_id, "second", 900013),
+        message_for(product_id, "third", 900014),  # no unit left
     ]
     outcomes = await write_orders(engine, batch)
     assert outcomes == [Outcome.APPLIED, Outcome.REJECTED, Outcome.APPLIED, Outcome.REJECTED]
@@ -144,7 +132,7 @@ async def test_database_mode_counts_in_the_same_table(client, token, put_product
     assert await quota_rows(engine, product_id) == {"db-buyer": 2}  # the refusal rolled its count back
 
     # A consumer-written order of the same user meets the count the database mode wrote.
-    assert await write_orders(engine, [message_for(product_id, "db-buyer", 21)]) == [Outcome.REJECTED]
+    assert await write_orders(engine, [message_for(product_id, "db-buyer", 900021)]) == [Outcome.REJECTED]
     assert await inventory(engine, product_id) == (8, 2)
 
 
