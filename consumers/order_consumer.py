@@ -53,6 +53,9 @@ from service.settings import AMQPSettings
 log = structlog.get_logger(__name__)
 
 BATCH_LINGER_SECONDS = 0.005  # how long a short batch waits for more deliveries
+FALLBACK_SECONDS = 1.0
+"""How long a delivery whose retry or dead-letter copy could not be published waits before it
+is requeued (the broker is failing: no hot loop of redeliveries)."""
 MAX_FAILED_WRITES = 5
 """Retries of one order that fails alone with an error not known to be transient (a bug, a
 schema the code does not expect) before it is dead-lettered (``write_failed``)."""
@@ -93,12 +96,13 @@ def is_transient(exc: BaseException) -> bool:
 
 @dataclass(slots=True)
 class _Delivery:
-    """One decoded delivery waiting for (or in) a batch; ``settled`` resolves once its verdict
-    was carried out."""
+    """One decoded delivery waiting for (or in) a batch; ``settled`` resolves once the writer is
+    done with it: None when its verdict was carried out, the verdict when its copy could not be
+    published and its own task is to requeue it (:meth:`OrderConsumer._requeue_later`)."""
 
     message: AbstractIncomingMessage
     order: OrderMessage
-    settled: asyncio.Future[None]
+    settled: asyncio.Future[Verdict | None]
 
 
 class OrderConsumer:
@@ -155,7 +159,9 @@ class OrderConsumer:
         except Exception as exc:  # never leave a delivery unsettled: it would stall the prefetch window
             log.exception("handler_failed", message_id=message.message_id, error=repr(exc))
             if message in self._unsettled:
-                await self._settle([message], [self._failed(message, exc)])
+                verdict = self._failed(message, exc)
+                if await self._settle([message], [verdict]):
+                    await self._requeue_later(message, verdict)
         finally:
             self._in_hand.discard(task)
             self._unsettled.discard(message)
@@ -165,11 +171,14 @@ class OrderConsumer:
             order = parse_order(message.body)
         except InvalidOrder as exc:
             self._count("invalid")
-            await self._settle([message], [Verdict(Action.DEAD, "invalid_order", str(exc))])
+            verdict = Verdict(Action.DEAD, "invalid_order", str(exc))
+            if await self._settle([message], [verdict]):
+                await self._requeue_later(message, verdict)
             return
         delivery = _Delivery(message, order, asyncio.get_running_loop().create_future())
         self._enqueue(delivery)
-        await delivery.settled
+        if (unsent := await delivery.settled) is not None:
+            await self._requeue_later(message, unsent)
 
     def _enqueue(self, delivery: _Delivery) -> None:
         """Put ``delivery`` in the next batch; start the writer if it is not running."""
@@ -192,7 +201,7 @@ class OrderConsumer:
                 self._batch_full.clear()
             try:
                 verdicts = await self._write(batch)
-                await self._settle([delivery.message for delivery in batch], verdicts)
+                left = await self._settle([delivery.message for delivery in batch], verdicts)
             except Exception as exc:  # a bug in settling: each delivery's own task settles it
                 for delivery in batch:
                     if not delivery.settled.done():
@@ -200,7 +209,7 @@ class OrderConsumer:
             else:
                 for delivery in batch:
                     if not delivery.settled.done():
-                        delivery.settled.set_result(None)
+                        delivery.settled.set_result(left.get(delivery.message))
 
     async def _write(self, batch: list[_Delivery]) -> list[Verdict]:
         """One verdict per delivery of ``batch``: the batch written in one transaction; when that
@@ -249,23 +258,33 @@ class OrderConsumer:
             return Verdict(Action.DEAD, "write_failed", repr(exc))
         return Verdict(Action.RETRY, "transient" if is_transient(exc) else "failed", repr(exc))
 
-    async def _settle(self, messages: list[AbstractIncomingMessage], verdicts: list[Verdict]) -> None:
+    async def _settle(
+        self, messages: list[AbstractIncomingMessage], verdicts: list[Verdict]
+    ) -> dict[AbstractIncomingMessage, Verdict]:
         """The one place where verdicts become broker actions. Retry and dead-letter copies are
         published (confirmed, side by side), then every delivery settled so is acked together
-        with the written ones; a delivery whose copy could not be published is requeued."""
+        with the written ones. Returns the deliveries whose copy could not be published (the
+        broker is failing too, or no redirector), with their verdicts: still unsettled, for
+        their own tasks to requeue (:meth:`_requeue_later`)."""
         redirected = [(m, v) for m, v in zip(messages, verdicts, strict=True) if v.action is not Action.ACK]
         sent = await asyncio.gather(*(self._redirect(message, verdict) for message, verdict in redirected))
         to_ack = [m for m, v in zip(messages, verdicts, strict=True) if v.action is Action.ACK]
         to_ack += [message for (message, _), done in zip(redirected, sent, strict=True) if done]
         await self._ack(to_ack)
-        for (message, verdict), done in zip(redirected, sent, strict=True):
-            if not done:
-                async with self._frames:
-                    self._unsettled.discard(message)
-                    if self._redirector is None and verdict.action is Action.DEAD:
-                        await message.reject(requeue=False)
-                    else:
-                        await message.nack(requeue=True)
+        return {message: verdict for (message, verdict), done in zip(redirected, sent, strict=True) if not done}
+
+    async def _requeue_later(self, message: AbstractIncomingMessage, verdict: Verdict) -> None:
+        """The fallback when no copy could be published: after :data:`FALLBACK_SECONDS` (cut
+        short by a shutdown) the delivery goes back to the order queue (nack), or, for a dead
+        letter without a redirector, is rejected to the queue's dead-letter exchange."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), FALLBACK_SECONDS)
+        async with self._frames:
+            self._unsettled.discard(message)
+            if self._redirector is None and verdict.action is Action.DEAD:
+                await message.reject(requeue=False)
+            else:
+                await message.nack(requeue=True)
 
     async def _redirect(self, message: AbstractIncomingMessage, verdict: Verdict) -> bool:
         """Publish ``message``'s copy to a retry queue or the dead-letter queue; True once the
