@@ -20,13 +20,13 @@ log = structlog.get_logger(__name__)
 QUEUE_SAMPLE_SECONDS = 5.0
 """How often the consumer asks the broker for the order and dead-letter queue depths."""
 
-_OUTCOME_NAMES = {"invalid": "dead_lettered"}  # an undecodable message is dead-lettered at once
 _WRITTEN = (Outcome.APPLIED, Outcome.REJECTED)
 
 
 def count(outcome: str) -> None:
-    """One message settled with ``outcome`` (an :class:`Outcome` value, ``invalid`` or ``failed``)."""
-    metrics.CONSUMER_MESSAGES.labels(_OUTCOME_NAMES.get(outcome, outcome)).inc()
+    """One message settled with ``outcome`` (an :class:`Outcome` value, ``invalid`` or ``failed``),
+    or sent on (``retried``, ``dead_lettered``)."""
+    metrics.CONSUMER_MESSAGES.labels(outcome).inc()
 
 
 def written(orders: Sequence[OrderMessage], outcomes: Sequence[Outcome]) -> None:
@@ -43,18 +43,19 @@ async def _sample_queue_depths(settings: Settings) -> None:
     """Set ``flashsale_queue_depth_messages`` every :data:`QUEUE_SAMPLE_SECONDS` (own connection)."""
     amqp = settings.amqp
     gauges = {
-        amqp.queue: metrics.QUEUE_DEPTH.labels("orders"),
-        amqp.dead_letter_queue: metrics.QUEUE_DEPTH.labels("dead_letter"),
+        "orders": [amqp.queue],
+        "retry": amqp.retry_queues(),
+        "dead_letter": [amqp.dead_letter_queue],
     }
     connection = await aio_pika.connect_robust(amqp.url)
     try:
         channel = await connection.channel()
         while True:
-            for queue, gauge in gauges.items():
+            for label, queues in gauges.items():
                 try:
-                    gauge.set(await queue_depth(channel, queue))
+                    metrics.QUEUE_DEPTH.labels(label).set(sum([await queue_depth(channel, queue) for queue in queues]))
                 except Exception as exc:  # a sample missed is not worth stopping the consumer for
-                    log.warning("queue_depth_failed", queue=queue, error=repr(exc))
+                    log.warning("queue_depth_failed", queue=label, error=repr(exc))
                     channel = await connection.channel()
             await asyncio.sleep(QUEUE_SAMPLE_SECONDS)
     finally:

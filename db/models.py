@@ -128,6 +128,36 @@ class Order(Base):
     )
 
 
+class UserQuota(Base):
+    """Units each user holds of each product against its per-user limit, kept in MySQL beside the
+    orders (Redis's quota hash is only the hot path's copy): every order that takes stock adds its
+    units in the same transaction, under the inventory row lock, and is refused when that takes
+    the user over ``products.per_user_limit``; a cancel gives them back, a refund does not (the
+    buyer did buy), a rejected order never counted."""
+
+    __tablename__ = "user_quota"
+
+    product_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    user_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    bought: Mapped[int] = mapped_column(Integer)
+
+
+class OrderNoConflict(Base):
+    """An accepted order whose order number was already taken by another request's order when the
+    consumer came to write it (a minter fault; ``UNIQUE(order_no)`` stopped it). Its order row is
+    written ``rejected``/``order_no_conflict`` under a number of its own
+    (:func:`service.domain.order_no_conflicts.stand_in_order_no`); this row leads its buyer from
+    the order number of the 202 (``order_no``) to it."""
+
+    __tablename__ = "order_no_conflicts"
+    __table_args__ = (Index("ix_order_no_conflicts_order_no_user", "order_no", "user_id"),)
+
+    request_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    order_no: Mapped[str] = mapped_column(String(26))
+    user_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
+
+
 class OrderStatusLog(Base):
     """Every status change of an order, written in the same transaction as the change."""
 

@@ -30,6 +30,7 @@ from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher
 from service.adapters.channel_client import ChannelClient
 from service.adapters.dead_letters import DeadLetterQueue
+from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stock_store import RateLimits, StockStore
 from service.domain.catalog import CatalogService
 from service.domain.checkout import Checkout
@@ -168,6 +169,8 @@ class Resources:
     reconciler: Reconciler
     sold_out: SoldOutFlags | None = None
     recovery: Recovery | None = None
+    eviction: EvictionPolicy | None = None
+    """Redis's ``maxmemory-policy``, read at start and refreshed by the readiness probe."""
     _follower: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -180,8 +183,10 @@ class Resources:
         engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
         store = make_store(settings)
         publisher = lease = purchases = background = sold_out = follower = recovery = None
+        eviction = store.eviction_policy()
         try:
             await store.load()
+            await eviction.check()
             if publish:
                 publisher = Publisher(settings.amqp)
                 await publisher.connect()
@@ -240,6 +245,7 @@ class Resources:
             reconciler=Reconciler(engine, channels, payments, payment.currency),
             sold_out=sold_out,
             recovery=recovery,
+            eviction=eviction,
             _follower=follower,
         )
 

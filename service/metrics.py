@@ -86,7 +86,7 @@ TRANSACTION_RETRIES_BY_WORK = Counter(
 CONSUMER_MESSAGES = Counter(
     "flashsale_consumer_messages_total",
     "Order messages settled by the consumer, by outcome (applied, rejected, duplicate, released, "
-    "unknown_product, conflict, dead_lettered, failed).",
+    "unknown_product, conflict, invalid, failed; then retried or dead_lettered).",
     ["outcome"],
 )
 TRANSACTION_RETRIES = Counter(
@@ -102,7 +102,8 @@ RESERVATION_TO_ROW_SECONDS = Histogram(
 )
 QUEUE_DEPTH = Gauge(
     "flashsale_queue_depth_messages",
-    "Messages ready in a queue (queue=orders or dead_letter), sampled by the consumer.",
+    "Messages ready in a queue (queue=orders, retry: all retry queues together, or dead_letter), sampled by the "
+    "consumer.",
     ["queue"],
     multiprocess_mode="mostrecent",
 )

@@ -97,6 +97,20 @@ class AMQPSettings(BaseModel):
     batch_size: int = Field(100, ge=1)  # orders one consumer writes in one MySQL transaction, at most
     publish_channels: int = Field(4, ge=1, le=64)
     """Confirming channels of the API's publisher (used in turn)."""
+    retry_delays: list[Annotated[float, Field(gt=0, le=3600)]] = Field([1.0, 2.0, 5.0, 10.0, 30.0], min_length=1)
+    """Seconds an order the consumer could not write for a transient reason (MySQL unreachable,
+    deadlocks or lock waits past their retries) waits in a retry queue before it is delivered
+    again: the n-th retry waits the n-th value, every later one the last. One retry queue per
+    value (:meth:`retry_queue`)."""
+
+    def retry_queue(self, delay: float) -> str:
+        """The retry queue of ``delay`` seconds: ``<queue>.retry.<ms>ms`` (so the queue names of a
+        run or a test, which rename ``queue``, carry their retry queues along)."""
+        return f"{self.queue}.retry.{round(delay * 1000)}ms"
+
+    def retry_queues(self) -> list[str]:
+        """Every retry queue, shortest delay first (each delay once)."""
+        return [self.retry_queue(delay) for delay in sorted(set(self.retry_delays))]
 
 
 class AuthSettings(BaseModel):

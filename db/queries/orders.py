@@ -60,10 +60,6 @@ TRANSITION = text("UPDATE orders SET status = :to, reason = :reason WHERE order_
 STATUS = text("SELECT status FROM orders WHERE order_no = :o")
 BY_REQUEST_ID = text("SELECT order_no, product_id, quantity, status FROM orders WHERE request_id = :r")
 """The order written under request id ``:r`` (a replay of a ``database``-mode purchase)."""
-UNITS_OF_USER = text(
-    "SELECT COALESCE(SUM(quantity), 0) FROM orders WHERE user_id = :u AND product_id = :p AND status NOT IN :released"
-).bindparams(bindparam("released", expanding=True))
-"""Units user ``:u`` holds of product ``:p`` against the per-user limit (statuses ``:released`` excluded)."""
 AMOUNT = text("SELECT amount FROM orders WHERE order_no = :o")
 
 VIEW_BY_ORDER_NO = text(f"SELECT {_VIEW_COLUMNS} FROM orders WHERE order_no = :o")

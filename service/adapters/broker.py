@@ -1,7 +1,17 @@
 """RabbitMQ: topology, the order message, and the confirmed publisher.
 
 Topology: a durable direct exchange routes to a durable quorum queue whose dead-letter exchange
-leads to a durable dead-letter queue; ``x-delivery-limit`` bounds redeliveries of one message.
+leads to a durable dead-letter queue; ``x-delivery-limit`` bounds redeliveries of one message
+(a consumer that dies holding it, again and again). Beside them, one retry queue per retry delay
+(``FLASHSALE_AMQP__RETRY_DELAYS``): a quorum queue with that message TTL whose dead-letter
+exchange is the order exchange, so a message the consumer puts there comes back to the order
+queue when its time is up, as a new delivery (its delivery count starts again: a transient
+failure never spends the delivery limit meant for poison). Quorum queues expire messages only at
+the head of the queue, so each delay has a queue of its own (a per-message TTL in one queue
+would hold short waits behind long ones); they dead-letter ``at-least-once`` (RabbitMQ 3.10+,
+which requires ``x-overflow: reject-publish``): a message leaves a retry queue only once the
+order queue confirmed it, where the default ``at-most-once`` would lose it if the order queue
+were unavailable at that moment.
 """
 
 from __future__ import annotations
@@ -81,17 +91,30 @@ async def declare_topology(channel: AbstractChannel, settings: AMQPSettings) -> 
         },
     )
     await queue.bind(exchange, routing_key=settings.queue)
+    for delay in sorted(set(settings.retry_delays)):
+        await channel.declare_queue(
+            settings.retry_queue(delay),
+            durable=True,
+            arguments={
+                "x-queue-type": "quorum",
+                "x-message-ttl": round(delay * 1000),
+                "x-dead-letter-exchange": settings.exchange,
+                "x-dead-letter-routing-key": settings.queue,
+                "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish",
+            },
+        )
     return exchange, queue
 
 
 async def delete_topology(url: str, settings: AMQPSettings) -> None:
-    """Delete the order and dead-letter queues and exchanges that :func:`declare_topology`
+    """Delete the order, retry and dead-letter queues and exchanges that :func:`declare_topology`
     declares (their messages with them), on a connection of its own to ``url``; for isolated
     runs (the sale, tests) that remove everything they made."""
     connection = await aio_pika.connect(url)
     try:
         channel = await connection.channel()
-        for queue in (settings.queue, settings.dead_letter_queue):
+        for queue in (*settings.retry_queues(), settings.queue, settings.dead_letter_queue):
             await channel.queue_delete(queue)
         for exchange in (settings.exchange, settings.dead_letter_exchange):
             await channel.exchange_delete(exchange)

@@ -21,6 +21,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
+from service.adapters import redirect
 from service.adapters.broker import declare_topology, queue_depth
 from service.settings import AMQPSettings
 
@@ -29,9 +30,9 @@ RETURN_PATIENCE_SECONDS = 5.0
 DEFAULT_LIMIT = 10_000
 """Messages one operation looks at, at most (they are held unacked, in memory, meanwhile)."""
 
-_DROPPED_ON_REDRIVE = ("x-delivery-count",)
-"""Headers that belong to one trip through the order queue; x-death is kept, so a message
-that dies again shows how often it died."""
+_DROPPED_ON_REDRIVE = ("x-delivery-count", redirect.RETRIES)
+"""Headers that belong to one trip through the order queue (and its retry queues); x-death and
+the consumer's death count are kept, so a message that dies again shows how often it died."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +40,13 @@ class DeadLetter:
     """One message in the dead-letter queue.
 
     ``id``: its AMQP ``message_id`` (the order's request id) or, for a message without one,
-    ``sha256:`` + the first 16 hex digits of its body's SHA-256. ``reason`` and ``count`` come
-    from the newest ``x-death`` entry (``rejected``, ``delivery_limit``, ``expired``, ...; how
-    many times it died that way); ``queue`` is where it died; ``died_at`` is the broker's time
-    of that death (None when the header lacks it).
+    ``sha256:`` + the first 16 hex digits of its body's SHA-256. For a message the consumer
+    dead-lettered (:mod:`service.adapters.redirect`), ``reason`` is the consumer's
+    (``invalid_order``, ``unknown_product``, ``order_no_conflict``, ``write_failed``), ``count``
+    how many times it was dead-lettered, ``queue`` and ``died_at`` where and when; for one the
+    broker dead-lettered (``delivery_limit``, ``rejected``, ``expired``, ...) they come from the
+    newest ``x-death`` entry (how many times it died that way; the broker's time of that death,
+    None when the header lacks it). ``error``: the consumer's detail, when it gave one.
     """
 
     id: str
@@ -52,6 +56,7 @@ class DeadLetter:
     queue: str | None
     died_at: datetime | None
     headers: dict[str, Any]
+    error: str | None = None
 
 
 def dead_letter_id(message_id: str | None, body: bytes) -> str:
@@ -69,8 +74,23 @@ def _dead_letter(message: AbstractIncomingMessage) -> DeadLetter:
     headers = dict(message.headers or {})
     deaths = headers.get("x-death")
     newest: dict[str, Any] = deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}
+    count, died_at = headers.get(redirect.DEATHS), headers.get(redirect.DIED_AT)
+    broker_time = newest.get("time")
+    if redirect.REASON in headers and not (  # dead-lettered by the consumer, with its reason, last
+        isinstance(broker_time, datetime) and isinstance(died_at, datetime) and broker_time > died_at
+    ):
+        return DeadLetter(
+            id=dead_letter_id(message.message_id, message.body),
+            body=message.body,
+            reason=_text(headers[redirect.REASON]),
+            count=count if isinstance(count, int) else 1,
+            queue=_text(headers.get(redirect.DIED_IN)),
+            died_at=died_at if isinstance(died_at, datetime) else None,
+            headers=headers,
+            error=_text(headers.get(redirect.ERROR)),
+        )
     count = newest.get("count")
-    died_at = newest.get("time")
+    died_at = broker_time
     return DeadLetter(
         id=dead_letter_id(message.message_id, message.body),
         body=message.body,

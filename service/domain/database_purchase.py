@@ -12,7 +12,9 @@ One MySQL transaction per purchase (:func:`buy_in_database`), in this order:
 3. ``INSERT`` the order (``pending_payment``) under ``UNIQUE(request_id)``: a 1062 is a replay,
    caught on the insert itself, never looked for first; the earlier order is answered again
    (or ``KEY_REUSED`` when it differs).
-4. Sale window, per-user limit (quantity alone, then with the units the user holds), stock.
+4. Sale window, per-user limit (quantity alone first), stock, order token, then the user's
+   units counted in ``user_quota`` and refused past the limit: the consumer's rule
+   (:mod:`service.domain.user_quota`), so both stock modes keep one count in MySQL.
 5. The conditional ``UPDATE inventory SET stock = stock - ?, sold = sold + ? WHERE product_id
    = ? AND stock >= ?`` and the order's first ``order_status_log`` row.
 
@@ -34,12 +36,9 @@ from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
 from service import metrics
 from service.adapters.redis.results import ReserveOutcome
-from service.domain import actors
+from service.domain import actors, user_quota
 
 _BUY_RETRIED = metrics.retries_of("buy_in_database")
-
-_RELEASED_STATUSES = [OrderStatus.CANCELLED, OrderStatus.REJECTED]
-"""Orders that hold no units against the per-user limit (as in realignment)."""
 _rows_encoder = msgspec.json.Encoder()
 
 
@@ -143,10 +142,7 @@ async def _buy(conn: AsyncConnection, p: DatabasePurchase) -> DatabaseAnswer:
         raise _Refused(ReserveOutcome.SOLD_OUT)
     if terms.require_token and not p.token_taken:
         raise _Refused(ReserveOutcome.TOKEN_REQUIRED)
-    held = (
-        await conn.execute(orders.UNITS_OF_USER, {"u": p.user_id, "p": p.product_id, "released": _RELEASED_STATUSES})
-    ).scalar_one()
-    if int(held) > terms.per_user_limit:  # the sum counts the order just inserted (pending_payment)
+    if await user_quota.add_units(conn, p.product_id, {p.user_id: p.quantity}):  # counted under the inventory lock
         raise _Refused(ReserveOutcome.LIMIT_EXCEEDED)
     taken = await conn.execute(inventory.TAKE, {"product_id": p.product_id, "quantity": p.quantity})
     if taken.rowcount != 1:

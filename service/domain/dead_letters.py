@@ -34,9 +34,10 @@ log = structlog.get_logger(__name__)
 
 
 class DeadLetterView(msgspec.Struct, frozen=True):
-    """One dead-lettered message as the operator sees it: ``reason``/``count`` from its newest
-    x-death entry, ``order`` the order it carries (None when the body is no order: ``error``
-    says why), ``body`` the raw body (UTF-8, undecodable bytes replaced)."""
+    """One dead-lettered message as the operator sees it: ``reason``/``count`` the consumer's
+    (or, for one the broker dead-lettered, its newest x-death entry's), ``order`` the order it
+    carries (None when the body is no order: ``error`` says why), ``body`` the raw body (UTF-8,
+    undecodable bytes replaced), ``detail`` what the consumer said when it dead-lettered it."""
 
     id: str
     reason: str | None
@@ -46,6 +47,7 @@ class DeadLetterView(msgspec.Struct, frozen=True):
     order: OrderMessage | None
     error: str | None
     body: str
+    detail: str | None = None
 
 
 class PurgeOutcome(StrEnum):
@@ -88,6 +90,7 @@ def _view(letter: DeadLetter) -> DeadLetterView:
         order=order,
         error=error,
         body=letter.body.decode("utf-8", errors="replace"),
+        detail=letter.error,
     )
 
 

@@ -21,7 +21,7 @@ from db.queries import attempts, inventory, orders
 from service import metrics
 from service.adapters.redis.results import RestockOutcome
 from service.adapters.redis.stock_store import StockStore
-from service.domain import actors
+from service.domain import actors, user_quota
 from service.domain.errors import OrderNotFound
 
 log = structlog.get_logger(__name__)
@@ -120,11 +120,15 @@ async def transition(
 
 
 async def return_stock(conn: AsyncConnection, order: OrderRow, *, release_quota: bool) -> ReturnedUnits:
-    """``stock + q, sold - q`` for the order's product inside the caller's transaction."""
+    """``stock + q, sold - q`` for the order's product inside the caller's transaction; with
+    ``release_quota`` (a cancel) the buyer's count against the per-user limit in MySQL goes down
+    by ``q`` too (after the inventory row: :mod:`service.domain.user_quota`'s lock order)."""
     await conn.execute(
         inventory.GIVE_BACK,
         {"q": order.quantity, "p": order.product_id},
     )
+    if release_quota:
+        await user_quota.take_back(conn, order.product_id, {order.user_id: order.quantity})
     version = (await conn.execute(inventory.VERSION, {"p": order.product_id})).scalar_one()
     return ReturnedUnits(order.order_no, order.user_id, order.product_id, order.quantity, version, release_quota)
 

@@ -18,10 +18,19 @@ The brief's per-message rules ("Consumer (authoritative write)"), applied to a b
      is younger than the replay window (Redis lost the record: never a second purchase).
    - the ``order_status_log`` rows of the batch (one multi-row insert);
    - per product, in product id order (one lock order for every consumer), one
-     ``UPDATE inventory ... WHERE stock >= <batch total>``; when that matches no row, the
-     inventory row is locked and read, and the orders are decided one by one in delivery order
-     (an order that fits takes its units, one that does not is recorded ``rejected``/``sold_out``,
-     no decrement), then one ``UPDATE`` takes exactly the units that fit;
+     ``UPDATE inventory ... WHERE stock >= <batch total>``, then the per-user limit in MySQL
+     (:mod:`service.domain.user_quota`): one multi-row upsert of the batch's units per user into
+     ``user_quota`` and one read of the users it took over the product's limit. When both pass
+     (the common case: three statements per product), done. Else the orders are decided one by
+     one in delivery order: an order that would take its user over the limit is recorded
+     ``rejected``/``limit_exceeded`` (even when Redis lost the buyer's quota and let it through),
+     one that does not fit the stock left ``rejected``/``sold_out`` (the inventory row is locked
+     and read first when the stock did not cover the batch), the others take their units; the
+     quota counts and the stock are set to exactly what the kept orders take;
+   - an order whose order number another request's order already has (a minter fault) is
+     recorded ``rejected``/``order_no_conflict`` under a stand-in number, and the buyer's number
+     leads to it (:mod:`service.domain.order_no_conflicts`): never a dead letter, never a 202
+     without a row the buyer can read;
    - deadlock (1213) or lock wait timeout (1205): the whole transaction is retried, bounded,
      with backoff.
    Repeats inside one batch (the same request id or order number twice) are written in a later
@@ -45,13 +54,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import as_duplicate_key, in_transaction
 from db.models import MAX_AMOUNT, OrderStatus
-from db.queries import inventory, orders
+from db.queries import inventory, orders, quota
 from service import metrics
 from service.adapters.broker import OrderMessage, decode_order
 from service.adapters.redis.results import ClaimOutcome
 from service.adapters.redis.stock_store import StockStore
+from service.domain import user_quota
 from service.domain.actors import CONSUMER
 from service.domain.order_no import is_valid_order_no
+from service.domain.order_no_conflicts import stand_in_order_no
 from service.domain.request_id import USER_ID, reissued_request_id
 
 _WRITE_RETRIED = metrics.retries_of("write_orders", metrics.TRANSACTION_RETRIES.inc)
@@ -69,10 +80,11 @@ class Outcome(Enum):
     """What one message did (the consumer acks, requeues or drops it by this)."""
 
     APPLIED = "applied"  # order pending_payment, stock taken
-    REJECTED = "rejected"  # order rejected (sold_out or duplicate_request), no stock taken
+    # order rejected (sold_out, limit_exceeded, duplicate_request or order_no_conflict), no stock taken
+    REJECTED = "rejected"
     DUPLICATE = "duplicate"  # already applied before; nothing written
     UNKNOWN_PRODUCT = "unknown_product"  # nothing written
-    CONFLICT = "conflict"  # its order number is taken by another request; nothing written
+    CONFLICT = "conflict"  # neither its order number nor its stand-in could be written; nothing written
     RELEASED = "released"  # the API gave the reservation back; nothing written
 
 
@@ -178,12 +190,16 @@ async def write_orders(
 @dataclass(slots=True)
 class _Row:
     """One order on its way into ``orders``: its place in the batch, the request id it is written
-    under (its own, or reissued), and the reason it is rejected without taking stock, if any."""
+    under (its own, or reissued), the order number it is written under (its own, or the stand-in
+    of an order whose number another request's order has: ``conflict``), and the reason it is
+    rejected without taking stock, if any."""
 
     index: int
     order: OrderMessage
     request_id: str
+    order_no: str
     rejected_as: str | None = None
+    conflict: bool = False
 
 
 async def _write(conn: AsyncConnection, batch: Sequence[OrderMessage], replay_window: int) -> list[Outcome]:
@@ -200,7 +216,7 @@ async def _write(conn: AsyncConnection, batch: Sequence[OrderMessage], replay_wi
                 later.append(index)
             else:
                 seen.update((order.request_id, order.order_no))
-                now.append(_Row(index, order, order.request_id))
+                now.append(_Row(index, order, order.request_id, order.order_no))
         await _write_round(conn, now, outcomes, replay_window)
         todo = later
     assert all(outcome is not None for outcome in outcomes)
@@ -218,6 +234,9 @@ async def _write_round(
     request_ids = [row.request_id for row in written]
     created = {"from_": None, "to": OrderStatus.PENDING_PAYMENT, "reason": None, "actor": CONSUMER, "r": request_ids}
     await conn.execute(orders.LOG_MANY, created)
+    conflicts = [[row.request_id, row.order.order_no, row.order.user_id] for row in written if row.conflict]
+    if conflicts:
+        await conn.execute(quota.RECORD_CONFLICT, {"rows": _rows_encoder.encode(conflicts)})
     rejected: dict[str, list[_Row]] = defaultdict(list)
     by_product: dict[int, list[_Row]] = defaultdict(list)
     for row in written:
@@ -226,10 +245,11 @@ async def _write_round(
         else:
             by_product[row.order.product_id].append(row)
     for product_id in sorted(by_product):
-        fit, sold_out = await _take_stock(conn, product_id, by_product[product_id])
-        for row in fit:
+        taken = await _take_stock(conn, product_id, by_product[product_id])
+        for row in taken.fit:
             outcomes[row.index] = Outcome.APPLIED
-        rejected["sold_out"].extend(sold_out)
+        rejected["sold_out"].extend(taken.sold_out)
+        rejected["limit_exceeded"].extend(taken.over_limit)
     for reason, rows_rejected in rejected.items():
         if rows_rejected:
             await _reject(conn, rows_rejected, reason)
@@ -245,7 +265,7 @@ async def _insert(
     while rows:
         payload = _rows_encoder.encode(
             [
-                [r.order.order_no, r.request_id, r.order.user_id, r.order.product_id, r.order.quantity, r.order.amount]
+                [r.order_no, r.request_id, r.order.user_id, r.order.product_id, r.order.quantity, r.order.amount]
                 for r in rows
             ]
         )
@@ -254,9 +274,9 @@ async def _insert(
         except IntegrityError as exc:
             if as_duplicate_key(exc) is None:
                 raise
-            before = [(row.index, row.request_id) for row in rows]
+            before = [(row.index, row.request_id, row.order_no) for row in rows]
             rows = await _settle_collisions(conn, rows, outcomes, replay_window)
-            if [(row.index, row.request_id) for row in rows] == before:
+            if [(row.index, row.request_id, row.order_no) for row in rows] == before:
                 raise  # no row of ours collided with a written order: not a repeat, let it fail
             continue
         if inserted.rowcount == len(rows):
@@ -273,24 +293,42 @@ async def _settle_collisions(
     conn: AsyncConnection, rows: list[_Row], outcomes: list[Outcome | None], replay_window: int
 ) -> list[_Row]:
     """After a 1062: give the rows whose key is taken their outcome (or their reissued request
-    id); returns the rows to insert again."""
+    id, or their stand-in order number); returns the rows to insert again."""
     taken = list(
         await conn.execute(
             orders.TAKEN,
-            {"s": replay_window, "o": [r.order.order_no for r in rows], "r": [r.request_id for r in rows]},
+            {"s": replay_window, "o": [r.order_no for r in rows], "r": [r.request_id for r in rows]},
         )
     )
     request_of_order_no = {found.order_no: found.request_id for found in taken}
+    order_no_of_request = {found.request_id: found.order_no for found in taken}
     recent_by_request_id = {found.request_id: bool(found.recent) for found in taken}
     left: list[_Row] = []
     for row in rows:
         order = row.order
-        stored = request_of_order_no.get(order.order_no)
+        stored = request_of_order_no.get(row.order_no)
         if stored is not None:
-            # Written under its own (or its reissued) request id: applied before. Under another
-            # request's: a collision the shard lease should make impossible; UNIQUE stops it.
-            repeat = stored in (order.request_id, reissued_request_id(order.request_id, order.order_no))
-            outcomes[row.index] = Outcome.DUPLICATE if repeat else Outcome.CONFLICT
+            # Written under its own (or its reissued) request id: applied before.
+            if stored in (order.request_id, reissued_request_id(order.request_id, order.order_no)):
+                outcomes[row.index] = Outcome.DUPLICATE
+            elif row.conflict:
+                outcomes[row.index] = Outcome.CONFLICT  # even the stand-in is taken: nothing can be written
+            elif order_no_of_request.get(row.request_id) == stand_in_order_no(row.request_id):
+                outcomes[row.index] = Outcome.DUPLICATE  # recorded order_no_conflict before
+            else:
+                # Another request's order has this number (the minter handed it out twice): the
+                # order is recorded rejected under a stand-in number its buyer is led to.
+                log.error(
+                    "order_no_conflict",
+                    request_id=order.request_id,
+                    order_no=order.order_no,
+                    taken_by=stored,
+                    product_id=order.product_id,
+                )
+                row.order_no = stand_in_order_no(row.request_id)
+                row.conflict = True
+                row.rejected_as = "order_no_conflict"
+                left.append(row)
         elif row.request_id in recent_by_request_id and row.request_id != order.request_id:
             outcomes[row.index] = Outcome.CONFLICT  # even the reissued request id is taken
         elif row.request_id in recent_by_request_id:
@@ -306,28 +344,67 @@ async def _settle_collisions(
     return left
 
 
-async def _take_stock(conn: AsyncConnection, product_id: int, rows: list[_Row]) -> tuple[list[_Row], list[_Row]]:
-    """Take the units of ``rows`` (one product, delivery order); returns (rows that fit, rows
-    sold out). One UPDATE when all fit; else lock the row, decide order by order, and take
-    exactly the units that fit. (rowcount is matched rows on MySQL dialects; with ``stock >= q``
-    in the WHERE clause a matched row is a decrement.)"""
+@dataclass(slots=True)
+class _Taken:
+    """How one product's orders of a round were decided (each list in delivery order)."""
+
+    fit: list[_Row]
+    sold_out: list[_Row]
+    over_limit: list[_Row]
+
+
+async def _take_stock(conn: AsyncConnection, product_id: int, rows: list[_Row]) -> _Taken:
+    """Take the units of ``rows`` (one product, delivery order) and count them against the
+    per-user limit in MySQL; the orders that do not fit the stock or would take their user over
+    the limit take nothing and count nothing.
+
+    One ``UPDATE inventory`` for the whole batch (it locks the inventory row, so the quota rows
+    are always locked after it), one upsert into ``user_quota``, one read of the users now over
+    the limit. When the stock did not cover the batch, or a user went over, the orders are
+    decided one by one in delivery order (limit first: an order refused for the limit leaves its
+    units to the orders behind it), the counts of the refused ones are taken back and the stock
+    set to exactly what the kept ones take. (rowcount is matched rows on MySQL dialects; with
+    ``stock >= q`` in the WHERE clause a matched row is a decrement.)"""
     total = sum(row.order.quantity for row in rows)
-    if (await conn.execute(inventory.TAKE, {"product_id": product_id, "quantity": total})).rowcount == 1:
-        return rows, []
-    left = (await conn.execute(inventory.STOCK_LOCKED, {"p": product_id})).scalar() or 0
-    fit: list[_Row] = []
-    sold_out: list[_Row] = []
+    took_all = (await conn.execute(inventory.TAKE, {"product_id": product_id, "quantity": total})).rowcount == 1
+    left = None if took_all else (await conn.execute(inventory.STOCK_LOCKED, {"p": product_id})).scalar() or 0
+    over = await user_quota.add_units(conn, product_id, _units_by_user(rows))
+    if took_all and not over:
+        return _Taken(rows, [], [])
+    # What each user over the limit held before this batch; the others stay within it whatever they buy here.
+    held = {
+        user: state.bought - sum(r.order.quantity for r in rows if r.order.user_id == user)
+        for user, state in over.items()
+    }
+    decided = _Taken([], [], [])
     for row in rows:
-        if row.order.quantity <= left:
-            left -= row.order.quantity
-            fit.append(row)
+        user, quantity = row.order.user_id, row.order.quantity
+        if user in over and held[user] + quantity > over[user].limit:
+            decided.over_limit.append(row)
+        elif left is not None and quantity > left:
+            decided.sold_out.append(row)
         else:
-            sold_out.append(row)
-    if fit:
-        units = sum(row.order.quantity for row in fit)
+            decided.fit.append(row)
+            if user in held:
+                held[user] += quantity
+            if left is not None:
+                left -= quantity
+    await user_quota.take_back(conn, product_id, _units_by_user(decided.sold_out + decided.over_limit))
+    if took_all:
+        if returned := sum(row.order.quantity for row in decided.over_limit):
+            await conn.execute(inventory.GIVE_BACK, {"q": returned, "p": product_id})
+    elif decided.fit:
+        units = sum(row.order.quantity for row in decided.fit)
         taken = await conn.execute(inventory.TAKE, {"product_id": product_id, "quantity": units})
         assert taken.rowcount == 1, "the locked inventory row changed"
-    return fit, sold_out
+    return decided
+
+
+def _units_by_user(rows: list[_Row]) -> dict[str, int]:
+    units: dict[str, int] = defaultdict(int)
+    for row in rows:
+        units[row.order.user_id] += row.order.quantity
+    return dict(units)
 
 
 async def _reject(conn: AsyncConnection, rows: list[_Row], reason: str) -> None:

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
 from db.queries import orders as queries
+from db.queries import quota
 from service.adapters.redis.stock_store import StockStore
 from service.domain import actors
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound
@@ -82,12 +83,16 @@ def _view(row: Row[Any]) -> OrderView:
 
 
 async def find_order(engine: AsyncEngine, store: StockStore, user_id: str, order_no: str) -> OrderView | None:
-    """The caller's order ``order_no`` with its status history, or None when unknown or someone else's."""
+    """The caller's order ``order_no`` with its status history, or None when unknown or someone
+    else's. An order of the caller that was given a number another request's order had already
+    taken is answered under that number (rejected, ``order_no_conflict``;
+    :mod:`service.domain.order_no_conflicts`)."""
     async with engine.connect() as conn:
         row = (await conn.execute(queries.VIEW_BY_ORDER_NO, {"o": order_no})).first()
+        if row is not None and row.user_id != user_id:
+            # someone else's; the caller's own order under that number may still be queued
+            row = (await conn.execute(quota.CONFLICT_OF_USER, {"o": order_no, "u": user_id})).first()
         if row is not None:
-            if row.user_id != user_id:
-                return None
             log = await conn.execute(queries.HISTORY, {"id": row.id})
             view = _view(row)
             view.history = [
@@ -140,9 +145,16 @@ async def list_orders(engine: AsyncEngine, user_id: str, limit: int, cursor: str
         params["c"], params["i"] = _decode_cursor(cursor)
     async with engine.connect() as conn:
         rows = (await conn.execute(queries.page_of_user(after_cursor=cursor is not None), params)).all()
-    page = rows[:limit]
+        page = rows[:limit]
+        stood_in = [row.request_id for row in page if row.reason == "order_no_conflict"]
+        given: dict[str, str] = {}
+        if stood_in:
+            given = {row.request_id: row.order_no for row in await conn.execute(quota.GIVEN_ORDER_NOS, {"r": stood_in})}
     next_cursor = _encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
-    return OrderPage(orders=[_view(row) for row in page], next_cursor=next_cursor)
+    views = [_view(row) for row in page]
+    for view in views:  # an order written under a stand-in number shows the number its buyer was given
+        view.order_no = given.get(view.request_id, view.order_no)
+    return OrderPage(orders=views, next_cursor=next_cursor)
 
 
 class OrderService:
@@ -202,11 +214,14 @@ class OrderService:
                 self._engine, order_no, "buyer_cancelled", actor=actors.buyer(user_id), owner=user_id
             )
         except OrderNotFound:
-            if await find_order(self._engine, self._store, user_id, order_no) is not None:
-                raise Conflict(
-                    "The order is still queued; retry in a moment.", code="order_not_cancellable", retry_after=1
-                ) from None
-            raise
+            found = await find_order(self._engine, self._store, user_id, order_no)
+            if found is None:
+                raise
+            if found.status != "queued":  # written under a stand-in number: rejected, final
+                raise Conflict(f"The order is {found.status}.", code="order_not_cancellable") from None
+            raise Conflict(
+                "The order is still queued; retry in a moment.", code="order_not_cancellable", retry_after=1
+            ) from None
         except TransitionLost as lost:
             raise Conflict(f"The order is {lost.current.label}.", code="order_not_cancellable") from None
         except PaymentOpen:

@@ -60,6 +60,7 @@ def _unlike_the_defaults() -> Settings:
             prefetch=11,
             publish_channels=3,
             batch_size=13,
+            retry_delays=[0.25, 3.0],
         ),
         auth=AuthSettings(
             jwt_secret="s" * 40,

@@ -30,6 +30,7 @@ from redis.exceptions import NoScriptError
 
 from service import metrics
 from service.adapters.redis.batcher import CommandBatcher
+from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.keys import (
     ProductKeys,
     epoch_key,
@@ -193,6 +194,10 @@ class StockStore:
     async def ping(self) -> bool:
         """True when Redis answers PING."""
         return bool(await self._redis.ping())
+
+    def eviction_policy(self) -> EvictionPolicy:
+        """A reader of this Redis's ``maxmemory-policy`` (readiness: :mod:`.eviction`)."""
+        return EvictionPolicy(self._redis)
 
     async def aclose(self) -> None:
         """Close the client the store was given (and its connection pool)."""

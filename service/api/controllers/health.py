@@ -11,6 +11,10 @@ from service.bootstrap import Resources
 
 
 class Readiness(msgspec.Struct):
+    """``redis_maxmemory_policy``: Redis's eviction policy as last read (None: CONFIG is not
+    available); ``redis_may_evict``: it is not ``noeviction``, so Redis may drop stock counters,
+    journal entries, quotas or replay records under memory pressure (not ready meanwhile)."""
+
     ready: bool
     redis: bool
     rabbitmq: bool
@@ -19,6 +23,8 @@ class Readiness(msgspec.Struct):
     redis_state: str = "ok"
     """``ok``, or ``being repaired`` while a product whose Redis state was lost waits for the
     self-healing pass (:mod:`service.domain.recovery`): not ready meanwhile."""
+    redis_may_evict: bool = False
+    redis_maxmemory_policy: str | None = None
 
 
 class HealthController(Controller):
@@ -29,18 +35,27 @@ class HealthController(Controller):
     async def live(self) -> dict[str, str]:
         return {"status": "ok"}
 
-    @get("/ready", summary="Redis runs the script, RabbitMQ has a channel, MySQL answers")
+    @get("/ready", summary="Redis runs the script and will not evict keys, RabbitMQ has a channel, MySQL answers")
     async def ready(self, resources: NamedDependency[Resources]) -> Response[Readiness]:
-        """200 when Redis has every Lua script and this process holds a shard, RabbitMQ has a
-        channel and MySQL answers, and no product waits for its lost Redis state to be repaired
-        (``redis_state``); 503 (same body) otherwise. The probe repairs what it can:
-        scripts Redis lost are loaded again, publisher channels the broker closed re-opened."""
+        """200 when Redis has every Lua script, this process holds a shard and Redis's
+        ``maxmemory-policy`` is ``noeviction`` (or cannot be read: CONFIG disabled; read at most
+        every 30 s), RabbitMQ has a channel and MySQL answers, and no product waits for its lost
+        Redis state to be repaired (``redis_state``); 503 (same body) otherwise. The probe repairs
+        what it can: scripts Redis lost are loaded again, publisher channels the broker closed
+        re-opened."""
         redis_ok = rabbit_ok = mysql_ok = False
         lease = resources.lease
         try:
             redis_ok = await resources.store.ready() and lease is not None and lease.held
         except Exception:
             pass
+        eviction = resources.eviction
+        try:
+            if eviction is not None:
+                await eviction.check()
+        except Exception:
+            pass  # Redis unreachable: redis_ok says so; the last policy read stands
+        evicts = eviction is not None and eviction.may_evict
         rabbit_ok = resources.publisher is not None and await resources.publisher.check()
         try:
             async with resources.engine.connect() as conn:
@@ -48,7 +63,7 @@ class HealthController(Controller):
         except Exception:
             pass
         repairing = resources.recovery is not None and bool(resources.recovery.repairing)
-        ready = redis_ok and rabbit_ok and mysql_ok and not repairing
+        ready = redis_ok and rabbit_ok and mysql_ok and not repairing and not evicts
         body = Readiness(
             ready,
             redis_ok,
@@ -56,5 +71,7 @@ class HealthController(Controller):
             mysql_ok,
             lease.shard if lease is not None else None,
             "being repaired" if repairing else "ok",
+            evicts,
+            eviction.policy if eviction is not None else None,
         )
         return Response(body, status_code=200 if ready else 503)

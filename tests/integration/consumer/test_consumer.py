@@ -120,18 +120,24 @@ async def _depth_is(channel, queue, expected):
     return await queue_depth(channel, queue) == expected
 
 
-async def test_unknown_product_is_dead_lettered_after_bounded_attempts(new_product_id, settings, engine, store):
-    ghost = encode_order(message_for(new_product_id(), "ghost", 3))
+async def test_unknown_product_is_dead_lettered_at_once_with_its_reason(new_product_id, settings, engine, store):
+    ghost = message_for(new_product_id(), "ghost", 3)
     async with own_queues(settings, "ghost") as mine, running_consumer(mine, engine, store) as consumer:
         connection = await aio_pika.connect(mine.amqp.url)
         try:
             channel = await connection.channel()
-            await publish_raw(channel, mine, ghost)
+            await publish_raw(channel, mine, encode_order(ghost), ghost.request_id)
             await eventually(lambda: _depth_is(channel, mine.amqp.dead_letter_queue, 1))
+            dead = await (await channel.get_queue(mine.amqp.dead_letter_queue)).get(timeout=10)
+            await dead.ack()
         finally:
             await connection.close()
-    # delivery_limit is 2 in the tests: the first delivery plus two redeliveries, then the DLX.
-    assert consumer.counts.get("unknown_product", 0) == mine.amqp.delivery_limit + 1
+    # A permanent failure: one delivery, no retry, no redelivery spent.
+    assert consumer.counts.get("unknown_product", 0) == 1
+    assert consumer.counts.get("retried", 0) == 0
+    assert dead.message_id == ghost.request_id and dead.body == encode_order(ghost)
+    assert dead.headers["x-flashsale-reason"] == "unknown_product"
+    assert dead.headers["x-flashsale-deaths"] == 1
 
 
 async def test_lock_wait_timeout_retries_the_whole_transaction(settings, engine, put_product, product_id):

@@ -79,8 +79,9 @@ async def test_poison_message_is_listed_redriven_dies_again_and_blocks_nothing(
         await eventually(lambda: _dead_depth(channel, own, 1))
 
         [dead] = await service.entries()
-        assert dead.order is None and dead.error
-        assert (dead.reason, dead.count, dead.queue) == ("rejected", 1, own.amqp.queue)
+        assert dead.order is None and dead.error and dead.detail  # the consumer said why
+        assert (dead.reason, dead.count, dead.queue) == ("invalid_order", 1, own.amqp.queue)
+        assert dead.died_at is not None
         assert await service.show(dead.id) == [dead]
         assert await queue_depth(channel, own.amqp.dead_letter_queue) == 1  # listing removed nothing
 
@@ -90,7 +91,7 @@ async def test_poison_message_is_listed_redriven_dies_again_and_blocks_nothing(
         await eventually(lambda: order_rows(engine, product_id))  # the order behind it went through
         await eventually(lambda: _dead_depth(channel, own, 1))
         [again] = await service.entries()
-        assert (again.id, again.reason, again.count) == (dead.id, "rejected", 2)  # it died once more
+        assert (again.id, again.reason, again.count) == (dead.id, "invalid_order", 2)  # it died once more
         assert consumer.counts.get("invalid") == 2
     assert [row.order_no for row in await order_rows(engine, product_id)] == [good.order_no]
 
