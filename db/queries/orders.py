@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import TextClause, bindparam, text
 
+from db.models import OrderStatus
+
 _VIEW_COLUMNS = "id, order_no, request_id, user_id, product_id, quantity, amount, status, reason, created_at"
 
 
@@ -112,10 +114,13 @@ PRESENT_ORDER_NOS = text("SELECT order_no FROM orders WHERE order_no IN :order_n
 )
 """Which of ``:order_nos`` have a row (realignment: a reservation is resolved once its order exists)."""
 
-PRESENT_ORDER_STATUSES = text("SELECT order_no, status FROM orders WHERE order_no IN :order_nos").bindparams(
-    bindparam("order_nos", expanding=True)
-)
-"""Which of ``:order_nos`` have a row, with its status (realignment: resolved, and whether rejected)."""
+PRESENT_ORDER_STATUSES = text(
+    "SELECT order_no, request_id, status FROM orders WHERE order_no IN :order_nos"
+    " UNION ALL SELECT order_no, request_id, :rejected FROM order_no_conflicts WHERE order_no IN :order_nos"
+).bindparams(bindparam("order_nos", expanding=True), bindparam("rejected", int(OrderStatus.REJECTED)))
+"""Which of ``:order_nos`` have a row, with the request id it was written for and its status
+(realignment: resolved, and whether rejected). A request whose order number was taken has its
+``rejected`` row under a stand-in number; ``order_no_conflicts`` names it under the number it was given."""
 
 UNITS_HELD = text(
     "SELECT user_id, SUM(quantity) FROM orders WHERE product_id = :p AND status NOT IN :released GROUP BY user_id"

@@ -52,8 +52,10 @@ from service.domain.errors import ProductNotFound
 
 log = structlog.get_logger(__name__)
 
-# A reservation is resolved when its order number has a row (the order number, unlike the
-# request id, is new for every accepted purchase, even one reusing an expired idempotency key).
+# A reservation is resolved when its order number has a row written for its request id: the order
+# number, unlike the request id, is new for every accepted purchase (even one reusing an expired
+# idempotency key), and the request id tells apart two requests the minter gave one number (the
+# second one's row is a rejected one under a stand-in number, found through order_no_conflicts).
 # Units a user holds against the per-user limit: every order but cancelled and rejected ones
 # (refunded ones included: the buyer did buy; lua/restock.lua keeps the quota for refunds too).
 _RELEASED_STATUSES = [OrderStatus.CANCELLED, OrderStatus.REJECTED]
@@ -162,16 +164,17 @@ class Realigner:
                 raise ProductNotFound(product_id)
             mysql_stock, mysql_sold, version = row.stock, row.sold, row.version
             journal = await self._store.journal(product_id)
-            by_order_no = {entry.order_no: entry for entry in journal}
-            order_nos = list(by_order_no)
+            by_key = {(entry.order_no, entry.request_id): entry for entry in journal}
+            order_nos = sorted({entry.order_no for entry in journal})
             resolved: dict[str, tuple[JournalEntry, bool]] = {}  # request id -> (entry, rejected)
             for start in range(0, len(order_nos), _CHUNK):
                 rows = await conn.execute(
                     orders.PRESENT_ORDER_STATUSES, {"order_nos": order_nos[start : start + _CHUNK]}
                 )
-                for order_no, status in rows:
-                    entry = by_order_no[order_no]
-                    resolved[entry.request_id] = (entry, status == OrderStatus.REJECTED)
+                for order_no, request_id, status in rows:
+                    entry = by_key.get((order_no, request_id))
+                    if entry is not None:
+                        resolved[request_id] = (entry, status == OrderStatus.REJECTED)
             units_held: list[tuple[str, int]] = []
             if not incremental:
                 held = await conn.execute(orders.UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})

@@ -11,8 +11,9 @@ from service.adapters.redis.stock_store import new_attempt
 from service.domain.order_no import compose_order_no
 from service.domain.order_no_conflicts import stand_in_order_no
 from service.domain.order_writer import Outcome, write_orders
+from service.domain.realign import Realigner
 from service.domain.request_id import mint_request_id
-from tests.support import eventually, inventory, order_rows, publish_raw, quota_rows
+from tests.support import eventually, inventory, order_rows, publish_raw, quota_rows, redis_state
 
 
 def _pair(product_id: int, sequence: int) -> tuple[OrderMessage, OrderMessage]:
@@ -43,7 +44,7 @@ async def test_two_orders_sharing_a_number_in_one_batch(engine, put_product, pro
 
 
 async def test_a_taken_number_met_by_the_consumer_is_resolved_and_readable(
-    settings, client, token, put_product, product_id, engine, store, amqp_channel, consumer
+    settings, client, token, put_product, product_id, engine, store, redis, amqp_channel, consumer
 ):
     await put_product(product_id, stock=5, limit=1)
     order_no = compose_order_no("FS", "20261130000000", 97, 800_002)
@@ -89,8 +90,12 @@ async def test_a_taken_number_met_by_the_consumer_is_resolved_and_readable(
     assert (cancel.status_code, cancel.json()["code"]) == (409, "order_not_cancellable")
     assert (await client.get(f"/api/v1/orders/{order_no}", headers=token("someone-else"))).status_code == 404
 
-    # Stock: one unit taken in MySQL, the quota counted for the first buyer only. (Redis gets
-    # the second reservation back from realignment once it resolves journal entries by request
-    # id: both entries carry the same order number.)
+    # Stock: one unit taken in MySQL, the quota counted for the first buyer only; realignment
+    # resolves both journal entries (they carry the same order number: each is matched to its
+    # own row by request id) and gives Redis the second reservation's unit back.
     assert await inventory(engine, product_id) == (4, 1)
     assert await quota_rows(engine, product_id) == {"first-buyer": 1}
+    report = await Realigner(engine, store, 60).realign(product_id)
+    assert (report.resolved_dropped, report.in_flight) == (2, 0)
+    state = await redis_state(redis, settings, product_id)
+    assert (state["stock"], state["journal"], state["quota"]) == ("4", {}, {"first-buyer": "1"})
