@@ -28,7 +28,7 @@ from service.bench.context import (
     Context,
 )
 from service.bench.procstat import CpuSample
-from service.bench.rows import HTTP_ROWS, SERVERS, HttpRow, Row, merge_rounds, round_order
+from service.bench.rows import HTTP_ROWS, SERVERS, HttpRow, Row, merge_rounds, round_groups
 from service.bench.server import Child, flashsale_argv, granian_argv
 from service.bench.wrk import run_wrk, write_script
 from service.sale.isolation import free_port
@@ -100,14 +100,19 @@ async def _probe(row: HttpRow, url: str, body: bytes, token: str) -> None:
         raise BenchError(f"{row.key}: a probe got {answer.status_code} {answer.text[:200]}, expected {row.expect}")
 
 
-async def _measure(ctx: Context, row: HttpRow, child: Child, port: int, profiled: bool) -> Row:
-    """One round of ``row``: a probe, a warm-up, then ``duration`` seconds measured."""
+async def _measure(
+    ctx: Context, row: HttpRow, child: Child, port: int, profiled: bool, together: asyncio.Barrier | None = None
+) -> Row:
+    """One round of ``row``: a probe, a warm-up, then ``duration`` seconds measured (started at
+    once with the other rows of ``together``, when given)."""
     opts = ctx.options
     url, body = _target(row, port)
     tokens = ctx.tokens["many" if row.target in MANY_BUYERS else "one"]
     await _probe(row, url, body, tokens[0])
     script = write_script(ctx.log_dir / f"{row.key}.lua", body, tokens)
     await asyncio.to_thread(run_wrk, url, script, WARMUP_SECONDS, opts.connections, opts.threads)
+    if together is not None:
+        await together.wait()
     groups = {"server": child.pids(), **ctx.stores}
     spy = None
     if profiled and opts.profile_dir is not None:
@@ -161,11 +166,19 @@ async def http_rows(ctx: Context, *, products: bool = True) -> list[Row]:
             await create_products(ctx, servers[api][1])
         measured: dict[str, list[Row]] = {row.key: [] for row in rows}
         for r in range(ctx.options.rounds):
-            for row in round_order(rows, r):
-                ctx.console.print(f"round {r + 1}/{ctx.options.rounds}: {row.label}")
-                child, port = servers[row.server]
-                child.check_alive()
-                measured[row.key].append(await _measure(ctx, row, child, port, profiled=r == 0))
+            for group in round_groups(rows):
+                # A pair's wrk runs start together; which one's task runs first alternates by round.
+                group = group if r % 2 == 0 else group[::-1]
+                labels = " + ".join(row.label for row in group)
+                ctx.console.print(f"round {r + 1}/{ctx.options.rounds}: {labels}" + (" (at once)" if group[1:] else ""))
+                together = asyncio.Barrier(len(group)) if group[1:] else None
+                for row in group:
+                    servers[row.server][0].check_alive()
+                answers = await asyncio.gather(
+                    *(_measure(ctx, row, *servers[row.server], profiled=r == 0, together=together) for row in group)
+                )
+                for row, answer in zip(group, answers, strict=True):
+                    measured[row.key].append(answer)
     finally:
         for child, _ in servers.values():
             await child.stop()

@@ -134,19 +134,20 @@ def test_the_report_renders_and_serializes(tmp_path):
     assert loaded["targets"] == report.targets and loaded["profiles"]["product_noop"] == summary
 
 
-def test_the_metrics_pairs_sit_side_by_side_and_alternate_their_order_between_rounds():
-    from service.bench.rows import HTTP_ROWS, METRICS_PAIRS, round_order
+def test_the_metrics_pairs_are_measured_together():
+    from service.bench.rows import HTTP_ROWS, METRICS_PAIRS, round_groups
 
     keys = [row.key for row in HTTP_ROWS]
     for on, off in METRICS_PAIRS.items():
-        assert keys.index(off) == keys.index(on) + 1
         row = next(r for r in HTTP_ROWS if r.key == off)
         assert row.reference == on and row.server == "api-metrics-off"
-    first, second = ([r.key for r in round_order(HTTP_ROWS, i)] for i in (0, 1))
-    assert first == keys
-    assert second.index("product_noop_metrics_off") < second.index("product_noop")
-    assert second.index("sold_out_metrics_off") < second.index("sold_out")
-    assert sorted(second) == sorted(keys)
+    groups = [[row.key for row in group] for group in round_groups(HTTP_ROWS)]
+    assert ["product_noop", "product_noop_metrics_off"] in groups
+    assert ["sold_out", "sold_out_metrics_off"] in groups
+    assert sorted(key for group in groups for key in group) == sorted(keys)
+    assert all(len(group) == 1 for group in groups if group[0] not in METRICS_PAIRS)
+    alone = [row for row in HTTP_ROWS if row.key != "sold_out"]  # a twin without its pair runs alone
+    assert ["sold_out_metrics_off"] in [[row.key for row in group] for group in round_groups(alone)]
 
 
 def test_only_names_known_rows(monkeypatch):
@@ -169,3 +170,22 @@ def test_only_names_known_rows(monkeypatch):
     assert seen[0].wants("product_noop") and not seen[0].wants("accept")
     assert Options().wants("accept")
     assert bad.exit_code == 2 and "unknown row nope" in bad.output
+
+
+def test_the_metrics_targets_compare_the_cpu_a_request_takes_not_the_rate():
+    rows = [
+        # metrics on: fewer req/s (outside load took the CPU), the same CPU per request
+        Row("product_noop", "on", "req/s", 900.0, 1, 1.0, cpu={"server": 0.9}),
+        Row("product_noop_metrics_off", "off", "req/s", 1000.0, 1, 1.0, "product_noop", cpu={"server": 1.0}),
+        Row("sold_out", "on", "req/s", 1000.0, 1, 1.0, cpu={"server": 1.0}),
+        Row("sold_out_metrics_off", "off", "req/s", 1000.0, 1, 1.0, "sold_out", cpu={"server": 0.9}),
+    ]
+    fill_ratios(rows)
+    verdicts = {v["target"]: v for v in judge(rows)}
+    assert verdicts["product no-op per CPU-s, metrics on >= 0.95 x off"] == {
+        "target": "product no-op per CPU-s, metrics on >= 0.95 x off",
+        "ratio": 1.0,
+        "pass": True,
+    }
+    assert verdicts["sold out per CPU-s, metrics on >= 0.95 x off"]["ratio"] == 0.9  # 10 % more CPU per request
+    assert verdicts["sold out per CPU-s, metrics on >= 0.95 x off"]["pass"] is False
