@@ -24,12 +24,12 @@ from time import perf_counter
 from typing import cast
 
 import structlog
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 from service import metrics
 from service.adapters.redis.batcher import CommandBatcher
+from service.adapters.redis.client import RedisClient
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.keys import (
     ProductKeys,
@@ -78,7 +78,7 @@ _RELEASE_SECONDS = metrics.local_histogram(metrics.REDIS_SCRIPT_SECONDS, "releas
 log = structlog.get_logger(__name__)
 
 
-def _script(redis: Redis, name: str) -> AsyncScript:
+def _script(redis: RedisClient, name: str) -> AsyncScript:
     """``lua/<name>.lua`` registered on ``redis`` (EVALSHA, falling back to EVAL once if the
     server lost the script)."""
     return redis.register_script(files("lua").joinpath(f"{name}.lua").read_text(encoding="utf-8"))
@@ -120,7 +120,7 @@ class StockStore:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         key_prefix: str,
         *,
         replay_ttl_seconds: int = 86_400,
