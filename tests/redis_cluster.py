@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-
 MASTERS = 3
 MISSING = "redis-server or redis-cli not installed (Debian package redis-server): no Redis Cluster to test on"
 

@@ -370,6 +370,14 @@ class StockStore:
         """``lua/lease_release.lua``: drop ``holder``'s lease on ``shard``; False when not held."""
         return bool(await self._lease_release(keys=[shard_lease_key(self._prefix, shard)], args=[holder]))
 
+    async def leased_shards(self, shards: int) -> int:
+        """How many of shards ``0 .. shards - 1`` are leased now: EXISTS of each lease key in one
+        pipeline (on a cluster, one round trip per node)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for shard in range(shards):
+                pipe.exists(shard_lease_key(self._prefix, shard))
+            return sum(int(found) for found in await pipe.execute())
+
     async def try_lock(self, name: str, holder: str, lock_ms: int) -> bool:
         """SET NX PX: True when ``holder`` (a token unique to the caller) now holds the lock
         ``name`` of this key prefix for ``lock_ms`` milliseconds, False when someone else does."""
