@@ -14,6 +14,7 @@ from db.models import OrderStatus as S
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stock_store import StockStore
 from service.api.auth import issue_token
+from service.bootstrap import _Tuned
 from service.domain.lifecycle import expire_unpaid
 from service.domain.order_no import REDIS_SHARDS, OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.realign import Realigner
@@ -201,3 +202,13 @@ async def test_tear_down_unlinks_keys_of_every_slot(cluster_settings, cluster_re
 async def _rows_when(engine, product_id: int, count: int):
     rows = await order_rows(engine, product_id)
     return rows if len(rows) >= count else None
+
+
+async def test_every_node_connects_with_the_tuned_connection(cluster_redis):
+    """Health check with one re-open and hiredis packing (``_Tuned`` in service/bootstrap.py) on
+    every node the cluster client discovered, not only the one it started from."""
+    await cluster_redis.ping(target_nodes=RedisCluster.ALL_NODES)
+    nodes = cluster_redis.get_nodes()
+    assert len(nodes) == 3
+    assert all(issubclass(node.connection_class, _Tuned) for node in nodes)
+    assert all(isinstance(connection, _Tuned) for node in nodes for connection in node._connections)
