@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import httpx
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -31,7 +30,7 @@ from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher
 from service.adapters.channel_client import ChannelClient
 from service.adapters.dead_letters import DeadLetterQueue
-from service.adapters.redis.client import RedisClient
+from service.adapters.redis.client import ClusterClient, RedisClient
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stock_store import RateLimits, StockStore
 from service.domain.catalog import CatalogService
@@ -92,7 +91,7 @@ def make_redis(settings: Settings) -> RedisClient:
     return Redis.from_pool(pool)
 
 
-def _make_cluster(settings: Settings) -> RedisCluster:
+def _make_cluster(settings: Settings) -> ClusterClient:
     """A Redis Cluster client that discovers the cluster from the node ``FLASHSALE_REDIS__URL``
     names and sends each command to the master of its key's slot (following MOVED/ASK).
 
@@ -104,13 +103,15 @@ def _make_cluster(settings: Settings) -> RedisCluster:
     cluster default retries 3 times, which could run a reserve twice, see :func:`make_redis`);
     MOVED/ASK redirections are followed all the same.
 
+    An unreachable cluster raises a Redis ``ConnectionError`` (:class:`ClusterClient`).
+
     Differs: each node has its own pool of ``max_connections``, which fails at once
     (``MaxConnectionsError``, the request answers 503) instead of blocking when all are busy:
     redis-py's cluster client has no blocking pool. Pipelines are split by node
     (``ClusterPipeline``: one round trip per node).
     """
     redis = settings.redis
-    cluster = RedisCluster.from_url(
+    cluster: ClusterClient = ClusterClient.from_url(  # type: ignore[assignment]  # from_url is typed as the base class's
         redis.url,
         max_connections=redis.max_connections,
         decode_responses=True,

@@ -13,9 +13,31 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError, RedisClusterException
 
 RedisClient = Redis | RedisCluster
 """A client of one Redis server or of a Redis Cluster (decoding responses)."""
+
+
+class ClusterClient(RedisCluster):
+    r"""redis-py's ``RedisCluster`` whose "cannot reach the cluster" errors are Redis
+    ``ConnectionError``\ s, as one unreachable server's are: redis-py raises
+    ``RedisClusterException`` (not a ``RedisError``) when no node it knows answers the slot map
+    (at start, or after a node failed), which every caller would otherwise have to know about
+    (the purchase path answers ``503`` on a ``RedisError``; the start-up check names the URL)."""
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> ClusterClient:
+        try:
+            await super().initialize(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise ConnectionError(f"Redis Cluster unreachable: {exc}") from exc
+        return self
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise ConnectionError(f"Redis Cluster unreachable: {exc}") from exc
 
 
 async def config_values(redis: RedisClient, parameter: str) -> list[str | None]:

@@ -8,17 +8,19 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import pytest
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from db.models import OrderStatus as S
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stock_store import StockStore
 from service.api.auth import issue_token
-from service.bootstrap import _Tuned
+from service.bootstrap import DependencyUnreachable, _Tuned, check_dependencies, make_store
 from service.domain.lifecycle import expire_unpaid
 from service.domain.order_no import REDIS_SHARDS, OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.realign import Realigner
-from service.sale.isolation import isolated_settings
+from service.sale.isolation import free_port, isolated_settings
 from service.sale.stores import tear_down
 from service.settings import Settings
 from tests.support import buy, eventually, inventory, notify, order_rows, status_of
@@ -212,3 +214,18 @@ async def test_every_node_connects_with_the_tuned_connection(cluster_redis):
     assert len(nodes) == 3
     assert all(issubclass(node.connection_class, _Tuned) for node in nodes)
     assert all(isinstance(connection, _Tuned) for node in nodes for connection in node._connections)
+
+
+async def test_an_unreachable_cluster_is_a_redis_connection_error_naming_the_url(settings):
+    """redis-py raises RedisClusterException (no RedisError) when no node answers: the start-up
+    check must still say which variable and where, and the purchase path must see a RedisError."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    nowhere = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": url, "cluster": True})})
+    with pytest.raises(DependencyUnreachable, match="FLASHSALE_REDIS__URL: cannot reach Redis at 127.0.0.1"):
+        await check_dependencies(nowhere, amqp=False, mysql=False)
+    store = make_store(nowhere)
+    try:
+        with pytest.raises(RedisConnectionError):
+            await store.reserve(1, "r", "u", 1, "FS0", "a")
+    finally:
+        await store.aclose()
