@@ -6,8 +6,13 @@ minting over several shards and seconds, readiness, and the test isolation's tea
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
+import httpx
 import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -20,10 +25,10 @@ from service.bootstrap import DependencyUnreachable, _Tuned, check_dependencies,
 from service.domain.lifecycle import expire_unpaid
 from service.domain.order_no import REDIS_SHARDS, OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.realign import Realigner
-from service.sale.isolation import free_port, isolated_settings
+from service.sale.isolation import environment, free_port, isolated_settings
 from service.sale.stores import tear_down
 from service.settings import Settings
-from tests.support import buy, eventually, inventory, notify, order_rows, status_of
+from tests.support import buy, eventually, flashsale_process, inventory, notify, order_rows, status_of
 
 _next_id = iter(range(5000, 100_000))
 
@@ -229,3 +234,47 @@ async def test_an_unreachable_cluster_is_a_redis_connection_error_naming_the_url
             await store.reserve(1, "r", "u", 1, "FS0", "a")
     finally:
         await store.aclose()
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    flashsale = str(Path(sys.executable).with_name("flashsale"))
+    env = {**os.environ, **environment(settings)}
+    return subprocess.run([flashsale, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+async def test_the_commands_run_on_the_cluster(cluster_settings, cluster_redis, cluster_store, cluster_engine):
+    """``serve --workers 2`` (two shards, recovery on), ``consume``, ``product set`` of products on
+    every master, ``realign``, ``sweep`` and ``dlq list`` as processes on the cluster."""
+    settings = cluster_settings.model_copy(
+        update={"realign": cluster_settings.realign.model_copy(update={"auto_seconds": 1.0})}
+    )
+    products = await _one_product_per_master(cluster_redis, cluster_store)
+    for product_id in products:
+        done = await asyncio.to_thread(
+            _cli, settings, "product", "set", str(product_id), "--stock", "7", "--stock-mode", "redis", "--json"
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert await cluster_store.stock(product_id) == 7
+    port = free_port()
+    async with (
+        flashsale_process(settings, f"http://127.0.0.1:{port}/api/v1/health/ready", "serve", "--port", str(port),
+                          "--workers", "2"),
+        flashsale_process(settings, f"http://127.0.0.1:{port}/api/v1/health/ready", "consume"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http,
+    ):  # fmt: skip
+        ready = (await http.get("/api/v1/health/ready")).json()
+        assert ready["shards_leased"] == 2 and ready["ready"] is True
+        for product_id in products:
+            responses = await asyncio.gather(
+                *(buy(http, _headers(settings, f"cli{product_id}-{i}"), product_id) for i in range(20))
+            )
+            assert Counter(r.status_code for r in responses) == {202: 7, 409: 13}
+        for product_id in products:
+            await eventually(lambda pid=product_id: _rows_when(cluster_engine, pid, 7))
+    for args in (("realign", "--json"), ("sweep", "--json"), ("dlq", "list", "--json")):
+        done = await asyncio.to_thread(_cli, settings, *args)
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+    for product_id in products:
+        assert await inventory(cluster_engine, product_id) == (0, 7)
+        assert await cluster_store.stock(product_id) == 0
