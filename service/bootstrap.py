@@ -30,6 +30,7 @@ from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher
 from service.adapters.channel_client import ChannelClient
 from service.adapters.dead_letters import DeadLetterQueue
+from service.adapters.redis.client import ClusterClient, RedisClient
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stock_store import RateLimits, StockStore
 from service.domain.catalog import CatalogService
@@ -47,8 +48,9 @@ from service.domain.sold_out import SoldOutFlags
 from service.settings import ConfigError, Settings
 
 
-def make_redis(settings: Settings) -> Redis:
-    """One pooled Redis client per process (strings decoded as UTF-8).
+def make_redis(settings: Settings) -> RedisClient:
+    """One pooled Redis client per process (strings decoded as UTF-8); a ``RedisCluster`` when
+    ``FLASHSALE_REDIS__CLUSTER`` is set (:func:`_make_cluster`).
 
     The pool blocks (up to 5 s) when all ``max_connections`` are busy instead of failing the
     request, so a stampede queues for a connection rather than turning into 503s.
@@ -72,6 +74,8 @@ def make_redis(settings: Settings) -> Redis:
     feature (a Redis Enterprise/Cloud one) cannot work; so they are turned off here.
     """
     redis = settings.redis
+    if redis.cluster:
+        return _make_cluster(settings)
     pool = BlockingConnectionPool.from_url(
         redis.url,
         max_connections=redis.max_connections,
@@ -85,6 +89,44 @@ def make_redis(settings: Settings) -> Redis:
     )
     pool.connection_class = _tuned(pool.connection_class)
     return Redis.from_pool(pool)
+
+
+def _make_cluster(settings: Settings) -> ClusterClient:
+    """A Redis Cluster client that discovers the cluster from the node ``FLASHSALE_REDIS__URL``
+    names and sends each command to the master of its key's slot (following MOVED/ASK).
+
+    Kept from :func:`make_redis`: the same timeouts, TCP keepalive, maintenance notifications
+    off, and :class:`_Tuned` connections (idle-time health check with one re-open, hiredis
+    packing): redis-py's cluster client takes no ``connection_class``, so it is set in the
+    connection options every node is built from, before the first command discovers them.
+    Commands are not retried on a connection error or timeout (``Retry`` with 0 retries; redis-py's
+    cluster default retries 3 times, which could run a reserve twice, see :func:`make_redis`);
+    MOVED/ASK redirections are followed all the same.
+
+    An unreachable cluster raises a Redis ``ConnectionError`` (:class:`ClusterClient`).
+
+    Differs: each node has its own pool of ``max_connections``, which fails at once
+    (``MaxConnectionsError``, the request answers 503) instead of blocking when all are busy:
+    redis-py's cluster client has no blocking pool. Pipelines are split by node
+    (``ClusterPipeline``: one round trip per node).
+    """
+    redis = settings.redis
+    cluster: ClusterClient = ClusterClient.from_url(  # type: ignore[assignment]  # from_url is typed as the base class's
+        redis.url,
+        max_connections=redis.max_connections,
+        decode_responses=True,
+        socket_timeout=redis.socket_timeout,
+        socket_connect_timeout=redis.connect_timeout,
+        socket_keepalive=True,
+        health_check_interval=redis.health_check_interval,
+        retry=Retry(NoBackoff(), 0),
+        maint_notifications_config=MaintNotificationsConfig(enabled=False),
+    )
+    options = cluster.nodes_manager.connection_kwargs
+    options["connection_class"] = _tuned(options["connection_class"])
+    for node in cluster.nodes_manager.startup_nodes.values():
+        node.connection_class = options["connection_class"]
+    return cluster
 
 
 class _Tuned(AbstractConnection):

@@ -81,6 +81,9 @@ class RedisSettings(BaseModel):
     health_check_interval: float = Field(10.0, ge=0)
     """A pooled connection idle longer than this many seconds is PINGed before its next command
     (and re-opened when the PING fails); 0 turns it off."""
+    cluster: bool = False
+    """``url`` names one node of a Redis Cluster: every client is a ``RedisCluster`` that learns
+    the slot map from it and follows MOVED/ASK (``max_connections`` then counts per node)."""
 
 
 class AMQPSettings(BaseModel):

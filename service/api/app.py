@@ -21,9 +21,11 @@ from service.api.controllers.orders import OrderController
 from service.api.controllers.payments import PaymentController
 from service.api.controllers.products import ProductController
 from service.api.hooks import before_request
+from service.api.no_shard import stop_server
 from service.api.openapi import document_contract
 from service.api.problems import ERROR_HANDLERS, problem_details_plugin
-from service.bootstrap import Resources, opened
+from service.bootstrap import Resources
+from service.domain.order_no import ShardsExhausted
 from service.log_setup import configure_logging
 from service.settings import Settings, get_settings
 
@@ -40,9 +42,17 @@ class FlashsalePlugin(InitPluginProtocol):
 
         @asynccontextmanager
         async def lifespan(_: Litestar) -> AsyncIterator[None]:
-            async with opened(settings, purchase=True) as resources["current"]:
+            try:
+                current = await Resources.open(settings, purchase=True)
+            except ShardsExhausted as exc:
+                stop_server(exc)  # under flashsale serve: stops the server, does not return
+                raise
+            resources["current"] = current
+            try:
                 yield
-            resources.pop("current")
+            finally:
+                await current.close()
+                resources.pop("current")
 
         def provide_resources() -> Resources:
             return resources["current"]

@@ -72,8 +72,11 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64), help="granian worker processes.")
 def serve(host: str, port: int, workers: int) -> None:
     """Run the purchase API (granian, WORKERS processes). Checks Redis, RabbitMQ and MySQL once
-    first: one that does not answer ends it with one line and exit code 2."""
-    from service.cli.serve import metrics_directory, serve_app
+    first: one that does not answer ends it with one line and exit code 2. Fewer free order-number
+    shards than WORKERS (at most 90 worker processes per key prefix), before or while the workers
+    start, ends it with one line and exit code 3."""
+    from service.api.no_shard import EXIT_NO_SHARD
+    from service.cli.serve import metrics_directory, serve_app, shards_short
 
     settings = get_settings()
     settings.require_secrets()
@@ -82,7 +85,10 @@ def serve(host: str, port: int, workers: int) -> None:
         from service.bootstrap import check_dependencies
 
         _run(check_dependencies(settings))
-        serve_app("service.api.app:create_app", host, port, workers)
+        problem = _run(shards_short(settings, workers)) or serve_app("service.api.app:create_app", host, port, workers)
+    if problem:
+        click.echo(f"flashsale serve: {problem}", err=True)
+        sys.exit(EXIT_NO_SHARD)
 
 
 _metrics_port = click.option(
@@ -179,11 +185,23 @@ def realign(
     type=click.Path(file_okay=False, path_type=Path),
     help="Also write an HTML report with charts (report.html and PNGs) to DIR.",
 )
-def sale(**options: Any) -> None:
+@click.option(
+    "--redis-cluster",
+    "cluster_node",
+    default=None,
+    metavar="URL",
+    help="Run on the running Redis Cluster that has this node (redis://HOST:PORT): "
+    "FLASHSALE_REDIS__URL=URL and FLASHSALE_REDIS__CLUSTER=true for every process of the sale.",
+)
+def sale(cluster_node: str | None, **options: Any) -> None:
     """Run a whole flash sale end to end on the real services and check every invariant."""
     from service.sale.job import run_sale
 
-    sys.exit(_run(run_sale(get_settings(), **options)))
+    settings = get_settings()
+    if cluster_node is not None:
+        redis = settings.redis.model_copy(update={"url": cluster_node, "cluster": True})
+        settings = settings.model_copy(update={"redis": redis})
+    sys.exit(_run(run_sale(settings, **options)))
 
 
 def _bench_rows(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:

@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from service.settings import Settings
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus_client when it is first imported
 
 
@@ -38,17 +40,41 @@ def metrics_directory(enabled: bool) -> Iterator[None]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def serve_app(target: str, host: str, port: int, workers: int) -> None:
+async def shards_short(settings: Settings, workers: int) -> str | None:
+    """Why ``workers`` more API workers cannot start on ``settings``'s key prefix (fewer free
+    order-number shards than workers, one line), or None."""
+    from service.bootstrap import make_store
+    from service.domain.order_no import REDIS_SHARDS, leased_shards
+
+    store = make_store(settings)
+    try:
+        leased = await leased_shards(store)
+    finally:
+        await store.aclose()
+    free = REDIS_SHARDS - leased
+    if free >= workers:
+        return None
+    return (
+        f"{workers} workers need {workers} order-number shards, {free} of {REDIS_SHARDS} are free "
+        f"({leased} leased by running API workers of key prefix {settings.redis.key_prefix!r}): "
+        f"at most {REDIS_SHARDS} API worker processes per key prefix"
+    )
+
+
+def serve_app(target: str, host: str, port: int, workers: int) -> str | None:
     """Serve the ASGI app factory ``target`` (``module:factory``) on granian until stopped:
     uvloop, a 4096-connection backlog, no access log of granian's own (the app writes one),
     failed workers respawned. ``flashsale serve`` runs it inside :func:`metrics_directory`, so
-    that its workers share one multiprocess metrics directory."""
+    that its workers share one multiprocess metrics directory. Returns None, or why a worker
+    stopped the server (:mod:`service.api.no_shard`: every order-number shard leased)."""
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
+    from service.api.no_shard import SERVE_PID_ENV, stopped_for
     from service.log_setup import granian_logging
 
-    Granian(
+    os.environ[SERVE_PID_ENV] = str(os.getpid())
+    server = Granian(
         target,
         factory=True,
         address=host,
@@ -60,4 +86,12 @@ def serve_app(target: str, host: str, port: int, workers: int) -> None:
         log_access=False,
         log_dictconfig=granian_logging(),
         respawn_failed_workers=True,
-    ).serve()
+    )
+    try:
+        server.serve()
+    except SystemExit:  # granian exits 1 when workers crashed: a worker's reason comes first
+        reason = stopped_for(os.getpid())
+        if reason is None:
+            raise
+        return reason
+    return stopped_for(os.getpid())

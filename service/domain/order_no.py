@@ -97,6 +97,17 @@ class ShardLost(RuntimeError):
     lease taken), or MySQL could not say the shard's generation."""
 
 
+class ShardsExhausted(ShardLost):
+    """Every Redis order-number shard (00-89, :data:`REDIS_SHARDS`) is leased by another process:
+    the fleet limit of :data:`REDIS_SHARDS` API worker processes per key prefix is reached."""
+
+
+async def leased_shards(store: StockStore) -> int:
+    """How many of the :data:`REDIS_SHARDS` Redis shards some process leases right now (one
+    round trip per Redis node)."""
+    return await store.leased_shards(REDIS_SHARDS)
+
+
 class ShardGenerations:
     """The generation of each order-number shard, in MySQL (survives whatever Redis forgets)."""
 
@@ -138,7 +149,7 @@ class ShardLease:
         """Take a free shard, trying them in random order.
 
         Raises:
-            ShardLost: all 90 Redis shards are leased by other processes.
+            ShardsExhausted: all 90 Redis shards are leased by other processes.
         """
         start = random.randrange(REDIS_SHARDS)
         for offset in range(REDIS_SHARDS):
@@ -148,7 +159,10 @@ class ShardLease:
                 self.shard = shard
                 self._valid_until = began + self._lease_ms / 1000 * 0.9
                 return shard
-        raise ShardLost("all Redis order-number shards are leased")
+        raise ShardsExhausted(
+            f"all {REDIS_SHARDS} Redis order-number shards (00-{REDIS_SHARDS - 1}) are leased: at most "
+            f"{REDIS_SHARDS} API worker processes can share one key prefix"
+        )
 
     async def start(self) -> int:
         """Acquire a shard and keep renewing it in the background."""

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import aio_pika
 from aio_pika.abc import AbstractChannel
-from redis.asyncio import Redis
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -26,7 +25,7 @@ from db.models import OrderStatus
 from db.queries import inventory, orders, payments
 from service.adapters.broker import delete_topology, queue_depth
 from service.adapters.redis.stock_store import StockStore
-from service.bootstrap import Resources, opened
+from service.bootstrap import Resources, make_redis, opened
 from service.domain.lifecycle import expire_unpaid
 from service.domain.realign import RealignReport
 from service.domain.reconcile import ReconcileReport
@@ -198,7 +197,7 @@ async def tear_down(settings: Settings) -> None:
     """Drop the run's database, unlink its Redis keys, delete its queues and exchanges."""
     await drop_database(settings.db.url)
 
-    redis = Redis.from_url(settings.redis.url)
+    redis = make_redis(settings)  # on a cluster: SCAN every master, UNLINK split by slot
     try:
         batch = []
         # The prefix and anything derived from it (tests use "<prefix>-<part>" prefixes too).

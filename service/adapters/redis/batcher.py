@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError
+
+from service.adapters.redis.client import RedisClient
 
 MAX_BATCH = 512
 """Commands per pipeline at most; more wait for the next one."""
@@ -30,7 +31,7 @@ class CommandBatcher:
     Commands are sent in the order they were queued; a pipeline is not atomic.
     """
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
         self._queue: list[tuple[Command, asyncio.Future[Any]]] = []
         self._flusher: asyncio.Task[None] | None = None

@@ -9,7 +9,9 @@ API reads the policy once at start and again at most every :data:`REFRESH_SECOND
 readiness probe asks), and is not ready while Redis may evict.
 
 ``CONFIG`` may be renamed away or denied by an ACL (managed Redis services do that): then the
-policy is unknown, logged once, and not held against readiness.
+policy is unknown, logged once, and not held against readiness. On a Redis Cluster every master
+is asked; the policy reported is the first one that is not ``noeviction`` (one evicting master
+loses the keys of its slots).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from __future__ import annotations
 import time
 
 import structlog
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
+
+from service.adapters.redis.client import RedisClient, config_values
 
 log = structlog.get_logger(__name__)
 
@@ -31,7 +34,7 @@ class EvictionPolicy:
     """The ``maxmemory-policy`` of the Redis behind ``redis``, read with ``CONFIG GET`` at most
     every ``refresh_seconds`` (default :data:`REFRESH_SECONDS`)."""
 
-    def __init__(self, redis: Redis, refresh_seconds: float | None = None) -> None:
+    def __init__(self, redis: RedisClient, refresh_seconds: float | None = None) -> None:
         self._redis = redis
         self._refresh = refresh_seconds
         self._next_read = 0.0
@@ -53,15 +56,14 @@ class EvictionPolicy:
             return self.policy
         self._next_read = now + (REFRESH_SECONDS if self._refresh is None else self._refresh)
         try:
-            answer = await self._redis.config_get("maxmemory-policy")
+            policies = await config_values(self._redis, "maxmemory-policy")
         except ResponseError as exc:  # renamed away, or NOPERM
             if not self._unavailable_logged:
                 log.warning("redis_config_unavailable", error=str(exc))
                 self._unavailable_logged = True
             self.policy = None
             return None
-        policy = answer.get("maxmemory-policy")
-        policy = policy.decode() if isinstance(policy, bytes) else policy
+        policy = next((each for each in policies if each != SAFE_POLICY), policies[0] if policies else None)
         if policy != self.policy and policy is not None and policy != SAFE_POLICY:
             log.error("redis_may_evict_keys", maxmemory_policy=policy, expected=SAFE_POLICY)
         self.policy = policy

@@ -8,7 +8,8 @@ import asyncio
 from collections.abc import Callable
 
 import structlog
-from redis.asyncio import Redis
+
+from service.adapters.redis.client import RedisClient
 
 log = structlog.get_logger(__name__)
 
@@ -17,7 +18,7 @@ RESUBSCRIBE_SECONDS = 0.5
 
 
 async def follow(
-    redis: Redis,
+    redis: RedisClient,
     channel: str,
     restocked: Callable[[int], None],
     following: Callable[[], None],

@@ -24,12 +24,12 @@ from time import perf_counter
 from typing import cast
 
 import structlog
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 from service import metrics
 from service.adapters.redis.batcher import CommandBatcher
+from service.adapters.redis.client import RedisClient
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.keys import (
     ProductKeys,
@@ -78,7 +78,7 @@ _RELEASE_SECONDS = metrics.local_histogram(metrics.REDIS_SCRIPT_SECONDS, "releas
 log = structlog.get_logger(__name__)
 
 
-def _script(redis: Redis, name: str) -> AsyncScript:
+def _script(redis: RedisClient, name: str) -> AsyncScript:
     """``lua/<name>.lua`` registered on ``redis`` (EVALSHA, falling back to EVAL once if the
     server lost the script)."""
     return redis.register_script(files("lua").joinpath(f"{name}.lua").read_text(encoding="utf-8"))
@@ -120,7 +120,7 @@ class StockStore:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         key_prefix: str,
         *,
         replay_ttl_seconds: int = 86_400,
@@ -369,6 +369,14 @@ class StockStore:
     async def release_lease(self, shard: int, holder: str) -> bool:
         """``lua/lease_release.lua``: drop ``holder``'s lease on ``shard``; False when not held."""
         return bool(await self._lease_release(keys=[shard_lease_key(self._prefix, shard)], args=[holder]))
+
+    async def leased_shards(self, shards: int) -> int:
+        """How many of shards ``0 .. shards - 1`` are leased now: EXISTS of each lease key in one
+        pipeline (on a cluster, one round trip per node)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for shard in range(shards):
+                pipe.exists(shard_lease_key(self._prefix, shard))
+            return sum(int(found) for found in await pipe.execute())
 
     async def try_lock(self, name: str, holder: str, lock_ms: int) -> bool:
         """SET NX PX: True when ``holder`` (a token unique to the caller) now holds the lock

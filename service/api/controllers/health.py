@@ -8,6 +8,7 @@ from litestar.di import NamedDependency
 from sqlalchemy import text
 
 from service.bootstrap import Resources
+from service.domain.order_no import REDIS_SHARDS, leased_shards
 
 
 class Readiness(msgspec.Struct):
@@ -25,6 +26,13 @@ class Readiness(msgspec.Struct):
     self-healing pass (:mod:`service.domain.recovery`): not ready meanwhile."""
     redis_may_evict: bool = False
     redis_maxmemory_policy: str | None = None
+    shards_leased: int | None = None
+    """Order-number shards leased by the API workers of this key prefix (this one's included);
+    None when Redis did not answer. Informational: a worker that holds its shard is ready."""
+    shards_free: int | None = None
+    """Shards still free: how many more API worker processes can start (the fleet limit is
+    ``shards_total``, :data:`~service.domain.order_no.REDIS_SHARDS`)."""
+    shards_total: int = REDIS_SHARDS
 
 
 class HealthController(Controller):
@@ -42,7 +50,8 @@ class HealthController(Controller):
         every 30 s), RabbitMQ has a channel and MySQL answers, and no product waits for its lost
         Redis state to be repaired (``redis_state``); 503 (same body) otherwise. The probe repairs
         what it can: scripts Redis lost are loaded again, publisher channels the broker closed
-        re-opened."""
+        re-opened. It also reports the order-number shards leased and free (the fleet limit: one
+        shard per API worker process, 90 per key prefix)."""
         redis_ok = rabbit_ok = mysql_ok = False
         lease = resources.lease
         try:
@@ -62,6 +71,11 @@ class HealthController(Controller):
                 mysql_ok = (await conn.execute(text("SELECT 1"))).scalar() == 1
         except Exception:
             pass
+        leased = None
+        try:
+            leased = await leased_shards(resources.store)
+        except Exception:
+            pass  # Redis unreachable: redis_ok says so
         repairing = resources.recovery is not None and bool(resources.recovery.repairing)
         ready = redis_ok and rabbit_ok and mysql_ok and not repairing and not evicts
         body = Readiness(
@@ -73,5 +87,7 @@ class HealthController(Controller):
             "being repaired" if repairing else "ok",
             evicts,
             eviction.policy if eviction is not None else None,
+            leased,
+            None if leased is None else REDIS_SHARDS - leased,
         )
         return Response(body, status_code=200 if ready else 503)

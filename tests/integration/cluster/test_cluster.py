@@ -1,0 +1,280 @@
+"""Every path of the service on a real three-master Redis Cluster (``FLASHSALE_REDIS__CLUSTER``):
+purchases of products spread over all masters under real concurrency, replays, the order and
+product views, the consumer's claim, realignment of every product, cancel/pay/sweep, order-number
+minting over several shards and seconds, readiness, and the test isolation's teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from db.models import OrderStatus as S
+from service.adapters.redis.eviction import EvictionPolicy
+from service.adapters.redis.stock_store import StockStore
+from service.api.auth import issue_token
+from service.bootstrap import DependencyUnreachable, _Tuned, check_dependencies, make_store
+from service.domain.lifecycle import expire_unpaid
+from service.domain.order_no import REDIS_SHARDS, OrderNumberMinter, ShardGenerations, ShardLease
+from service.domain.realign import Realigner
+from service.sale.isolation import environment, free_port, isolated_settings
+from service.sale.stores import tear_down
+from service.settings import Settings
+from tests.support import buy, eventually, flashsale_process, inventory, notify, order_rows, status_of
+
+_next_id = iter(range(5000, 100_000))
+
+
+def _headers(settings: Settings, user: str, admin: bool = False) -> dict[str, str]:
+    return {"Authorization": f"Bearer {issue_token(settings.auth.jwt_secret, user, admin)}"}
+
+
+async def _one_product_per_master(redis: RedisCluster, store: StockStore) -> list[int]:
+    """Fresh product ids whose slots lie on three different masters."""
+    await redis.initialize()
+    chosen: dict[str, int] = {}
+    while len(chosen) < len(redis.get_primaries()):
+        product_id = next(_next_id)
+        node = redis.get_node_from_key(store.product_keys(product_id).stock)
+        chosen.setdefault(node.name, product_id)
+    return sorted(chosen.values())
+
+
+async def _put(client, settings: Settings, product_id: int, stock: int, limit: int = 1) -> None:
+    body = {"stock": stock, "per_user_limit": limit, "price": 1500, "stock_mode": "redis"}
+    response = await client.put(
+        f"/api/v1/admin/products/{product_id}", json=body, headers=_headers(settings, "admin", admin=True)
+    )
+    assert response.status_code == 200, response.text
+
+
+async def test_300_concurrent_buyers_over_three_masters_get_exactly_the_stock(
+    cluster_client, cluster_settings, cluster_redis, cluster_store, cluster_engine, cluster_consumer
+):
+    products = await _one_product_per_master(cluster_redis, cluster_store)
+    for product_id in products:
+        await _put(cluster_client, cluster_settings, product_id, stock=40)
+
+    buyers = [(product_id, f"b{product_id}-{i}") for product_id in products for i in range(100)]
+    responses = await asyncio.gather(
+        *(buy(cluster_client, _headers(cluster_settings, user), pid) for pid, user in buyers)
+    )
+
+    per_product = Counter((pid, r.status_code) for (pid, _), r in zip(buyers, responses, strict=True))
+    for product_id in products:
+        assert per_product[(product_id, 202)] == 40 and per_product[(product_id, 409)] == 60
+    assert {r.json()["code"] for r in responses if r.status_code == 409} == {"sold_out"}
+    accepted = [r.json()["order_no"] for r in responses if r.status_code == 202]
+    assert len(set(accepted)) == 120
+
+    for product_id in products:
+        rows = await eventually(lambda pid=product_id: _rows_when(cluster_engine, pid, 40))
+        assert len(rows) == 40
+        assert await inventory(cluster_engine, product_id) == (0, 40)
+        assert await cluster_store.stock(product_id) == 0
+
+    reports = await Realigner(cluster_engine, cluster_store, grace_seconds=0).realign_all()
+    mine = [r for r in reports if r.product_id in products]
+    assert [(r.mysql_stock, r.redis_stock_after, r.in_flight, r.drift) for r in mine] == [(0, 0, 0, 0)] * 3
+
+
+async def test_replay_order_view_and_product_view_on_every_master(
+    cluster_client, cluster_settings, cluster_redis, cluster_store, cluster_engine, cluster_consumer
+):
+    products = await _one_product_per_master(cluster_redis, cluster_store)
+    for product_id in products:
+        await _put(cluster_client, cluster_settings, product_id, stock=5, limit=2)
+        headers = _headers(cluster_settings, f"replayer{product_id}")
+        first = await buy(cluster_client, headers, product_id, key=f"k{product_id}")
+        again = await buy(cluster_client, headers, product_id, key=f"k{product_id}")
+        assert first.status_code == again.status_code == 202, first.text
+        assert again.json()["order_no"] == first.json()["order_no"]
+        order = await cluster_client.get(f"/api/v1/orders/{first.json()['order_no']}", headers=headers)
+        assert order.status_code == 200, order.text
+        product = await cluster_client.get(f"/api/v1/products/{product_id}")
+        assert product.status_code == 200, product.text
+        await eventually(lambda pid=product_id: _rows_when(cluster_engine, pid, 1))
+        assert await inventory(cluster_engine, product_id) == (4, 1)
+
+
+async def test_sold_out_flag_is_lowered_by_a_restock_announced_on_another_master(
+    cluster_client, cluster_settings, cluster_redis, cluster_store, cluster_engine, cluster_consumer
+):
+    product_id = (await _one_product_per_master(cluster_redis, cluster_store))[-1]
+    await _put(cluster_client, cluster_settings, product_id, stock=1)
+    bought = await buy(cluster_client, _headers(cluster_settings, "first"), product_id)
+    assert bought.status_code == 202
+    assert (await buy(cluster_client, _headers(cluster_settings, "second"), product_id)).status_code == 409
+    await eventually(lambda: _rows_when(cluster_engine, product_id, 1))
+    order_no = bought.json()["order_no"]
+    cancelled = await cluster_client.post(
+        f"/api/v1/orders/{order_no}/cancel", headers=_headers(cluster_settings, "first")
+    )
+    assert cancelled.status_code == 200, cancelled.text
+
+    async def third_buys() -> bool:
+        return (await buy(cluster_client, _headers(cluster_settings, "third"), product_id)).status_code == 202
+
+    await eventually(third_buys)
+
+
+async def test_pay_cancel_and_sweep_on_the_cluster(
+    cluster_client, cluster_settings, cluster_redis, cluster_store, cluster_engine, cluster_consumer
+):
+    products = await _one_product_per_master(cluster_redis, cluster_store)
+    order_nos: list[tuple[int, str, str]] = []
+    for product_id in products:
+        await _put(cluster_client, cluster_settings, product_id, stock=3)
+        for user in ("payer", "canceller", "sleeper"):
+            response = await buy(cluster_client, _headers(cluster_settings, f"{user}{product_id}"), product_id)
+            assert response.status_code == 202, response.text
+            order_nos.append((product_id, user, response.json()["order_no"]))
+        await eventually(lambda pid=product_id: _rows_when(cluster_engine, pid, 3))
+
+    for product_id, user, order_no in order_nos:
+        if user == "payer":
+            paid = await notify(cluster_client, cluster_settings, order_no, txn=f"t{order_no}")
+            assert paid.status_code == 200, paid.text
+        elif user == "canceller":
+            headers = _headers(cluster_settings, f"{user}{product_id}")
+            cancelled = await cluster_client.post(f"/api/v1/orders/{order_no}/cancel", headers=headers)
+            assert cancelled.status_code == 200, cancelled.text
+    await asyncio.sleep(2.1)  # the window below is 1 s; created_at has one-second precision
+    swept = [await expire_unpaid(cluster_engine, cluster_store, window_seconds=1, product_id=pid) for pid in products]
+    assert swept == [1, 1, 1]
+    expected = {"payer": S.PAID, "canceller": S.CANCELLED, "sleeper": S.CANCELLED}
+    for _, user, order_no in order_nos:
+        assert await status_of(cluster_engine, order_no) is expected[user]
+    for product_id in products:
+        assert await inventory(cluster_engine, product_id) == (2, 1)
+        assert await cluster_store.stock(product_id) == 2
+
+
+async def test_minting_over_several_shards_and_seconds_is_unique(cluster_settings, cluster_engine, cluster_store):
+    leases = [ShardLease(cluster_store, 30) for _ in range(6)]
+    minters = [
+        OrderNumberMinter(
+            cluster_store, lease, cluster_settings.orders.order_no_prefix, ShardGenerations(cluster_engine), block=7
+        )
+        for lease in leases
+    ]
+    try:
+        for lease in leases:
+            await lease.start()
+        shards = {lease.shard for lease in leases}
+        assert len(shards) == 6 and all(shard is not None and shard < REDIS_SHARDS for shard in shards)
+        minted: list[str] = []
+        for _ in range(3):  # three different seconds: the sequence keys move between slots each second
+            minted += await asyncio.gather(*(minter.take() for minter in minters for _ in range(50)))
+            await asyncio.sleep(1.05)
+        assert len(minted) == len(set(minted)) == 900
+    finally:
+        for lease in leases:
+            await lease.stop()
+
+
+async def test_readiness_asks_every_master(cluster_client, cluster_redis):
+    response = await cluster_client.get("/api/v1/health/ready")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["redis"] is True and body["redis_maxmemory_policy"] == "noeviction"
+
+    last = cluster_redis.get_primaries()[-1]  # one master of the test's own cluster evicts: not ready
+    await cluster_redis.config_set("maxmemory-policy", "allkeys-lru", target_nodes=last)
+    try:
+        assert await EvictionPolicy(cluster_redis).check(force=True) == "allkeys-lru"
+    finally:
+        await cluster_redis.config_set("maxmemory-policy", "noeviction", target_nodes=last)
+    assert await EvictionPolicy(cluster_redis).check(force=True) == "noeviction"
+
+
+async def test_tear_down_unlinks_keys_of_every_slot(cluster_settings, cluster_redis):
+    settings = isolated_settings(cluster_settings, "tc_teardown_probe")  # its own database and queues
+    keys = [f"tc_teardown_probe:{{p:{n}}}:stock" for n in range(50)]
+    for key in keys:
+        await cluster_redis.set(key, 1)
+    assert len({cluster_redis.get_node_from_key(key).name for key in keys}) == 3
+    await tear_down(settings)
+    assert await cluster_redis.exists(*keys) == 0
+
+
+async def _rows_when(engine, product_id: int, count: int):
+    rows = await order_rows(engine, product_id)
+    return rows if len(rows) >= count else None
+
+
+async def test_every_node_connects_with_the_tuned_connection(cluster_redis):
+    """Health check with one re-open and hiredis packing (``_Tuned`` in service/bootstrap.py) on
+    every node the cluster client discovered, not only the one it started from."""
+    await cluster_redis.ping(target_nodes=RedisCluster.ALL_NODES)
+    nodes = cluster_redis.get_nodes()
+    assert len(nodes) == 3
+    assert all(issubclass(node.connection_class, _Tuned) for node in nodes)
+    assert all(isinstance(connection, _Tuned) for node in nodes for connection in node._connections)
+
+
+async def test_an_unreachable_cluster_is_a_redis_connection_error_naming_the_url(settings):
+    """redis-py raises RedisClusterException (no RedisError) when no node answers: the start-up
+    check must still say which variable and where, and the purchase path must see a RedisError."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    nowhere = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": url, "cluster": True})})
+    with pytest.raises(DependencyUnreachable, match="FLASHSALE_REDIS__URL: cannot reach Redis at 127.0.0.1"):
+        await check_dependencies(nowhere, amqp=False, mysql=False)
+    store = make_store(nowhere)
+    try:
+        with pytest.raises(RedisConnectionError):
+            await store.reserve(1, "r", "u", 1, "FS0", "a")
+    finally:
+        await store.aclose()
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    flashsale = str(Path(sys.executable).with_name("flashsale"))
+    env = {**os.environ, **environment(settings)}
+    return subprocess.run([flashsale, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+async def test_the_commands_run_on_the_cluster(cluster_settings, cluster_redis, cluster_store, cluster_engine):
+    """``serve --workers 2`` (two shards, recovery on), ``consume``, ``product set`` of products on
+    every master, ``realign``, ``sweep`` and ``dlq list`` as processes on the cluster."""
+    settings = cluster_settings.model_copy(
+        update={"realign": cluster_settings.realign.model_copy(update={"auto_seconds": 1.0})}
+    )
+    products = await _one_product_per_master(cluster_redis, cluster_store)
+    for product_id in products:
+        done = await asyncio.to_thread(
+            _cli, settings, "product", "set", str(product_id), "--stock", "7", "--stock-mode", "redis", "--json"
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert await cluster_store.stock(product_id) == 7
+    port = free_port()
+    async with (
+        flashsale_process(settings, f"http://127.0.0.1:{port}/api/v1/health/ready", "serve", "--port", str(port),
+                          "--workers", "2"),
+        flashsale_process(settings, f"http://127.0.0.1:{port}/api/v1/health/ready", "consume"),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http,
+    ):  # fmt: skip
+        ready = (await http.get("/api/v1/health/ready")).json()
+        assert ready["shards_leased"] == 2 and ready["ready"] is True
+        for product_id in products:
+            responses = await asyncio.gather(
+                *(buy(http, _headers(settings, f"cli{product_id}-{i}"), product_id) for i in range(20))
+            )
+            assert Counter(r.status_code for r in responses) == {202: 7, 409: 13}
+        for product_id in products:
+            await eventually(lambda pid=product_id: _rows_when(cluster_engine, pid, 7))
+    for args in (("realign", "--json"), ("sweep", "--json"), ("dlq", "list", "--json")):
+        done = await asyncio.to_thread(_cli, settings, *args)
+        assert done.returncode == 0, (args, done.stderr[-2000:])
+    for product_id in products:
+        assert await inventory(cluster_engine, product_id) == (0, 7)
+        assert await cluster_store.stock(product_id) == 0
