@@ -20,13 +20,12 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import aio_pika
 import structlog
 from aio_pika.abc import AbstractIncomingMessage
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers import observe
-from service.adapters.broker import OrderMessage, declare_topology
+from service.adapters.broker import OrderMessage, connect_when_up, declare_topology
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources
 from service.domain.order_writer import InvalidOrder, OrderWriter, Outcome, parse_order
@@ -228,8 +227,9 @@ class OrderConsumer:
 async def consuming(amqp: AMQPSettings, consumer: OrderConsumer, prefetch: int) -> AsyncIterator[None]:
     """``consumer`` takes deliveries from the order queue (topology declared, at most ``prefetch``
     in hand) on a robust connection of its own while the block runs; on exit it stops taking
-    them, finishes and acks those in hand, and closes the connection."""
-    connection = await aio_pika.connect_robust(amqp.url)
+    them, finishes and acks those in hand, and closes the connection. A broker that is away at
+    start is waited for (:func:`service.adapters.broker.connect_when_up`)."""
+    connection = await connect_when_up(amqp.url, "consumer")
     try:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=prefetch)

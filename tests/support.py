@@ -40,6 +40,7 @@ from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
 from service.sale.isolation import environment, free_port
 from service.settings import Settings
+from tests.servers import PrivateMariaDB, PrivateRabbitMQ, PrivateRedis, private_server, scratch  # noqa: F401
 
 # How long a test waits for something that will happen (a row written, a queue drained, a
 # process ready) before failing. Generous on purpose: it bounds a wait for a condition, it is not
