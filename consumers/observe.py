@@ -11,8 +11,9 @@ import aio_pika
 import structlog
 
 from service import metrics
-from service.adapters.broker import OrderMessage, queue_depth
+from service.adapters.broker import OrderMessage, connect_when_up, queue_depth
 from service.domain.order_writer import Outcome
+from service.runtime import OutageLog
 from service.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -47,16 +48,21 @@ async def _sample_queue_depths(settings: Settings) -> None:
         "retry": amqp.retry_queues(),
         "dead_letter": [amqp.dead_letter_queue],
     }
-    connection = await aio_pika.connect_robust(amqp.url)
+    connection = await connect_when_up(amqp.url, "queue_depths")
+    sampling = OutageLog("queue_depth_sample")  # one line per outage, not one per sample
+    channel: aio_pika.abc.AbstractChannel | None = None
     try:
-        channel = await connection.channel()
         while True:
-            for label, queues in gauges.items():
-                try:
-                    metrics.QUEUE_DEPTH.labels(label).set(sum([await queue_depth(channel, queue) for queue in queues]))
-                except Exception as exc:  # a sample missed is not worth stopping the consumer for
-                    log.warning("queue_depth_failed", queue=label, error=repr(exc))
+            try:  # a sample missed is not worth stopping the consumer for
+                if channel is None or channel.is_closed:
                     channel = await connection.channel()
+                for label, queues in gauges.items():
+                    metrics.QUEUE_DEPTH.labels(label).set(sum([await queue_depth(channel, queue) for queue in queues]))
+            except Exception as exc:
+                sampling.failed(exc)
+                channel = None
+            else:
+                sampling.recovered()
             await asyncio.sleep(QUEUE_SAMPLE_SECONDS)
     finally:
         await connection.close()

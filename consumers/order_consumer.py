@@ -33,7 +33,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import Enum
 
-import aio_pika
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -42,7 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers import observe
 from db.engine import is_retryable, is_unreachable
-from service.adapters.broker import OrderMessage, declare_topology
+from service.adapters.broker import OrderMessage, connect_when_up, declare_topology
 from service.adapters.redirect import Redirector, retries_of
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources
@@ -339,8 +338,9 @@ async def consuming(amqp: AMQPSettings, consumer: OrderConsumer, prefetch: int) 
     """``consumer`` takes deliveries from the order queue (topology declared, at most ``prefetch``
     in hand) on a robust connection of its own while the block runs, and sends retries and dead
     letters on a confirming channel of that connection; on exit it stops taking deliveries,
-    finishes and settles those in hand, and closes the connection."""
-    connection = await aio_pika.connect_robust(amqp.url)
+    finishes and settles those in hand, and closes the connection. A broker that is away at start is waited for
+    (:func:`service.adapters.broker.connect_when_up`)."""
+    connection = await connect_when_up(amqp.url, "consumer")
     try:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=prefetch)

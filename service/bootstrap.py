@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import httpx
+import structlog
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import make_engine
 from service.adapters.background_publisher import BackgroundPublisher
-from service.adapters.broker import Publisher
+from service.adapters.broker import Publisher, quiet_connect_logs
 from service.adapters.channel_client import ChannelClient
 from service.adapters.dead_letters import DeadLetterQueue
 from service.adapters.redis.client import ClusterClient, RedisClient
@@ -36,7 +36,7 @@ from service.adapters.redis.stock_store import RateLimits, StockStore
 from service.domain.catalog import CatalogService
 from service.domain.checkout import Checkout
 from service.domain.dead_letters import DeadLetterService
-from service.domain.order_no import OrderNumberMinter, ShardGenerations, ShardLease
+from service.domain.order_no import OrderNumberMinter, ShardGenerations, ShardLease, ShardsExhausted
 from service.domain.order_no_mysql import MysqlOrderNumberMinter
 from service.domain.orders import OrderService
 from service.domain.payments import PaymentService
@@ -45,7 +45,10 @@ from service.domain.realign import Realigner
 from service.domain.reconcile import Reconciler
 from service.domain.recovery import Recovery
 from service.domain.sold_out import SoldOutFlags
+from service.runtime import Backoff, OutageLog, stop_signal, wait_or_stop
 from service.settings import ConfigError, Settings
+
+log = structlog.get_logger(__name__)
 
 
 def make_redis(settings: Settings) -> RedisClient:
@@ -434,13 +437,8 @@ async def check_dependencies(settings: Settings, *, redis: bool = True, amqp: bo
                 await client.aclose()
         if amqp:
             # aiormq logs the refused connect itself; the error raised says it once, in one line
-            aiormq_log = logging.getLogger("aiormq")
-            level = aiormq_log.level
-            aiormq_log.setLevel(logging.CRITICAL)
-            try:
+            with quiet_connect_logs():
                 connection = await aio_pika.connect(settings.amqp.url, timeout=settings.amqp.confirm_timeout)
-            finally:
-                aiormq_log.setLevel(level)
             await connection.close()
         if mysql:
             engine = make_engine(settings.db.url, pool_size=1, max_overflow=0)
@@ -454,3 +452,243 @@ async def check_dependencies(settings: Settings, *, redis: bool = True, amqp: bo
         if problem is None:
             raise
         raise problem from exc
+
+
+_MYSQL_OUTAGE_ERRNOS = frozenset({1053, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031})
+"""Server shutdown in progress (1053), connection killed (1927), cannot connect / host unknown /
+gone away / lost (2002-2013, 2055), disconnected for inactivity (4031): MySQL is away, and may
+come back. Access denied (1044, 1045) and unknown database (1049) are not: they are configuration."""
+
+
+def _one_outage(exc: BaseException) -> str | None:
+    """The store ``exc`` says is away; "" when it says something else for sure (credentials,
+    a MySQL error that is no connection error); None when it does not tell (look at its cause)."""
+    from aiormq.exceptions import AMQPConnectionError, ChannelInvalidStateError, ProbableAuthenticationError
+    from aiormq.exceptions import AuthenticationError as AMQPAuthenticationError
+    from redis.exceptions import AuthenticationError as RedisAuthenticationError
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+    from db.engine import mysql_errno
+    from service.adapters.broker import PublishFailed
+
+    if isinstance(exc, RedisAuthenticationError | AMQPAuthenticationError | ProbableAuthenticationError):
+        return ""  # configuration, whatever caused it
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        return "Redis"
+    if isinstance(exc, DBAPIError):
+        return "MySQL" if mysql_errno(exc) in _MYSQL_OUTAGE_ERRNOS else ""
+    if isinstance(exc, PoolTimeoutError):
+        return "MySQL"
+    if isinstance(exc, AMQPConnectionError | ChannelInvalidStateError | PublishFailed):
+        return "RabbitMQ"
+    if isinstance(exc, OSError | TimeoutError):  # refused, reset, timed out: whoever it was may come back
+        return "a store"
+    return None
+
+
+def outage_of(exc: BaseException) -> str | None:
+    """Which store is away when ``exc`` says one is (``"Redis"``, ``"MySQL"``, ``"RabbitMQ"``, or
+    ``"a store"`` for a bare refused connection or timeout), else None: a store that is down,
+    restarting, unreachable or timing out may come back, so a long-running process waits for it.
+    Wrong credentials and an unknown database are no outage (None): they are configuration. The
+    exception's causes are looked at too (:class:`DependencyUnreachable` wraps the driver's)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if (what := _one_outage(current)) is not None:
+            return what or None
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True when ``exc`` means a store is away for now (:func:`outage_of`)."""
+    return outage_of(exc) is not None
+
+
+async def probe_dependencies(settings: Settings) -> dict[str, BaseException | None]:
+    """Ask Redis, RabbitMQ and MySQL side by side, once each (:func:`check_dependencies`):
+    ``{"redis": None | error, "rabbitmq": ..., "mysql": ...}``; never raises for a store that
+    does not answer."""
+    checks = {
+        "redis": check_dependencies(settings, amqp=False, mysql=False),
+        "rabbitmq": check_dependencies(settings, redis=False, mysql=False),
+        "mysql": check_dependencies(settings, redis=False, amqp=False),
+    }
+    results = await asyncio.gather(*checks.values(), return_exceptions=True)
+    found: dict[str, BaseException | None] = {}
+    for name, result in zip(checks, results, strict=True):
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result  # cancelled
+        found[name] = result if isinstance(result, BaseException) else None
+    return found
+
+
+async def wait_for_dependencies(
+    settings: Settings, stop: asyncio.Event | None = None, *, redis: bool = True, amqp: bool = True, mysql: bool = True
+) -> bool:
+    """Check the stores (:func:`check_dependencies`) until each answers, with back-off (0.5 s
+    doubling to 5 s) and one log line when the wait begins and one when it ends, however long
+    it takes. True once they answer; False when ``stop`` was set first.
+
+    Raises:
+        DependencyUnreachable: a store refused as configured (wrong credentials, unknown
+            database): waiting would not help.
+    """
+    backoff = Backoff()
+    waiting = OutageLog("dependency")
+    while True:
+        try:
+            await check_dependencies(settings, redis=redis, amqp=amqp, mysql=mysql)
+        except DependencyUnreachable as exc:
+            if not is_outage(exc):
+                raise
+            waiting.failed(exc, store=outage_of(exc))
+            if await wait_or_stop(stop, backoff.next()):
+                return False
+            continue
+        waiting.recovered()
+        return True
+
+
+async def open_when_reachable(
+    settings: Settings, stop: asyncio.Event | None = None, *, publish: bool = True, purchase: bool = False
+) -> Resources | None:
+    """:meth:`Resources.open`, tried again with back-off while a store is away (one log line
+    when the wait begins, one when it ends); None when ``stop`` was set first. Close the result.
+
+    Raises:
+        Whatever :meth:`Resources.open` raises that is no outage (:func:`is_outage`).
+    """
+    backoff = Backoff()
+    waiting = OutageLog("dependency")
+    while True:
+        try:
+            resources = await Resources.open(settings, publish=publish, purchase=purchase)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            waiting.failed(exc, store=outage_of(exc))
+            if await wait_or_stop(stop, backoff.next()):
+                return None
+            continue
+        waiting.recovered()
+        return resources
+
+
+@asynccontextmanager
+async def opened_when_reachable(
+    settings: Settings, *, publish: bool = True, purchase: bool = False
+) -> AsyncIterator[Resources | None]:
+    """``async with opened_when_reachable(settings) as resources``: for a long-running command
+    started while a store may be away (``consume``, ``realign --watch``, ``sweep --watch``):
+    :func:`open_when_reachable` until SIGTERM/SIGINT (then ``resources`` is None: stop at once),
+    closed on exit."""
+    with stop_signal() as stop:
+        resources = await open_when_reachable(settings, stop, publish=publish, purchase=purchase)
+    try:
+        yield resources
+    finally:
+        if resources is not None:
+            await resources.close()
+
+
+class BackgroundResources:
+    """The API worker's resources, opened in a task of their own so that a worker starts (and
+    answers ``/health/live``, and ``/health/ready`` 503) while Redis or RabbitMQ is away:
+    granian never sees a start-up failure, so there is no crash loop. The task tries
+    :meth:`Resources.open` with back-off (0.5 s doubling to :data:`OPEN_BACKOFF_CAP` s), one
+    log line when the wait begins and one when it ends. ``current`` is None until it succeeds;
+    meanwhile ``reachable`` says which stores answered the last attempt (for readiness).
+    ``on_no_shard``: called when a background attempt finds every order-number shard leased
+    (the API stops its server: :func:`service.api.no_shard.stop_server`)."""
+
+    OPEN_BACKOFF_CAP = 3.0
+    OPEN_TIMEOUT = 15.0
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        publish: bool = True,
+        purchase: bool = True,
+        on_no_shard: Callable[[ShardsExhausted], None] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._publish = publish
+        self._purchase = purchase
+        self._on_no_shard = on_no_shard
+        self.current: Resources | None = None
+        self.reachable: dict[str, bool] = {"redis": False, "rabbitmq": False, "mysql": False}
+        self._task: asyncio.Task[None] | None = None
+        self._waiting = OutageLog("dependency", process="api")
+
+    async def start(self) -> None:
+        """Try once now (at most :data:`OPEN_TIMEOUT` seconds: a worker whose stores answer
+        starts ready, as before); if that fails, go on trying in a background task. Never
+        raises for a store that fails.
+
+        Raises:
+            ShardsExhausted: every order-number shard is leased (no outage: waiting frees none);
+                met later by the background task, it is handed to ``on_no_shard`` instead.
+        """
+        if await self._attempt():
+            return
+        self._task = asyncio.create_task(self._keep_trying())
+
+    async def _attempt(self) -> bool:
+        try:
+            self.current = await asyncio.wait_for(
+                Resources.open(self._settings, publish=self._publish, purchase=self._purchase), self.OPEN_TIMEOUT
+            )
+        except ShardsExhausted:
+            raise  # not an outage: waiting frees no shard
+        except Exception as exc:  # an API worker keeps trying whatever else failed: its readiness says so
+            self._waiting.failed(exc, store=outage_of(exc) or "unknown")
+            with contextlib.suppress(Exception):
+                found = await probe_dependencies(self._settings)
+                self.reachable = {name: error is None for name, error in found.items()}
+            return False
+        self._waiting.recovered()
+        return True
+
+    async def _keep_trying(self) -> None:
+        backoff = Backoff(cap=self.OPEN_BACKOFF_CAP)
+        try:
+            while not await self._attempt():
+                await asyncio.sleep(backoff.next())
+        except ShardsExhausted as exc:
+            if self._on_no_shard is None:
+                raise
+            self._on_no_shard(exc)
+
+    async def close(self) -> None:
+        """Stop opening; close what was opened."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.current is not None:
+            await self.current.close()
+            self.current = None
+
+
+async def report_dependencies(settings: Settings) -> list[str]:
+    """``flashsale serve``'s start-up check: every store asked once (:func:`probe_dependencies`);
+    one line per store that is away (what, where, which variable, why), returned for the caller
+    to print; the API starts all the same and its readiness says 503 until they answer.
+
+    Raises:
+        DependencyUnreachable: a store refused as configured (wrong credentials, unknown
+            database): the first such one.
+    """
+    away = []
+    for error in (await probe_dependencies(settings)).values():
+        if error is None:
+            continue
+        if not is_outage(error):
+            raise error
+        away.append(str(error))
+    return away

@@ -38,6 +38,7 @@ STORM_EVENTS = frozenset(
         "give_token_failed",
         "mark_queued_failed",
         "publish_failed",
+        "republish_failed",
         "store_unavailable",
     }
 )

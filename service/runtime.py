@@ -1,14 +1,21 @@
-"""Process life for the long-running commands: stop on SIGTERM/SIGINT, repeat a pass with ``--watch``."""
+"""Process life for the long-running commands: stop on SIGTERM/SIGINT, repeat a pass with
+``--watch``, wait out an outage with back-off (:class:`Backoff`) and say so once per outage
+(:class:`OutageLog`), not once per attempt."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import structlog
+
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -39,16 +46,102 @@ def stop_signal() -> Iterator[asyncio.Event]:
             loop.remove_signal_handler(sig)
 
 
-async def watch(seconds: float | None, one_pass: Callable[[], Awaitable[object]]) -> None:
+class Backoff:
+    """Delays between attempts: ``first`` seconds, doubling up to ``cap``, each with +-20 %
+    jitter (processes that lost the same store do not retry in step); :meth:`reset` after a
+    success starts again from ``first``."""
+
+    def __init__(self, first: float = 0.5, cap: float = 5.0) -> None:
+        self._first = first
+        self._cap = max(cap, first)
+        self._next = first
+
+    def next(self) -> float:
+        """The delay before the next attempt (and double the one after, up to the cap)."""
+        delay = self._next
+        self._next = min(self._next * 2, self._cap)
+        return delay * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self._next = self._first
+
+
+class OutageLog:
+    """One log line when a run of failures starts (``<event>_failing``, the first error) and one
+    when it ends (``<event>_recovered``: failures in the run, seconds); the failures between
+    write nothing. ``fields`` go on both lines. For loops that retry while a store is away: a
+    10-minute outage is two lines, not one per attempt."""
+
+    def __init__(self, event: str, **fields: object) -> None:
+        self._event = event
+        self._fields = fields
+        self.failures = 0
+        self._since = 0.0
+
+    @property
+    def failing(self) -> bool:
+        return self.failures > 0
+
+    def failed(self, exc: BaseException, **fields: object) -> None:
+        """One more failure; the first of a run is logged (warning) with ``exc`` in one line."""
+        if self.failures == 0:
+            self._since = time.monotonic()
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            log.warning(f"{self._event}_failing", error=error, **self._fields, **fields)
+        self.failures += 1
+
+    def recovered(self, **fields: object) -> None:
+        """A success: ends the run of failures (logged when there was one)."""
+        if self.failures:
+            seconds = round(time.monotonic() - self._since, 1)
+            log.warning(f"{self._event}_recovered", failures=self.failures, seconds=seconds, **self._fields, **fields)
+        self.failures = 0
+
+
+async def wait_or_stop(stop: asyncio.Event | None, seconds: float) -> bool:
+    """Sleep ``seconds``, cut short by ``stop``; True when ``stop`` is set."""
+    if stop is None:
+        await asyncio.sleep(seconds)
+        return False
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def watch(
+    seconds: float | None,
+    one_pass: Callable[[], Awaitable[object]],
+    *,
+    survive: Callable[[BaseException], bool] | None = None,
+    event: str = "pass",
+) -> None:
     """Run ``one_pass`` once; with ``seconds`` repeat it every ``seconds`` until SIGTERM/SIGINT
-    (a signal during the wait ends the loop at once; a pass in progress is finished first)."""
+    (a signal during the wait ends the loop at once; a pass in progress is finished first).
+
+    With ``seconds``, a pass that raises an exception ``survive`` accepts (a store is away: see
+    :func:`service.bootstrap.is_outage`) does not end the loop: the next pass follows after a
+    back-off (0.5 s doubling, at most ``seconds``), and the outage is logged once when it begins
+    and once when a pass succeeds again (:class:`OutageLog`, ``<event>_failing`` /
+    ``<event>_recovered``). Any other exception ends the loop, as does every exception of a
+    single pass (``seconds`` None)."""
+    outage = OutageLog(event)
+    backoff = Backoff(first=min(0.5, seconds or 0.5), cap=seconds or 0.5)
     with stop_signal() as stop:
         while True:
-            await one_pass()
+            try:
+                await one_pass()
+            except Exception as exc:
+                if seconds is None or survive is None or not survive(exc):
+                    raise
+                outage.failed(exc)
+                if await wait_or_stop(stop, backoff.next()):
+                    return
+                continue
+            outage.recovered()
+            backoff.reset()
             if seconds is None or stop.is_set():
                 return
-            try:
-                await asyncio.wait_for(stop.wait(), seconds)
-            except TimeoutError:
-                continue
-            return
+            if await wait_or_stop(stop, seconds):
+                return

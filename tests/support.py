@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -43,6 +40,7 @@ from service.domain.purchase import PurchaseRejected
 from service.domain.request_id import mint_request_id
 from service.sale.isolation import environment, free_port
 from service.settings import Settings
+from tests.servers import PrivateMariaDB, PrivateRabbitMQ, PrivateRedis, private_server, scratch  # noqa: F401
 
 # How long a test waits for something that will happen (a row written, a queue drained, a
 # process ready) before failing. Generous on purpose: it bounds a wait for a condition, it is not
@@ -367,95 +365,6 @@ async def private_redis() -> AsyncIterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=10)
-
-
-class PrivateMariaDB:
-    """A MariaDB server of the test's own (see :func:`private_mariadb`), which the test may stop,
-    kill and start again on the same data directory and port; ``url`` names its database."""
-
-    def __init__(self, root: Path, port: int) -> None:
-        self.root = root
-        self.port = port
-        self.url = f"mysql+asyncmy://root@127.0.0.1:{port}/flashsale"
-        self._server: subprocess.Popen | None = None
-
-    async def start(self) -> None:
-        """Start the server on the data directory and wait until it answers (greets a client)."""
-        assert self._server is None or self._server.poll() is not None, "already running"
-        self._server = subprocess.Popen(
-            [
-                "mariadbd",
-                "--no-defaults",
-                f"--datadir={self.root / 'data'}",
-                f"--port={self.port}",
-                "--bind-address=127.0.0.1",
-                f"--socket={self.root / 'sock'}",
-                f"--pid-file={self.root / 'pid'}",
-                f"--user={getpass.getuser()}",
-                "--skip-grant-tables",
-                "--skip-log-bin",
-                "--innodb-buffer-pool-size=32M",
-                "--max-connections=500",
-                f"--log-error={self.root / 'server.log'}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        server = self._server
-
-        async def greets() -> bool:
-            assert server.poll() is None, f"mariadbd exited {server.returncode}: see {self.root / 'server.log'}"
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-            except OSError:
-                return False
-            try:
-                return bool(await asyncio.wait_for(reader.read(1), 5))
-            except (OSError, TimeoutError):
-                return False
-            finally:
-                writer.close()
-
-        await eventually(greets, timeout=30, interval=0.1)
-
-    async def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Stop the server (``SIGKILL``: a crash) and wait until it is gone."""
-        if self._server is not None and self._server.poll() is None:
-            self._server.send_signal(sig)
-            await asyncio.to_thread(self._server.wait, 60)
-
-
-@contextlib.asynccontextmanager
-async def private_mariadb() -> AsyncIterator[PrivateMariaDB]:
-    """A MariaDB server of the test's own (``mariadb-install-db`` into a temporary directory, then
-    ``mariadbd`` on a free port, no grant checks, nothing shared with the suite's server), for
-    what must not be done to the shared one (stop it mid-run); stopped (by its PID) and removed
-    on exit. The database of ``url`` is not created: ``db.migrate.upgrade(url)`` does."""
-    root = Path(tempfile.mkdtemp(prefix="flashsale-mariadb-"))
-    try:
-        installed = await asyncio.to_thread(
-            subprocess.run,
-            [
-                "mariadb-install-db",
-                "--no-defaults",
-                f"--datadir={root / 'data'}",
-                f"--user={getpass.getuser()}",
-                "--auth-root-authentication-method=normal",
-                "--skip-test-db",
-            ],
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
-        assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
-        server = PrivateMariaDB(root, free_port())
-        await server.start()
-        try:
-            yield server
-        finally:
-            await server.stop()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 class PausableProxy:

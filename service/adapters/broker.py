@@ -17,7 +17,10 @@ were unavailable at that moment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
+from collections.abc import Iterator
 from time import perf_counter
 
 import aio_pika
@@ -33,6 +36,7 @@ from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 
 from service import metrics
 from service.log_setup import HTTP_REQUEST_ID
+from service.runtime import Backoff, OutageLog
 from service.settings import AMQPSettings
 
 log = structlog.get_logger(__name__)
@@ -72,6 +76,42 @@ def decode_order(body: bytes) -> OrderMessage:
 
 class PublishFailed(Exception):
     """The broker did not confirm the message (nack, unroutable, timeout or connection down)."""
+
+
+@contextlib.contextmanager
+def quiet_connect_logs() -> Iterator[None]:
+    """While a first connect is attempted: aiormq and aio-pika log every refused connect as an
+    error followed by "Reconnecting after 5 seconds" (although a first connect is not retried by
+    them); the callers that wait for the broker say so themselves, once per outage."""
+    loggers = [logging.getLogger("aiormq"), logging.getLogger("aio_pika")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+async def connect_when_up(url: str, purpose: str) -> AbstractRobustConnection:
+    """A robust connection to ``url``, waiting for the broker as long as it takes: aio-pika's
+    ``connect_robust`` reconnects by itself only after a first connect succeeded (``fail_fast``:
+    the first failure is raised), so the first one is tried again here with back-off (0.5 s
+    doubling to 5 s), with one log line when the wait begins and one when it ends (``purpose``
+    names the connection in them). Cancel to give up."""
+    backoff = Backoff()
+    waiting = OutageLog("broker_connect", purpose=purpose)
+    while True:
+        try:
+            with quiet_connect_logs():
+                connection = await aio_pika.connect_robust(url)
+        except CONNECTION_EXCEPTIONS as exc:
+            waiting.failed(exc)
+            await asyncio.sleep(backoff.next())
+            continue
+        waiting.recovered()
+        return connection
 
 
 async def declare_topology(channel: AbstractChannel, settings: AMQPSettings) -> tuple[AbstractExchange, AbstractQueue]:
@@ -160,8 +200,14 @@ class Publisher:
         self._reading: AbstractChannel | None = None
 
     async def connect(self) -> None:
-        """Open the robust connection and the confirming channels; declare the topology."""
-        self._connection = await aio_pika.connect_robust(self._settings.url)
+        """Open the robust connection and the confirming channels; declare the topology.
+
+        Raises:
+            aio_pika.exceptions.AMQPConnectionError: the broker did not answer (the caller
+                waits for it and says so: the drivers' own log lines are held back).
+        """
+        with quiet_connect_logs():
+            self._connection = await aio_pika.connect_robust(self._settings.url)
         for _ in range(self._settings.publish_channels):
             channel, exchange = await self._open_channel(declare=not self._exchanges)
             self._channels.append(channel)

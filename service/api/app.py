@@ -24,7 +24,8 @@ from service.api.hooks import before_request
 from service.api.no_shard import stop_server
 from service.api.openapi import document_contract
 from service.api.problems import ERROR_HANDLERS, problem_details_plugin
-from service.bootstrap import Resources
+from service.bootstrap import BackgroundResources, Resources
+from service.domain.errors import Unavailable
 from service.domain.order_no import ShardsExhausted
 from service.log_setup import configure_logging
 from service.settings import Settings, get_settings
@@ -38,24 +39,34 @@ class FlashsalePlugin(InitPluginProtocol):
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
         settings = self._settings
-        resources: dict[str, Resources] = {}
+        worker: dict[str, BackgroundResources] = {}
 
         @asynccontextmanager
         async def lifespan(_: Litestar) -> AsyncIterator[None]:
+            # Never raises for a store that is away: the worker serves (readiness 503, every
+            # other route 503 unavailable) and connects in the background (no crash loop). Every
+            # order-number shard leased is not an outage: waiting frees none, so the server stops.
+            worker["resources"] = background = BackgroundResources(settings, purchase=True, on_no_shard=stop_server)
             try:
-                current = await Resources.open(settings, purchase=True)
+                await background.start()
             except ShardsExhausted as exc:
+                worker.pop("resources")
                 stop_server(exc)  # under flashsale serve: stops the server, does not return
                 raise
-            resources["current"] = current
             try:
                 yield
             finally:
-                await current.close()
-                resources.pop("current")
+                worker.pop("resources")
+                await background.close()
 
         def provide_resources() -> Resources:
-            return resources["current"]
+            current = worker["resources"].current
+            if current is None:
+                raise Unavailable("The service is still connecting to Redis and RabbitMQ; retry shortly.")
+            return current
+
+        def provide_worker_resources() -> BackgroundResources:
+            return worker["resources"]
 
         controllers = [
             OrderController,
@@ -70,6 +81,7 @@ class FlashsalePlugin(InitPluginProtocol):
         app_config.route_handlers.append(Router("/api/v1", route_handlers=controllers))
         app_config.lifespan.append(lifespan)
         app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)
+        app_config.dependencies["worker_resources"] = Provide(provide_worker_resources, sync_to_thread=False)
         app_config.exception_handlers.update(ERROR_HANDLERS)
         app_config.before_request = before_request  # OPTIONS, 415 for non-JSON bodies, strict bodies
         observe.install(app_config, settings)

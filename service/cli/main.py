@@ -71,10 +71,13 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64), help="granian worker processes.")
 def serve(host: str, port: int, workers: int) -> None:
-    """Run the purchase API (granian, WORKERS processes). Checks Redis, RabbitMQ and MySQL once
-    first: one that does not answer ends it with one line and exit code 2. Fewer free order-number
-    shards than WORKERS (at most 90 worker processes per key prefix), before or while the workers
-    start, ends it with one line and exit code 3."""
+    """Run the purchase API (granian, WORKERS processes). Asks Redis, RabbitMQ and MySQL once
+    first: a store that refuses as configured (wrong credentials, unknown database) ends it with
+    one line and exit code 2; a store that does not answer (down, restarting) is named in one
+    line and the API starts all the same: /api/v1/health/ready answers 503 and purchases
+    503 unavailable until each worker has connected (it keeps trying with back-off). Fewer free
+    order-number shards than WORKERS (at most 90 worker processes per key prefix), before or
+    while the workers start, ends it with one line and exit code 3."""
     from service.api.no_shard import EXIT_NO_SHARD
     from service.cli.serve import metrics_directory, serve_app, shards_short
 
@@ -82,9 +85,10 @@ def serve(host: str, port: int, workers: int) -> None:
     settings.require_secrets()
     # The multiprocess directory first: the check imports prometheus_client, which reads it once.
     with metrics_directory(settings.metrics.enabled):
-        from service.bootstrap import check_dependencies
+        from service.bootstrap import report_dependencies
 
-        _run(check_dependencies(settings))
+        for away in _run(report_dependencies(settings)):
+            click.echo(f"flashsale: {away}; starting anyway, not ready until it answers", err=True)
         problem = _run(shards_short(settings, workers)) or serve_app("service.api.app:create_app", host, port, workers)
     if problem:
         click.echo(f"flashsale serve: {problem}", err=True)
@@ -105,18 +109,24 @@ _metrics_port = click.option(
 )
 @_metrics_port
 def consume(prefetch: int | None, metrics_port: int | None) -> None:
-    """Write queued orders to MySQL (run as many as you like). Exits 0 on SIGTERM after finishing its messages."""
+    """Write queued orders to MySQL (run as many as you like). Waits (with back-off, one log line)
+    for Redis, RabbitMQ and MySQL when one is away at start. Exits 0 on SIGTERM after finishing
+    its messages."""
     from consumers.order_consumer import run_consumer
-    from service.bootstrap import check_dependencies, opened
+    from service.bootstrap import opened_when_reachable, wait_for_dependencies
     from service.log_setup import configure_logging
+    from service.runtime import stop_signal
 
     settings = get_settings()
     configure_logging(settings.log_level)
 
     async def go() -> None:
-        await check_dependencies(settings)
-        async with opened(settings, publish=False) as resources:
-            await run_consumer(resources, prefetch or settings.amqp.prefetch, metrics_port)
+        with stop_signal() as stop:
+            if not await wait_for_dependencies(settings, stop):
+                return
+        async with opened_when_reachable(settings, publish=False) as resources:
+            if resources is not None:
+                await run_consumer(resources, prefetch or settings.amqp.prefetch, metrics_port)
 
     _run(go())
 
@@ -130,7 +140,9 @@ def consume(prefetch: int | None, metrics_port: int | None) -> None:
 def realign(
     product_id: int | None, dry_run: bool, watch: float | None, as_json: bool, metrics_port: int | None
 ) -> None:
-    """Make Redis stock = MySQL stock - reservations in flight (one pass, or --watch)."""
+    """Make Redis stock = MySQL stock - reservations in flight (one pass, or --watch: started
+    while a store is away it waits for it; a pass that meets an outage is tried again with
+    back-off, one log line when the outage begins and one when it ends)."""
     from consumers.realign import run_realign
 
     sys.exit(_run(run_realign(get_settings(), product_id, dry_run, watch, as_json, metrics_port)))
@@ -326,7 +338,8 @@ def pay(
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per pass.")
 @_metrics_port
 def sweep(product_id: int | None, watch: float | None, as_json: bool, metrics_port: int | None) -> None:
-    """Cancel orders unpaid after the payment window (FLASHSALE_PAYMENT__WINDOW_SECONDS); units go back on sale."""
+    """Cancel orders unpaid after the payment window (FLASHSALE_PAYMENT__WINDOW_SECONDS); units go
+    back on sale. With --watch it waits out store outages as realign --watch does."""
     from service.cli.pay import run_sweep
 
     _run(run_sweep(get_settings(), product_id, watch, as_json, metrics_port))

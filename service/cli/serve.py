@@ -42,13 +42,17 @@ def metrics_directory(enabled: bool) -> Iterator[None]:
 
 async def shards_short(settings: Settings, workers: int) -> str | None:
     """Why ``workers`` more API workers cannot start on ``settings``'s key prefix (fewer free
-    order-number shards than workers, one line), or None."""
-    from service.bootstrap import make_store
+    order-number shards than workers, one line), or None (also when Redis does not answer)."""
+    from service.bootstrap import is_outage, make_store
     from service.domain.order_no import REDIS_SHARDS, leased_shards
 
     store = make_store(settings)
     try:
         leased = await leased_shards(store)
+    except Exception as exc:
+        if is_outage(exc):
+            return None  # Redis is away: each worker finds out once it connects
+        raise
     finally:
         await store.aclose()
     free = REDIS_SHARDS - leased

@@ -32,11 +32,11 @@ def test_the_bench_servers_run_on_the_granian_options_of_flashsale_serve(monkeyp
         def serve(self) -> None:
             pass
 
-    async def stores_answer(settings: object) -> None:  # unit tests run without the stores
-        pass
+    async def stores_answer(settings: object) -> list[str]:  # unit tests run without the stores
+        return []
 
     monkeypatch.setattr("granian.Granian", Recorder)
-    monkeypatch.setattr("service.bootstrap.check_dependencies", stores_answer)
+    monkeypatch.setattr("service.bootstrap.report_dependencies", stores_answer)
     monkeypatch.setenv("FLASHSALE_ENV", "development")
     get_settings.cache_clear()
     try:

@@ -7,14 +7,17 @@ from litestar import Controller, Response, get
 from litestar.di import NamedDependency
 from sqlalchemy import text
 
-from service.bootstrap import Resources
+from service.bootstrap import BackgroundResources
 from service.domain.order_no import REDIS_SHARDS, leased_shards
 
 
 class Readiness(msgspec.Struct):
-    """``redis_maxmemory_policy``: Redis's eviction policy as last read (None: CONFIG is not
-    available); ``redis_may_evict``: it is not ``noeviction``, so Redis may drop stock counters,
-    journal entries, quotas or replay records under memory pressure (not ready meanwhile)."""
+    """``connecting``: the worker has not opened its connections yet (a store was away when it
+    started; it keeps trying in the background); ``redis``, ``rabbitmq`` and ``mysql`` then say
+    which stores answered its last attempt. ``redis_maxmemory_policy``: Redis's eviction policy
+    as last read (None: CONFIG is not available); ``redis_may_evict``: it is not ``noeviction``,
+    so Redis may drop stock counters, journal entries, quotas or replay records under memory
+    pressure (not ready meanwhile)."""
 
     ready: bool
     redis: bool
@@ -33,6 +36,7 @@ class Readiness(msgspec.Struct):
     """Shards still free: how many more API worker processes can start (the fleet limit is
     ``shards_total``, :data:`~service.domain.order_no.REDIS_SHARDS`)."""
     shards_total: int = REDIS_SHARDS
+    connecting: bool = False
 
 
 class HealthController(Controller):
@@ -44,14 +48,20 @@ class HealthController(Controller):
         return {"status": "ok"}
 
     @get("/ready", summary="Redis runs the script and will not evict keys, RabbitMQ has a channel, MySQL answers")
-    async def ready(self, resources: NamedDependency[Resources]) -> Response[Readiness]:
+    async def ready(self, worker_resources: NamedDependency[BackgroundResources]) -> Response[Readiness]:
         """200 when Redis has every Lua script, this process holds a shard and Redis's
         ``maxmemory-policy`` is ``noeviction`` (or cannot be read: CONFIG disabled; read at most
         every 30 s), RabbitMQ has a channel and MySQL answers, and no product waits for its lost
-        Redis state to be repaired (``redis_state``); 503 (same body) otherwise. The probe repairs
-        what it can: scripts Redis lost are loaded again, publisher channels the broker closed
-        re-opened. It also reports the order-number shards leased and free (the fleet limit: one
-        shard per API worker process, 90 per key prefix)."""
+        Redis state to be repaired (``redis_state``); 503 (same body) otherwise, also while the
+        worker is still connecting (``connecting``). The probe repairs what it can: scripts Redis
+        lost are loaded again, publisher channels the broker closed re-opened. It also reports the
+        order-number shards leased and free (the fleet limit: one shard per API worker process,
+        90 per key prefix)."""
+        resources = worker_resources.current
+        if resources is None:
+            seen = worker_resources.reachable
+            waiting = Readiness(False, seen["redis"], seen["rabbitmq"], seen["mysql"], None, connecting=True)
+            return Response(waiting, status_code=503)
         redis_ok = rabbit_ok = mysql_ok = False
         lease = resources.lease
         try:

@@ -6,7 +6,6 @@ outage never spends the delivery limit meant for poison."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 
 import aio_pika
@@ -18,13 +17,13 @@ from db.engine import make_engine
 from db.migrate import upgrade
 from service.adapters.broker import encode_order, queue_depth
 from service.adapters.redirect import RETRIES
+from tests.servers import PrivateMariaDB, private_server, scratch
 from tests.support import (
     eventually,
     inventory,
     message_for,
     order_rows,
     own_queues,
-    private_mariadb,
     publish_raw,
 )
 
@@ -77,9 +76,10 @@ async def test_mariadb_down_longer_than_the_delivery_limit_window_dead_letters_n
     # Before: back-off 1, 2, 4 ... s inside the window, dead-lettered past the delivery limit
     # (2 in the tests): ~7 s. The outage lasts twice that.
     outage_seconds = 2 * sum(2.0**n for n in range(delivery_limit + 1))
-    async with private_mariadb() as mariadb:
-        await upgrade(mariadb.url)
-        engine = make_engine(mariadb.url, pool_size=5, max_overflow=5)
+    async with private_server(PrivateMariaDB(scratch("mariadb"))) as mariadb:
+        assert isinstance(mariadb, PrivateMariaDB)
+        await upgrade(mariadb.url())
+        engine = make_engine(mariadb.url(), pool_size=5, max_overflow=5)
         product_id = 1
         async with engine.begin() as conn:
             await conn.execute(
@@ -103,7 +103,7 @@ async def test_mariadb_down_longer_than_the_delivery_limit_window_dead_letters_n
                         await publish_raw(channel, mine, encode_order(message), message.request_id)
                     await eventually(lambda: _rows_are(engine, product_id, len(before)))
 
-                    await mariadb.stop(signal.SIGKILL)  # MariaDB dies with orders on their way
+                    await mariadb.kill()  # MariaDB dies with orders on their way
                     down_at = time.monotonic()
                     for message in during:
                         await publish_raw(channel, mine, encode_order(message), message.request_id)
