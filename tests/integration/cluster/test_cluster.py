@@ -264,7 +264,8 @@ async def test_the_commands_run_on_the_cluster(cluster_settings, cluster_redis, 
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http,
     ):  # fmt: skip
         ready = (await http.get("/api/v1/health/ready")).json()
-        assert ready["shards_leased"] == 2 and ready["ready"] is True
+        assert ready["ready"] is True  # two shards for the workers (and one for the in-process API of other tests)
+        assert ready["shards_leased"] >= 2 and ready["shards_free"] == REDIS_SHARDS - ready["shards_leased"]
         for product_id in products:
             responses = await asyncio.gather(
                 *(buy(http, _headers(settings, f"cli{product_id}-{i}"), product_id) for i in range(20))
