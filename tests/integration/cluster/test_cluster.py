@@ -6,6 +6,7 @@ minting over several shards and seconds, readiness, and the test isolation's tea
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -279,3 +280,22 @@ async def test_the_commands_run_on_the_cluster(cluster_settings, cluster_redis, 
     for product_id in products:
         assert await inventory(cluster_engine, product_id) == (0, 7)
         assert await cluster_store.stock(product_id) == 0
+
+
+@pytest.mark.slow
+def test_a_small_sale_on_the_cluster_holds_every_invariant(cluster_url):
+    """``flashsale sale --redis-cluster URL`` (payments, sweep and resale included)."""
+    flashsale = str(Path(sys.executable).with_name("flashsale"))
+    small = ["--stock", "30", "--requests", "400", "--users", "150", "--concurrency", "32", "--noop-requests", "0"]
+    result = subprocess.run(
+        [flashsale, "sale", "--json", "--redis-cluster", cluster_url, *small, "--pay-share", "0.5"]
+        + ["--payment-window", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "FLASHSALE_DB__POOL_SIZE": "4", "FLASHSALE_DB__MAX_OVERFLOW": "4"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["ok"] is True and len(report["invariants"]) == 8
+    assert all(check["ok"] for check in report["invariants"].values())
