@@ -26,6 +26,7 @@ from service.bootstrap import DependencyUnreachable, _Tuned, check_dependencies,
 from service.domain.lifecycle import expire_unpaid
 from service.domain.order_no import REDIS_SHARDS, OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.realign import Realigner
+from service.domain.recovery import Recovery
 from service.sale.isolation import environment, free_port, isolated_settings
 from service.sale.stores import tear_down
 from service.settings import Settings
@@ -299,3 +300,27 @@ def test_a_small_sale_on_the_cluster_holds_every_invariant(cluster_url):
     report = json.loads(result.stdout)
     assert report["ok"] is True and len(report["invariants"]) == 8
     assert all(check["ok"] for check in report["invariants"].values())
+
+
+async def test_recovery_reloads_products_redis_lost_on_every_master_under_its_lock(
+    cluster_client, cluster_settings, cluster_redis, cluster_store, cluster_engine
+):
+    """The API's self-healing pass (service/domain/recovery.py): its lock is one key, then one
+    product at a time; a second process's pass loses the lock meanwhile."""
+    products = await _one_product_per_master(cluster_redis, cluster_store)
+    for product_id in products:
+        await _put(cluster_client, cluster_settings, product_id, stock=9)
+        keys = cluster_store.product_keys(product_id)
+        await cluster_redis.unlink(keys.stock, keys.sale, keys.units)  # one slot per product: as Redis lost them
+        assert await cluster_store.stock(product_id) is None
+    realigner = Realigner(cluster_engine, cluster_store, grace_seconds=60)
+    first, second = Recovery(realigner, cluster_store, 60), Recovery(realigner, cluster_store, 60)
+    for product_id in products:
+        first.not_loaded(product_id)
+    assert await cluster_store.try_lock("recovery", "another-process", 10_000)
+    assert await first.run_once() is False  # the lock is held elsewhere
+    assert await cluster_store.unlock("recovery", "another-process")
+    assert await first.run_once() is True
+    assert first.repairing == set()
+    assert [await cluster_store.stock(product_id) for product_id in products] == [9, 9, 9]
+    assert await second.run_once() is True  # the lock was given back
