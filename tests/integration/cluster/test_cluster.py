@@ -324,3 +324,21 @@ async def test_recovery_reloads_products_redis_lost_on_every_master_under_its_lo
     assert first.repairing == set()
     assert [await cluster_store.stock(product_id) for product_id in products] == [9, 9, 9]
     assert await second.run_once() is True  # the lock was given back
+
+
+async def test_a_master_that_lost_its_scripts_gets_them_back(
+    cluster_client, cluster_settings, cluster_redis, cluster_store
+):
+    """SCRIPT FLUSH on one master of the test's own cluster: the reserve on that master loads its
+    script again (NOSCRIPT), and readiness loads every script there."""
+    products = await _one_product_per_master(cluster_redis, cluster_store)
+    for product_id in products:
+        await _put(cluster_client, cluster_settings, product_id, stock=5)
+    node = cluster_redis.get_node_from_key(cluster_store.product_keys(products[0]).stock)
+    await cluster_redis.execute_command("SCRIPT FLUSH", target_nodes=node)
+    response = await buy(cluster_client, _headers(cluster_settings, "after-flush"), products[0])
+    assert response.status_code == 202, response.text
+    await cluster_redis.execute_command("SCRIPT FLUSH", target_nodes=node)
+    assert (await cluster_client.get("/api/v1/health/ready")).status_code == 200
+    shas = [script.sha for script in cluster_store._scripts]
+    assert all(await cluster_redis.execute_command("SCRIPT EXISTS", *shas, target_nodes=node))
