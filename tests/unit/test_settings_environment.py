@@ -48,6 +48,7 @@ def _unlike_the_defaults() -> Settings:
             socket_timeout=0.75,
             connect_timeout=1.25,
             health_check_interval=4.5,
+            cluster=True,
         ),
         amqp=AMQPSettings(
             url="amqp://u:p@mq.example:5673/vh",
