@@ -49,10 +49,12 @@ from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.results import JournalEntry, SaleTerms
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import ProductNotFound
+from service.domain.request_id import reissued_request_id
 
 log = structlog.get_logger(__name__)
 
-# A reservation is resolved when its order number has a row written for its request id: the order
+# A reservation is resolved when its order number has a row written for its request id (or the
+# request id the consumer reissued it: a key reused after its replay window): the order
 # number, unlike the request id, is new for every accepted purchase (even one reusing an expired
 # idempotency key), and the request id tells apart two requests the minter gave one number (the
 # second one's row is a rejected one under a stand-in number, found through order_no_conflicts).
@@ -165,6 +167,9 @@ class Realigner:
             mysql_stock, mysql_sold, version = row.stock, row.sold, row.version
             journal = await self._store.journal(product_id)
             by_key = {(entry.order_no, entry.request_id): entry for entry in journal}
+            # An order whose request id an older order holds (a key reused after its replay
+            # window) is written under a reissued request id (service.domain.order_writer).
+            by_key.update({(e.order_no, reissued_request_id(e.request_id, e.order_no)): e for e in journal})
             order_nos = sorted({entry.order_no for entry in journal})
             resolved: dict[str, tuple[JournalEntry, bool]] = {}  # request id -> (entry, rejected)
             for start in range(0, len(order_nos), _CHUNK):
@@ -174,7 +179,7 @@ class Realigner:
                 for order_no, request_id, status in rows:
                     entry = by_key.get((order_no, request_id))
                     if entry is not None:
-                        resolved[request_id] = (entry, status == OrderStatus.REJECTED)
+                        resolved[entry.request_id] = (entry, status == OrderStatus.REJECTED)
             units_held: list[tuple[str, int]] = []
             if not incremental:
                 held = await conn.execute(orders.UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
