@@ -54,6 +54,8 @@ COUNTER_MAX = 99_999
 SHARDS = 100
 _ORDER_NO = re.compile(r"[A-Z]{2}[0-9]{24}")
 _SPARE_MAX_AGE_SECONDS = 5.0
+_ESTABLISH_TRIES = 40
+"""How often one mint tries to establish its shard's epoch (0.05 s apart) before it gives up."""
 
 
 _IBAN_LETTERS = str.maketrans({chr(ord("A") + i): str(10 + i) for i in range(26)})
@@ -236,7 +238,7 @@ class OrderNumberMinter:
         """
         if self._epoch is not None and self._epoch[0] == shard:
             return self._epoch[1]
-        while True:
+        for _ in range(_ESTABLISH_TRIES):
             generation, current = await self._store.shard_epoch(shard)
             if generation is not None and current:
                 break
@@ -251,6 +253,9 @@ class OrderNumberMinter:
                 if generation is not None and current:
                     break
             await asyncio.sleep(0.05)  # another minter won the step: it installs the new epoch
+        else:
+            raise ShardLost(f"order-number epoch of shard {shard} not established")
+        assert generation is not None
         self._epoch = (shard, generation)
         self._spares.clear()
         return generation
@@ -265,6 +270,7 @@ class OrderNumberMinter:
                 shard's generation had to move on.
             redis.exceptions.RedisError: Redis failed.
         """
+        resets = 0
         while True:
             if not self._lease.held:
                 raise ShardLost("order-number shard lease not held")
@@ -284,6 +290,9 @@ class OrderNumberMinter:
                     log.warning("order_no_epoch_lost", shard=shard, generation=generation)
                     self._epoch = None
                     self._spares.clear()
+                    resets += 1
+                    if resets > _ESTABLISH_TRIES:  # Redis keeps changing under us: answer 503, not spin
+                        raise ShardLost(f"order-number epoch of shard {shard} keeps changing")
                     continue
                 first = last - self._block_size + 1
                 if first <= COUNTER_MAX:
