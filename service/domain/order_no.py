@@ -58,6 +58,8 @@ REDIS_SHARDS = 90
 """Shards 00-89 are leased in Redis; 90-99 belong to :mod:`service.domain.order_no_mysql`."""
 _ORDER_NO = re.compile(r"[A-Z]{2}[0-9]{24}")
 _SPARE_MAX_AGE_SECONDS = 5.0
+_ESTABLISH_TRIES = 40
+"""How often one mint tries to establish its shard's epoch (0.05 s apart) before it gives up."""
 
 
 _IBAN_LETTERS = str.maketrans({chr(ord("A") + i): str(10 + i) for i in range(26)})
@@ -254,7 +256,7 @@ class OrderNumberMinter:
         """
         if self._epoch is not None and self._epoch[0] == shard:
             return self._epoch[1]
-        while True:
+        for _ in range(_ESTABLISH_TRIES):
             generation, current = await self._store.shard_epoch(shard)
             if generation is not None and current:
                 break
@@ -269,6 +271,9 @@ class OrderNumberMinter:
                 if generation is not None and current:
                     break
             await asyncio.sleep(0.05)  # another minter won the step: it installs the new epoch
+        else:
+            raise ShardLost(f"order-number epoch of shard {shard} not established")
+        assert generation is not None
         self._epoch = (shard, generation)
         self._spares.clear()
         return generation
@@ -283,6 +288,7 @@ class OrderNumberMinter:
                 shard's generation had to move on.
             redis.exceptions.RedisError: Redis failed.
         """
+        resets = 0
         while True:
             if not self._lease.held:
                 raise ShardLost("order-number shard lease not held")
@@ -302,6 +308,9 @@ class OrderNumberMinter:
                     log.warning("order_no_epoch_lost", shard=shard, generation=generation)
                     self._epoch = None
                     self._spares.clear()
+                    resets += 1
+                    if resets > _ESTABLISH_TRIES:  # Redis keeps changing under us: answer 503, not spin
+                        raise ShardLost(f"order-number epoch of shard {shard} keeps changing")
                     continue
                 first = last - self._block_size + 1
                 if first <= COUNTER_MAX:

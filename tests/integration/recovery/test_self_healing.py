@@ -18,6 +18,7 @@ from service.domain.order_no import compose_order_no
 from service.domain.recovery import LOCK_SECONDS
 from service.domain.request_id import mint_request_id
 from tests.support import (
+    PATIENCE,
     buy,
     eventually,
     inventory,
@@ -80,7 +81,8 @@ async def test_a_flushall_mid_sale_is_repaired_without_anyone_running_realignmen
             flushed_after = len(accepted)
             await redis.flushall()
 
-        await asyncio.gather(flush_mid_sale(), *(buyer(user) for user in range(buyers)))
+        async with asyncio.timeout(PATIENCE * 3):  # a hung purchase fails the test, not the suite
+            await asyncio.gather(flush_mid_sale(), *(buyer(user) for user in range(buyers)))
         assert 0 < flushed_after < len(accepted), "the flush did not land mid-sale"
         assert answers[503] > 0  # the loss was seen...
 
