@@ -251,7 +251,7 @@ class OrderNumberMinter:
         docstring). Exactly one minter wins each step; the others adopt what it installed.
 
         Raises:
-            ShardLost: MySQL failed.
+            ShardLost: not established after :data:`_ESTABLISH_TRIES` tries (MySQL kept failing).
             redis.exceptions.RedisError: Redis failed.
         """
         if self._epoch is not None and self._epoch[0] == shard:
@@ -263,8 +263,10 @@ class OrderNumberMinter:
             try:
                 seen = await self._generations.current(shard)
                 won = await self._generations.bump(shard, seen)
-            except (DBAPIError, OSError) as exc:
-                raise ShardLost(f"order-number generation of shard {shard} unavailable") from exc
+            except (DBAPIError, OSError) as exc:  # e.g. too many connections: try again shortly
+                log.warning("order_no_generation_unavailable", shard=shard, error=repr(exc))
+                await asyncio.sleep(0.05)
+                continue
             if won:
                 generation, current = await self._store.shard_epoch(shard, install=seen + 1)
                 log.warning("order_no_generation_moved", shard=shard, generation=seen + 1, installed=generation)
