@@ -3,10 +3,14 @@
 # make test-fast  - the same without the slow tests (those that start server processes or a whole sale)
 # make lint       - ruff (lint + format check) and mypy only
 # make bench      - set up (wrk included) and measure each hop side by side: flashsale bench
+# make faults     - the fault suite on private Redis, MariaDB and RabbitMQ servers (tests/faults, ~15 min):
+#                   prints the table and writes it to $(FAULTS_OUT) (docs/RELIABILITY.md keeps a run)
+# make faults-ci  - the fault cases CI runs (.ci/run; a few minutes)
 VENV ?= .venv
 PYTHON ?= python3
+FAULTS_OUT ?= faults-report.md
 
-.PHONY: install services tools lint test test-fast sale bench
+.PHONY: install services tools lint test test-fast sale bench faults faults-ci
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,3 +42,9 @@ sale: install services
 
 bench: install services tools
 	$(VENV)/bin/flashsale bench
+
+faults: install
+	FLASHSALE_FAULTS_OUT=$(FAULTS_OUT) $(VENV)/bin/pytest -q -m faults tests/faults
+
+faults-ci: install
+	$(VENV)/bin/pytest -q -m faults_ci tests/faults
