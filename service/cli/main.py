@@ -78,7 +78,6 @@ def serve(host: str, port: int, workers: int) -> None:
     503 unavailable until each worker has connected (it keeps trying with back-off). Fewer free
     order-number shards than WORKERS (at most 90 worker processes per key prefix), before or
     while the workers start, ends it with one line and exit code 3."""
-    from service.api.no_shard import EXIT_NO_SHARD
     from service.cli.serve import metrics_directory, serve_app, shards_short
 
     settings = get_settings()
@@ -91,6 +90,8 @@ def serve(host: str, port: int, workers: int) -> None:
             click.echo(f"flashsale: {away}; starting anyway, not ready until it answers", err=True)
         problem = _run(shards_short(settings, workers)) or serve_app("service.api.app:create_app", host, port, workers)
     if problem:
+        from service.api.no_shard import EXIT_NO_SHARD  # not earlier: it imports prometheus_client
+
         click.echo(f"flashsale serve: {problem}", err=True)
         sys.exit(EXIT_NO_SHARD)
 
