@@ -137,10 +137,16 @@ async def test_serve_starts_while_a_store_is_down_and_becomes_ready_when_it_retu
             await eventually(ready, interval=0.2)
             admin = {"Authorization": f"Bearer {issue_token(mine.auth.jwt_secret, 'admin', admin=True)}"}
             product_id = new_product_id()
-            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-                body = {"stock": 5, "per_user_limit": 1, "price": 100, "stock_mode": "redis"}
-                put = await http.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)
-                assert put.status_code == 200, put.text
+            body = {"stock": 5, "per_user_limit": 1, "price": 100, "stock_mode": "redis"}
+
+            async def product_set() -> bool:
+                # readiness 200 came from one worker; the other may still be connecting (a 503)
+                async with httpx.AsyncClient(base_url=url, timeout=30) as fresh:
+                    put = await fresh.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)
+                assert put.status_code in (200, 503), put.text
+                return put.status_code == 200
+
+            await eventually(product_set, interval=0.2)
             for user in range(5):  # new connections, either worker: each connects by itself (a 503 meanwhile)
                 buyer = {"Authorization": f"Bearer {issue_token(mine.auth.jwt_secret, f'u{user}')}"}
 
