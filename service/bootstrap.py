@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import structlog
@@ -79,19 +80,25 @@ def make_redis(settings: Settings) -> RedisClient:
     redis = settings.redis
     if redis.cluster:
         return _make_cluster(settings)
-    pool = BlockingConnectionPool.from_url(
-        redis.url,
-        max_connections=redis.max_connections,
-        timeout=5,
-        decode_responses=True,
-        socket_timeout=redis.socket_timeout,
-        socket_connect_timeout=redis.connect_timeout,
-        socket_keepalive=True,
-        health_check_interval=redis.health_check_interval,
-        maint_notifications_config=MaintNotificationsConfig(enabled=False),
-    )
+    pool = BlockingConnectionPool.from_url(redis.url, timeout=5, **_connection_options(settings))
     pool.connection_class = _tuned(pool.connection_class)
     return Redis.from_pool(pool)
+
+
+def _connection_options(settings: Settings) -> dict[str, Any]:
+    """What every Redis connection gets, of one server or of a cluster node (:func:`make_redis`):
+    the pool size, UTF-8 strings, the timeouts (seconds), TCP keepalive, the idle health check,
+    maintenance notifications off."""
+    redis = settings.redis
+    return {
+        "max_connections": redis.max_connections,
+        "decode_responses": True,
+        "socket_timeout": redis.socket_timeout,
+        "socket_connect_timeout": redis.connect_timeout,
+        "socket_keepalive": True,
+        "health_check_interval": redis.health_check_interval,
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
+    }
 
 
 def _make_cluster(settings: Settings) -> ClusterClient:
@@ -113,17 +120,8 @@ def _make_cluster(settings: Settings) -> ClusterClient:
     redis-py's cluster client has no blocking pool. Pipelines are split by node
     (``ClusterPipeline``: one round trip per node).
     """
-    redis = settings.redis
     cluster: ClusterClient = ClusterClient.from_url(  # type: ignore[assignment]  # from_url is typed as the base class's
-        redis.url,
-        max_connections=redis.max_connections,
-        decode_responses=True,
-        socket_timeout=redis.socket_timeout,
-        socket_connect_timeout=redis.connect_timeout,
-        socket_keepalive=True,
-        health_check_interval=redis.health_check_interval,
-        retry=Retry(NoBackoff(), 0),
-        maint_notifications_config=MaintNotificationsConfig(enabled=False),
+        settings.redis.url, retry=Retry(NoBackoff(), 0), **_connection_options(settings)
     )
     options = cluster.nodes_manager.connection_kwargs
     options["connection_class"] = _tuned(options["connection_class"])
@@ -602,8 +600,8 @@ class BackgroundResources:
     :meth:`Resources.open` with back-off (0.5 s doubling to :data:`OPEN_BACKOFF_CAP` s), one
     log line when the wait begins and one when it ends. ``current`` is None until it succeeds;
     meanwhile ``reachable`` says which stores answered the last attempt (for readiness).
-    ``on_no_shard``: called when a background attempt finds every order-number shard leased
-    (the API stops its server: :func:`service.api.no_shard.stop_server`)."""
+    ``on_no_shard``: called when an attempt (the first or a background one) finds every
+    order-number shard leased (the API stops its server: :func:`service.api.no_shard.stop_server`)."""
 
     OPEN_BACKOFF_CAP = 3.0
     OPEN_TIMEOUT = 15.0
@@ -631,8 +629,8 @@ class BackgroundResources:
         raises for a store that fails.
 
         Raises:
-            ShardsExhausted: every order-number shard is leased (no outage: waiting frees none);
-                met later by the background task, it is handed to ``on_no_shard`` instead.
+            ShardsExhausted: every order-number shard is leased (no outage: waiting frees none),
+                after ``on_no_shard`` was told; met later, it ends the background task the same way.
         """
         if await self._attempt():
             return
@@ -643,8 +641,10 @@ class BackgroundResources:
             self.current = await asyncio.wait_for(
                 Resources.open(self._settings, publish=self._publish, purchase=self._purchase), self.OPEN_TIMEOUT
             )
-        except ShardsExhausted:
-            raise  # not an outage: waiting frees no shard
+        except ShardsExhausted as exc:  # not an outage: waiting frees no shard
+            if self._on_no_shard is not None:
+                self._on_no_shard(exc)
+            raise
         except Exception as exc:  # an API worker keeps trying whatever else failed: its readiness says so
             self._waiting.failed(exc, store=outage_of(exc) or "unknown")
             with contextlib.suppress(Exception):
@@ -656,13 +656,8 @@ class BackgroundResources:
 
     async def _keep_trying(self) -> None:
         backoff = Backoff(cap=self.OPEN_BACKOFF_CAP)
-        try:
-            while not await self._attempt():
-                await asyncio.sleep(backoff.next())
-        except ShardsExhausted as exc:
-            if self._on_no_shard is None:
-                raise
-            self._on_no_shard(exc)
+        while not await self._attempt():
+            await asyncio.sleep(backoff.next())
 
     async def close(self) -> None:
         """Stop opening; close what was opened."""

@@ -49,9 +49,8 @@ class FlashsalePlugin(InitPluginProtocol):
             worker["resources"] = background = BackgroundResources(settings, purchase=True, on_no_shard=stop_server)
             try:
                 await background.start()
-            except ShardsExhausted as exc:
+            except ShardsExhausted:  # stop_server was told (under flashsale serve it did not return)
                 worker.pop("resources")
-                stop_server(exc)  # under flashsale serve: stops the server, does not return
                 raise
             try:
                 yield
