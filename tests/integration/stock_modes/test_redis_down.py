@@ -65,6 +65,26 @@ async def _shut_down(url: str) -> None:
     await eventually(gone, timeout=10)
 
 
+@contextlib.asynccontextmanager
+async def _sold_in_redis_first(settings, engine, token, admin, product_id: int, stock: int, users: list[str]):
+    """An API and a consumer on a Redis of the test's own; the product put on sale in ``redis``
+    mode with ``stock`` units and bought once by each of ``users``, their rows written. Yields
+    (Redis URL, settings, API client, the product body, the order numbers bought)."""
+    async with private_redis() as url:
+        own = _on(settings, url)
+        store = StockStore(make_redis(own), own.redis.key_prefix)
+        try:
+            async with api_in_loop(own) as api, running_consumer(own, engine, store):
+                body = {"stock": stock, "per_user_limit": LIMIT, "price": 1500, "stock_mode": "redis"}
+                put = await api.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)
+                assert put.status_code == 200, put.text
+                landed = await _redis_sales(api, token, product_id, users)
+                await eventually(lambda: rows_at_least(engine, product_id, len(landed)))
+                yield url, own, api, body, landed
+        finally:
+            await store.aclose()
+
+
 async def _redis_sales(api, token, product_id: int, users: list[str]) -> list[str]:
     responses = await asyncio.gather(*(buy(api, token(u), product_id, key=f"{u}-r") for u in users))
     assert {r.status_code for r in responses} == {202}, [r.text for r in responses]
@@ -111,22 +131,15 @@ async def test_switched_to_database_then_redis_lost_sells_exactly_without_redis(
     buyers of the ``redis`` phase stay within the limit."""
     first_users = [f"dn-{i}" for i in range(10)]
     stock = DATABASE_UNITS + len(first_users)
-    async with private_redis() as url:
-        own = _on(settings, url)
-        store = StockStore(make_redis(own), own.redis.key_prefix)
-        async with api_in_loop(own) as api, running_consumer(own, engine, store):
-            body = {"stock": stock, "per_user_limit": LIMIT, "price": 1500, "stock_mode": "redis"}
-            assert (await api.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
-            landed = await _redis_sales(api, token, product_id, first_users)
-            await eventually(lambda: rows_at_least(engine, product_id, len(landed)))
-            switched = await api.put(
-                f"/api/v1/admin/products/{product_id}", json={**body, "stock_mode": "database"}, headers=admin
-            )
-            assert switched.status_code == 200, switched.text
-            await _shut_down(url)
-            answers, replays = await _stampede(api, token, product_id, first_users)
-            info = (await api.get(f"/api/v1/products/{product_id}")).json()
-        await store.aclose()
+    async with _sold_in_redis_first(settings, engine, token, admin, product_id, stock, first_users) as sale:
+        url, _, api, body, landed = sale
+        switched = await api.put(
+            f"/api/v1/admin/products/{product_id}", json={**body, "stock_mode": "database"}, headers=admin
+        )
+        assert switched.status_code == 200, switched.text
+        await _shut_down(url)
+        answers, replays = await _stampede(api, token, product_id, first_users)
+        info = (await api.get(f"/api/v1/products/{product_id}")).json()
     assert (info["stock_mode"], info["remaining"]) == ("database", 0)
     await _check_sold_exactly(engine, product_id, stock, answers, replays, landed)
 
@@ -137,27 +150,20 @@ async def test_switch_made_while_redis_is_down_by_the_cli_sells_exactly(settings
     the API, which still has the product routed to Redis, follows at the next purchase."""
     first_users = [f"dn-{i}" for i in range(5)]
     stock = DATABASE_UNITS + len(first_users)
-    async with private_redis() as url:
-        own = _on(settings, url)
-        store = StockStore(make_redis(own), own.redis.key_prefix)
-        async with api_in_loop(own) as api, running_consumer(own, engine, store):
-            body = {"stock": stock, "per_user_limit": LIMIT, "price": 1500, "stock_mode": "redis"}
-            assert (await api.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
-            landed = await _redis_sales(api, token, product_id, first_users)
-            await eventually(lambda: rows_at_least(engine, product_id, len(landed)))
-            await _shut_down(url)
-            lost = await buy(api, token("dn-early"), product_id, key="early")
-            assert (lost.status_code, lost.json()["code"]) == (503, "unavailable")  # redis mode needs Redis
+    async with _sold_in_redis_first(settings, engine, token, admin, product_id, stock, first_users) as sale:
+        url, own, api, _, landed = sale
+        await _shut_down(url)
+        lost = await buy(api, token("dn-early"), product_id, key="early")
+        assert (lost.status_code, lost.json()["code"]) == (503, "unavailable")  # redis mode needs Redis
 
-            cli = start_flashsale(
-                ["product", "set", str(product_id), "--stock", str(stock), "--stock-mode", "database", "--json"],
-                {**os.environ, **environment(own)},
-                log=os.devnull,
-            )
-            assert await asyncio.to_thread(cli.wait, 60) == 0
+        cli = start_flashsale(
+            ["product", "set", str(product_id), "--stock", str(stock), "--stock-mode", "database", "--json"],
+            {**os.environ, **environment(own)},
+            log=os.devnull,
+        )
+        assert await asyncio.to_thread(cli.wait, 60) == 0
 
-            answers, replays = await _stampede(api, token, product_id, first_users)
-        await store.aclose()
+        answers, replays = await _stampede(api, token, product_id, first_users)
     await _check_sold_exactly(engine, product_id, stock, answers, replays, landed)
 
 
