@@ -13,7 +13,7 @@ import structlog
 from service import metrics
 from service.adapters.broker import OrderMessage, connect_when_up, queue_depth
 from service.domain.order_writer import Outcome
-from service.runtime import OutageLog
+from service.runtime import OutageLog, stop_task
 from service.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -79,6 +79,5 @@ async def exposed(settings: Settings, port: int | None, *, sample_queues: bool =
             yield
         finally:
             if sampler is not None:
-                sampler.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await sampler
+                with contextlib.suppress(Exception):
+                    await stop_task(sampler)

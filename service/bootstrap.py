@@ -46,7 +46,7 @@ from service.domain.realign import Realigner
 from service.domain.reconcile import Reconciler
 from service.domain.recovery import Recovery
 from service.domain.sold_out import SoldOutFlags
-from service.runtime import Backoff, OutageLog, stop_signal, wait_or_stop
+from service.runtime import Backoff, OutageLog, stop_signal, stop_task, wait_or_stop
 from service.settings import ConfigError, Settings
 
 log = structlog.get_logger(__name__)
@@ -354,9 +354,7 @@ async def _close(
     if recovery is not None:
         await recovery.stop()
     if follower is not None:
-        follower.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await follower
+        await stop_task(follower)
     if background is not None:
         await background.close(settings.amqp.confirm_timeout)
     if lease is not None:
@@ -662,9 +660,7 @@ class BackgroundResources:
     async def close(self) -> None:
         """Stop opening; close what was opened."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
         if self.current is not None:
             await self.current.close()
             self.current = None

@@ -29,6 +29,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import multiprocess as _multiprocess
 from prometheus_client.registry import REGISTRY
 
+from service.runtime import stop_task
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 FLUSH_SECONDS = 1.0
 """How often the purchase path's local sums reach prometheus_client (the lag a scrape may see)."""
@@ -247,9 +249,7 @@ async def every(seconds: float, call: Callable[[], None]) -> AsyncIterator[None]
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop_task(task)
         call()
 
 

@@ -1,6 +1,6 @@
 """Process life for the long-running commands: stop on SIGTERM/SIGINT, repeat a pass with
 ``--watch``, wait out an outage with back-off (:class:`Backoff`) and say so once per outage
-(:class:`OutageLog`), not once per attempt."""
+(:class:`OutageLog`), not once per attempt; stop a background task for sure (:func:`stop_task`)."""
 
 from __future__ import annotations
 
@@ -96,6 +96,25 @@ class OutageLog:
             seconds = round(time.monotonic() - self._since, 1)
             log.warning(f"{self._event}_recovered", failures=self.failures, seconds=seconds, **self._fields, **fields)
         self.failures = 0
+
+
+async def stop_task(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended; an exception it ended with (other than the
+    cancellation) is raised here.
+
+    Cancels again every 0.1 s while the task still runs: on Python 3.11, ``asyncio.wait_for``,
+    which redis-py awaits around every command it sends, drops a cancellation that arrives just
+    as the awaited operation completes (CPython gh-86296, fixed in 3.12). A loop task that lost
+    its one cancellation ran on forever and held its process's shutdown (seen in the recovery
+    task: a worker that never exits).
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.1)
+    if not task.cancelled():
+        error = task.exception()
+        if error is not None:
+            raise error
 
 
 async def wait_or_stop(stop: asyncio.Event | None, seconds: float) -> bool:

@@ -9,11 +9,11 @@ journal, and realignment publishes it again after its grace period.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import structlog
 
 from service.adapters.broker import OrderMessage, Publisher
+from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)
 
@@ -93,7 +93,5 @@ class BackgroundPublisher:
                 await self._idle.wait()
         except TimeoutError:
             log.warning("background_publish_unflushed", left=self.pending)
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await stop_task(self._task)
         self._task = None

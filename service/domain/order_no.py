@@ -46,6 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.queries import order_no as generations_sql
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import InvalidInput
+from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)
 
@@ -190,9 +191,7 @@ class ShardLease:
     async def stop(self) -> None:
         """Stop renewing and release the shard if still held."""
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            await stop_task(self._renewer)
         if self.shard is not None:
             with contextlib.suppress(Exception):
                 await self._store.release_lease(self.shard, self._token)

@@ -37,6 +37,7 @@ import structlog
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import ProductNotFound
 from service.domain.realign import Realigner
+from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)
 
@@ -81,9 +82,7 @@ class Recovery:
     async def stop(self) -> None:
         """Stop the task (a pass in progress is cancelled; the lock lapses by itself)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     def not_loaded(self, product_id: int) -> None:

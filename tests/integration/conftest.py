@@ -8,10 +8,7 @@ Unit tests (``tests/unit``) never load this file, so they run with every server 
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import signal
-import sys
 from collections.abc import AsyncIterator
 
 import aio_pika
@@ -32,21 +29,6 @@ from service.sale.isolation import isolated_settings, new_run_id, with_own_secre
 from service.sale.stores import tear_down
 from service.settings import Settings
 from tests.support import running_consumer, serving
-
-
-def _dump_tasks(signum: int, frame: object) -> None:
-    """``kill -USR1 <pytest pid>``: every asyncio task's stack on the terminal (a hung test)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        print("no running event loop", file=sys.__stderr__)
-        return
-    for task in asyncio.all_tasks(loop):
-        print(f"=== {task!r}", file=sys.__stderr__)
-        task.print_stack(limit=40, file=sys.__stderr__)
-
-
-signal.signal(signal.SIGUSR1, _dump_tasks)
 
 _product_ids = itertools.count(1000)
 
