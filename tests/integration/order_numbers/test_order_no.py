@@ -128,15 +128,19 @@ async def test_shards_are_exclusive(redis, settings):
 _MINT_IN_A_PROCESS = """
 import asyncio, json, sys
 from db.engine import make_engine
-from service.domain.order_no import OrderNumberMinter, ShardGenerations, ShardLease
+from service.domain.order_no import REDIS_SHARDS, OrderNumberMinter, ShardGenerations, ShardLease
 from service.bootstrap import make_store
 from service.settings import Settings
 
-async def main(count):
+async def main(count, processes):
     settings = Settings()
     store = make_store(settings)
     lease = ShardLease(store, 30)
     await lease.start()
+    # Every process holds its lease before any mints (and releases when done): the shards are
+    # held at the same time, as the API's workers hold theirs (a released shard may be taken again).
+    while await store.leased_shards(REDIS_SHARDS) < processes:
+        await asyncio.sleep(0.05)
     engine = make_engine(settings.db.url, pool_size=2, max_overflow=0)
     minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine))
     # At most half the pool's connections in flight: the mints stay concurrent, but none waits on
@@ -153,7 +157,7 @@ async def main(count):
     await engine.dispose()
     print(json.dumps(numbers))
 
-asyncio.run(main(int(sys.argv[1])))
+asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
 """
 
 
@@ -162,7 +166,7 @@ async def test_order_numbers_are_unique_across_processes(settings):
     env = {**os.environ, **environment(settings), "FLASHSALE_REDIS__KEY_PREFIX": f"{settings.redis.key_prefix}-procs"}
     processes = [
         await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _MINT_IN_A_PROCESS, "3000", env=env, stdout=subprocess.PIPE
+            sys.executable, "-c", _MINT_IN_A_PROCESS, "3000", "4", env=env, stdout=subprocess.PIPE
         )
         for _ in range(4)
     ]
