@@ -31,6 +31,13 @@ TAKEN = text(
 than ``:s`` seconds old: a locking read, so it sees the latest committed rows (the ones a 1062
 collided with) even inside a transaction whose snapshot is older."""
 
+REPLAYABLE = text(
+    "SELECT request_id, order_no, quantity, TIMESTAMPDIFF(SECOND, created_at, NOW()) AS age FROM orders"
+    " WHERE product_id = :p AND created_at > NOW() - INTERVAL :s SECOND"
+)
+"""The orders of product ``:p`` written less than ``:s`` seconds ago (the replay window), with
+their age in seconds: the replay records realignment gives back after Redis lost them."""
+
 PRESENT_REQUEST_IDS = text("SELECT request_id FROM orders WHERE request_id IN :r").bindparams(
     bindparam("r", expanding=True)
 )

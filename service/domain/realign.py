@@ -146,6 +146,19 @@ class Realigner:
             return await self.realign_all(dry_run)
         return [await self.realign(product_id, dry_run)]
 
+    async def _restore_replays(self, product_id: int) -> None:
+        """Redis does not hold the product (lost, or never loaded): give back the replay records
+        of its orders still in the replay window, read fresh from MySQL just before the stock is
+        loaded (until then reserves answer ``not loaded``), so a buyer who retries with the same
+        Idempotency-Key is answered the order they have, not a second one."""
+        async with self.engine.connect() as conn:
+            found = await conn.execute(orders.REPLAYABLE, {"p": product_id, "s": self._store.replay_ttl_seconds})
+            replayable = [(row.request_id, row.order_no, row.quantity, int(row.age)) for row in found]
+        if replayable:
+            restored = await self._store.restore_replays(product_id, replayable)
+            if restored:
+                log.warning("replay_records_restored", product_id=product_id, restored=restored)
+
     async def realign(self, product_id: int, dry_run: bool = False, *, open_sale: bool = False) -> RealignReport:
         """One exact pass for one product (see the module docstring). A product in stock mode
         ``database`` gets the Redis marker that makes reserves answer ``moved``; ``open_sale``
@@ -202,6 +215,8 @@ class Realigner:
                     [(request_id, entry.order_no, rejected) for request_id, (entry, rejected) in resolved.items()],
                 )
                 pending = (0, 0)
+        if size is None and not dry_run:
+            await self._restore_replays(product_id)
         result = await self._store.realign(
             product_id,
             mysql_stock=mysql_stock,

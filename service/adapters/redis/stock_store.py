@@ -154,6 +154,7 @@ class StockStore:
         self._republish_due = _script(redis, "republish_due")
         self._mint = _script(redis, "mint")
         self._epoch = _script(redis, "epoch")
+        self._restore_replays = _script(redis, "restore_replays")
         self._scripts = (
             self._reserve,
             self._release,
@@ -168,6 +169,7 @@ class StockStore:
             self._republish_due,
             self._mint,
             self._epoch,
+            self._restore_replays,
         )
 
     # -- set-up and health ---------------------------------------------------------------------
@@ -474,6 +476,22 @@ class StockStore:
         async for request_id, value in self._redis.hscan_iter(key, count=SCAN_COUNT):
             entries[request_id] = parse_journal_entry(request_id, value)
         return list(entries.values())
+
+    async def restore_replays(self, product_id: int, orders: Sequence[tuple[str, str, int, int]]) -> int:
+        """``lua/restore_replays.lua``: the replay record of each order (request id, order number,
+        quantity in units, age in seconds of its row) that Redis does not have, as ``queued``,
+        living what is left of ``replay_ttl_seconds`` (orders older than that are skipped), in
+        calls of at most :data:`SCAN_COUNT` records. Returns how many records were written."""
+        keys = ProductKeys(self._prefix, product_id)
+        live = [order for order in orders if order[3] < self._replay_ttl]
+        written = 0
+        for start in range(0, len(live), SCAN_COUNT):
+            chunk = live[start : start + SCAN_COUNT]
+            args: list[str | int] = []
+            for _, order_no, quantity, age in chunk:
+                args += [quantity, order_no, self._replay_ttl - age]
+            written += int(await self._restore_replays(keys=[keys.replay(order[0]) for order in chunk], args=args))
+        return written
 
     async def journal_size(self, product_id: int) -> int | None:
         """Entries in the product's journal (HLEN), or None when the product's stock or its

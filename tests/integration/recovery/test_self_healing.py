@@ -146,3 +146,33 @@ async def test_a_stranded_reservation_gets_its_row_without_anyone_running_realig
         await eventually(landed)
         assert await inventory(engine, product_id) == (4, 1)
         assert await redis.hlen(store.product_keys(product_id).journal) in (0, 1)  # dropped by the next pass
+
+
+async def test_a_keyed_retry_after_redis_lost_its_data_is_answered_the_same_order(
+    settings, engine, token, admin, product_id
+):
+    """The replay records were in Redis only: after a FLUSHALL the recovery pass gives them back
+    from MySQL before it loads the stock, so a buyer retrying with their Idempotency-Key gets the
+    order they have, not a second one (a second order for one key is a double booking)."""
+    async with _healing_service(settings, engine, "replays") as (own, api, store, redis):
+        body = {"stock": 5, "per_user_limit": 2, "price": 1500, "stock_mode": "redis"}
+        assert (await api.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
+        first = await buy(api, token("keyed"), product_id, key="k-1")
+        assert first.status_code == 202
+        order_no = first.json()["order_no"]
+
+        async def landed() -> bool:
+            return [row.order_no for row in await order_rows(engine, product_id)] == [order_no]
+
+        await eventually(landed)
+        await redis.flushall()
+
+        async def answered():
+            response = await buy(api, token("keyed"), product_id, key="k-1")
+            return response if response.status_code != 503 else None
+
+        retry = await eventually(answered)
+        assert (retry.status_code, retry.json()["order_no"]) == (202, order_no)
+        await asyncio.sleep(1.5)  # a second order, had one been taken, would have its row by now
+        assert await landed()
+        assert await inventory(engine, product_id) == (4, 1)
