@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import httpx
@@ -266,10 +267,11 @@ async def running_consumer(settings: Settings, engine: AsyncEngine, store: Stock
 
 
 @contextlib.asynccontextmanager
-async def own_queues(settings: Settings, name: str) -> AsyncIterator[Settings]:
+async def own_queues(settings: Settings, name: str, **amqp_settings: Any) -> AsyncIterator[Settings]:
     """``settings`` with an order exchange, queue, dead-letter exchange and queue of their own
-    (``<queue>-<name>...``), deleted on exit: for tests that count what lands in a queue, so
-    late messages of earlier tests (still in their retry backoff) cannot land in their counts."""
+    (``<queue>-<name>...``), and ``amqp_settings`` (such as ``retry_delays``), deleted on exit
+    with their retry queues: for tests that count what lands in a queue, so late messages of
+    earlier tests (still in their retry backoff) cannot land in their counts."""
     amqp = settings.amqp
     mine = amqp.model_copy(
         update={
@@ -277,6 +279,7 @@ async def own_queues(settings: Settings, name: str) -> AsyncIterator[Settings]:
             "queue": f"{amqp.queue}-{name}",
             "dead_letter_exchange": f"{amqp.dead_letter_exchange}-{name}",
             "dead_letter_queue": f"{amqp.dead_letter_queue}-{name}",
+            **amqp_settings,
         }
     )
     try:

@@ -92,8 +92,7 @@ async def test_mariadb_down_longer_than_the_delivery_limit_window_dead_letters_n
             await conn.execute(text("INSERT INTO inventory (product_id, stock) VALUES (:p, 1000)"), {"p": product_id})
         before = [message_for(product_id, f"before{i}", 720_000 + i) for i in range(20)]
         during = [message_for(product_id, f"during{i}", 721_000 + i) for i in range(150)]
-        async with own_queues(settings, "outage") as base:
-            mine = base.model_copy(update={"amqp": base.amqp.model_copy(update={"retry_delays": [0.5, 1.0, 2.0]})})
+        async with own_queues(settings, "outage", retry_delays=[0.5, 1.0, 2.0]) as mine:
             consumer = OrderConsumer(engine, store)
             connection = await aio_pika.connect(mine.amqp.url)
             try:
@@ -140,8 +139,7 @@ async def test_a_retried_delivery_carries_its_count_and_comes_back(settings, eng
     await put_product(product_id, stock=5, limit=1)
     order = message_for(product_id, "patient", 730_000)
     broken = make_engine("mysql+asyncmy://root@127.0.0.1:1/nothing", pool_size=1, max_overflow=0)
-    async with own_queues(settings, "retried") as base:
-        mine = base.model_copy(update={"amqp": base.amqp.model_copy(update={"retry_delays": [0.2, 0.4]})})
+    async with own_queues(settings, "retried", retry_delays=[0.2, 0.4]) as mine:
         connection = await aio_pika.connect(mine.amqp.url)
         try:
             channel = await connection.channel()

@@ -21,12 +21,21 @@ async def unroutable_client(settings):
     broken = settings.model_copy(
         update={"amqp": settings.amqp.model_copy(update={"queue": f"{settings.redis.key_prefix}.nowhere"})}
     )
-    async with serving(create_app(broken), timeout=30) as client:
+    try:
+        async with serving(create_app(broken), timeout=30) as client:
+            connection = await aio_pika.connect(settings.amqp.url)
+            channel = await connection.channel()
+            await channel.queue_delete(broken.amqp.queue)
+            await connection.close()
+            yield client
+    finally:
         connection = await aio_pika.connect(settings.amqp.url)
-        channel = await connection.channel()
-        await channel.queue_delete(broken.amqp.queue)
-        await connection.close()
-        yield client
+        try:
+            channel = await connection.channel()
+            for queue in broken.amqp.retry_queues():  # declared with the API's topology
+                await channel.queue_delete(queue)
+        finally:
+            await connection.close()
 
 
 async def test_unroutable_publish_is_503_and_returns_the_stock(
