@@ -46,7 +46,7 @@ import signal
 import sys
 import tempfile
 import time
-from contextlib import AsyncExitStack, suppress
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import aio_pika
@@ -56,7 +56,6 @@ from rich.console import Console
 
 from service.adapters.broker import declare_topology
 from service.log_setup import configure_logging
-from service.runtime import stop_task
 from service.sale.errors import SetupError, stderr
 from service.sale.facts import Measured
 from service.sale.isolation import Sale, child_env, new_sale, simulator_url
@@ -119,8 +118,7 @@ async def _measure(
             orders = accepted_orders(purchase)
             drain_seconds = await drain(stores, sale, orders, processes, console)
         finally:
-            with suppress(Exception):  # a failed sample costs the chart points, not the sale
-                await stop_task(sampler)
+            sampler.cancel()
         lifecycle = None
         if load.pay_share and drain_seconds is not None:
             lifecycle = await run_lifecycle(stores, sale, processes, console, load, orders)
