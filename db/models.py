@@ -71,6 +71,8 @@ class Product(Base):
     (scheme 2: Redis pre-decrement, queue, consumer)."""
     require_token: Mapped[bool] = mapped_column(Boolean, server_default="0")
     """A purchase needs a server-issued order token (header ``Order-Token``)."""
+    buckets: Mapped[int] = mapped_column(SmallInteger, server_default="1")
+    """Stock buckets K in Redis (1..64, fixed at creation): :mod:`service.domain.buckets`."""
 
 
 class Inventory(Base):

@@ -9,13 +9,21 @@
 -- ARGV[7] user emission interval (ms, 0: no user limit)   ARGV[8] user burst (requests)
 -- ARGV[9] address emission interval (ms, 0: no address limit)   ARGV[10] address burst
 -- ARGV[11] '1' when the request carries an order token (KEYS[8] names it), else '0'
+-- ARGV[12] the product's stock buckets K as the caller knows them (KEYS are those of the buyer's
+-- bucket among K: service/domain/buckets.py)
 -- Returns {outcome, order_no[, reserved_at_ms, unit price]}, or for sold_out
 -- {'sold_out', '', stock, per-user limit, ms left in the sale or -1}, or for rate_limited
--- {'rate_limited', '', ms until a request is allowed}. outcome: reserved | replay | in_flight |
--- key_reused | abandoned | moved | not_loaded | sale_not_active | over_limit | sold_out |
+-- {'rate_limited', '', ms until a request is allowed}, or for rebucket {'rebucket', '', K} (the
+-- product has K buckets, not ARGV[12]: the caller asks the buyer's bucket among K). outcome: reserved | replay | in_flight |
+-- key_reused | abandoned | rebucket | moved | not_loaded | sale_not_active | over_limit | sold_out |
 -- token_required | token_invalid | limit_exceeded | rate_limited. Only 'reserved' writes stock,
 -- quota, journal or replay record; every request that is not rate_limited spends from the rate
 -- buckets.
+-- Before anything is read or spent: the keys are another bucket's when the caller's K is not the
+-- product's (a process that has not met the product's K yet).
+local buckets = tonumber(redis.call('HGET', KEYS[2], 'buckets') or '1')
+if buckets ~= tonumber(ARGV[12]) then return {'rebucket', '', buckets} end
+
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 

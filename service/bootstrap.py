@@ -43,6 +43,7 @@ from service.domain.orders import OrderService
 from service.domain.payments import PaymentService
 from service.domain.purchase import PurchaseService
 from service.domain.realign import Realigner
+from service.domain.rebalance import Rebalancer
 from service.domain.reconcile import Reconciler
 from service.domain.recovery import Recovery
 from service.domain.sold_out import SoldOutFlags
@@ -215,6 +216,7 @@ class Resources:
     eviction: EvictionPolicy | None = None
     """Redis's ``maxmemory-policy``, read at start and refreshed by the readiness probe."""
     _follower: asyncio.Task[None] | None = field(default=None, repr=False)
+    _rebalancer: Rebalancer | None = field(default=None, repr=False)
 
     @classmethod
     async def open(cls, settings: Settings, *, publish: bool = True, purchase: bool = True) -> Resources:
@@ -225,7 +227,7 @@ class Resources:
         """
         engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
         store = make_store(settings)
-        publisher = lease = purchases = background = sold_out = follower = recovery = None
+        publisher = lease = purchases = background = sold_out = follower = recovery = rebalancer = None
         eviction = store.eviction_policy()
         try:
             await store.load()
@@ -249,6 +251,7 @@ class Resources:
                     background = BackgroundPublisher(publisher)
                     background.start()
                 sold_out, follower = _follow_sold_out(store, settings.orders.sold_out_flag_seconds)
+                rebalancer = Rebalancer(realigner)
                 purchases = PurchaseService(
                     store,
                     minter,
@@ -261,6 +264,7 @@ class Resources:
                         engine, settings.orders.order_no_prefix, block=settings.orders.sequence_block
                     ),
                     not_loaded=None if recovery is None else recovery.not_loaded,
+                    rebalance=rebalancer,
                 )
                 if recovery is not None:
                     recovery.start()
@@ -290,6 +294,7 @@ class Resources:
             recovery=recovery,
             eviction=eviction,
             _follower=follower,
+            _rebalancer=rebalancer,
         )
 
     @property
@@ -308,6 +313,8 @@ class Resources:
         ``confirm_timeout`` seconds; the rest is left to realignment), release the shard lease and
         close every connection."""
         await self.channels.aclose()
+        if self._rebalancer is not None:
+            await self._rebalancer.aclose()
         await _close(
             self.settings,
             self.engine,

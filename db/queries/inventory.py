@@ -21,7 +21,10 @@ GIVE_BACK = text(
 )
 """Returned units (cancel, payment timeout, refund with restock) go back on sale."""
 
-VERSION = text("SELECT version FROM inventory WHERE product_id = :p")
+VERSION = text(
+    "SELECT i.version, p.buckets FROM inventory i JOIN products p ON p.id = i.product_id WHERE i.product_id = :p"
+)
+"""Product ``:p``'s inventory version and stock buckets (where returned units go in Redis)."""
 
 SET_SALE_UNITS = text(
     "INSERT INTO inventory (product_id, stock, sold, version) VALUES (:id, :stock, 0, 0)"
@@ -33,7 +36,7 @@ PRODUCT_IDS = text("SELECT product_id FROM inventory ORDER BY product_id")
 
 SNAPSHOT = text(
     "SELECT i.stock, i.sold, i.version, p.per_user_limit, p.price, p.sale_starts_at, p.sale_ends_at,"
-    " p.stock_mode, p.require_token"
+    " p.stock_mode, p.require_token, p.buckets"
     " FROM inventory i JOIN products p ON p.id = i.product_id WHERE i.product_id = :p"
 )
 """What realignment reads of product ``:p`` in its consistent snapshot."""

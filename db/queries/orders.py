@@ -32,11 +32,12 @@ than ``:s`` seconds old: a locking read, so it sees the latest committed rows (t
 collided with) even inside a transaction whose snapshot is older."""
 
 REPLAYABLE = text(
-    "SELECT request_id, order_no, quantity, TIMESTAMPDIFF(SECOND, created_at, NOW()) AS age FROM orders"
+    "SELECT request_id, order_no, user_id, quantity, TIMESTAMPDIFF(SECOND, created_at, NOW()) AS age FROM orders"
     " WHERE product_id = :p AND created_at > NOW() - INTERVAL :s SECOND"
 )
 """The orders of product ``:p`` written less than ``:s`` seconds ago (the replay window), with
-their age in seconds: the replay records realignment gives back after Redis lost them."""
+their buyer and age in seconds: the replay records realignment gives back after Redis lost them
+(each into its buyer's stock bucket)."""
 
 PRESENT_REQUEST_IDS = text("SELECT request_id FROM orders WHERE request_id IN :r").bindparams(
     bindparam("r", expanding=True)
@@ -135,10 +136,6 @@ UNITS_HELD = text(
 """Units each user holds of product ``:p`` against the per-user limit (statuses ``:released`` excluded)."""
 
 # Reads of the main job's report (``flashsale sale``): whole-product views, off the hot path.
-RECENT_OF_PRODUCT = text(
-    "SELECT request_id, order_no, quantity FROM orders"
-    " WHERE product_id = :p AND created_at >= CURRENT_TIMESTAMP - INTERVAL :seconds SECOND"
-)
 COUNT_OF_PRODUCT = text("SELECT COUNT(*) FROM orders WHERE product_id = :p")
 OF_PRODUCT = text("SELECT order_no, request_id, user_id, quantity, status, reason FROM orders WHERE product_id = :p")
 UNPAID_OF_PRODUCT = text(

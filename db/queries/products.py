@@ -5,9 +5,11 @@ from __future__ import annotations
 from sqlalchemy import text
 
 UPSERT = text(
-    "INSERT INTO products (id, name, price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode, require_token)"
+    "INSERT INTO products"
+    " (id, name, price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode, require_token, buckets)"
     " VALUES (:id, COALESCE(:name, :default_name), COALESCE(:price, 0), COALESCE(:limit, 1),"
-    " COALESCE(:starts, UTC_TIMESTAMP()), :ends, COALESCE(:mode, 'database'), COALESCE(:require_token, 0))"
+    " COALESCE(:starts, UTC_TIMESTAMP()), :ends, COALESCE(:mode, 'database'), COALESCE(:require_token, 0),"
+    " COALESCE(:buckets, 1))"
     " ON DUPLICATE KEY UPDATE name = COALESCE(:name, name), price = COALESCE(:price, price),"
     " per_user_limit = COALESCE(:limit, per_user_limit),"
     " sale_starts_at = COALESCE(:starts, sale_starts_at),"
@@ -16,12 +18,18 @@ UPSERT = text(
 )
 """Create or update product ``:id``; a NULL parameter keeps the stored value, and the sale end
 is written only when ``:ends_given``. ``:mode`` is used on creation only (default
-``database``): an existing product changes mode through :data:`SET_MODE` (the switch)."""
+``database``): an existing product changes mode through :data:`SET_MODE` (the switch).
+``:buckets`` too (default 1): a product's stock buckets are fixed at creation."""
 
-TERMS = text("SELECT price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode FROM products WHERE id = :id")
+TERMS = text(
+    "SELECT price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode, buckets FROM products WHERE id = :id"
+)
 
-ROUTING = text("SELECT stock_mode, require_token FROM products WHERE id = :id")
-"""How product ``:id`` sells: its stock mode and whether it needs an order token."""
+BUCKETS = text("SELECT buckets FROM products WHERE id = :id")
+"""Product ``:id``'s stock buckets K (fixed at creation)."""
+
+ROUTING = text("SELECT stock_mode, require_token, buckets FROM products WHERE id = :id")
+"""How product ``:id`` sells: its stock mode, whether it needs an order token, its stock buckets."""
 
 PURCHASE_TERMS = text(
     "SELECT price, per_user_limit, stock_mode, require_token,"
@@ -37,6 +45,6 @@ SET_MODE = text("UPDATE products SET stock_mode = :mode WHERE id = :id")
 
 VIEW = text(
     "SELECT p.id, p.name, p.price, p.per_user_limit, p.sale_starts_at, p.sale_ends_at, p.stock_mode,"
-    " p.require_token, i.stock"
+    " p.require_token, p.buckets, i.stock"
     " FROM products p JOIN inventory i ON i.product_id = p.id WHERE p.id = :id"
 )

@@ -44,11 +44,12 @@ _CONFIRM_SECONDS = metrics.local_histogram(metrics.PUBLISH_CONFIRM_SECONDS)
 _PUBLISH_FAILURES = metrics.local_counter(metrics.PUBLISH_FAILURES)
 
 
-class OrderMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class OrderMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """An accepted reservation, to be written to MySQL by the consumer (JSON body).
 
     ``quantity`` in units; ``reserved_at_ms`` in Unix milliseconds (Redis server time);
-    ``amount`` in minor currency units, priced when the stock was reserved.
+    ``amount`` in minor currency units, priced when the stock was reserved; ``bucket`` the stock
+    bucket it was reserved in (:mod:`service.domain.buckets`; left out of the body when 0).
     """
 
     request_id: str
@@ -58,6 +59,7 @@ class OrderMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     quantity: int
     reserved_at_ms: int
     amount: int
+    bucket: int = 0
 
 
 _encoder = msgspec.json.Encoder()

@@ -161,6 +161,13 @@ def realign(
 @click.option("--limit", "per_user_limit", default=2, show_default=True, type=click.IntRange(1), help="Per-user limit.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1), help="API workers to start.")
 @click.option("--consumers", default=2, show_default=True, type=click.IntRange(1), help="Consumer processes to start.")
+@click.option(
+    "--buckets",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Redis stock buckets of the sale's product (a product hotter than one Redis Cluster slot).",
+)
 @click.option("--url", default=None, help="Target a running API instead of starting one (admin token from settings).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option(
@@ -493,6 +500,13 @@ def product() -> None:
     default=None,
     help="A purchase needs an Order-Token from POST /api/v1/orders/tokens (kept when left out; off on creation).",
 )
+@click.option(
+    "--buckets",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Redis stock buckets: the stock split over K hash tags, for a product hotter than one Redis Cluster "
+    "slot (on creation only, default 1; fixed from then on).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the load report as JSON.")
 def product_set(
     product_id: int,
@@ -504,6 +518,7 @@ def product_set(
     ends: datetime | None,
     stock_mode: str | None,
     require_token: bool | None,
+    buckets: int | None,
     as_json: bool,
 ) -> None:
     """Create or update PRODUCT_ID: STOCK is the sale's units in all (sold ones included), and
@@ -535,6 +550,7 @@ def product_set(
         "sale_ends_at": ends,
         "stock_mode": stock_mode,
         "require_token": require_token,
+        "buckets": buckets,
     }
     try:
         data = msgspec.convert({k: v for k, v in fields.items() if v is not None}, ProductInput)

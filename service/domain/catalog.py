@@ -16,6 +16,7 @@ from db.models import MAX_AMOUNT, StockMode
 from db.queries import inventory, products
 from service import metrics
 from service.adapters.redis.stock_store import StockStore
+from service.domain.buckets import MAX_BUCKETS
 from service.domain.errors import InvalidInput, ProductNotFound
 from service.domain.realign import Realigner, RealignReport
 from service.domain.stock_modes import switch_to_database, switch_to_redis
@@ -41,7 +42,9 @@ class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
     times are UTC). ``stock_mode`` (seed "order system database design": ``database``, scheme 1,
     or ``redis``, scheme 2; new products default to ``database``) and ``require_token`` (a
     purchase needs an ``Order-Token``; default false) left out keep their values; a new
-    ``stock_mode`` switches the product safely mid-sale (:mod:`service.domain.stock_modes`)."""
+    ``stock_mode`` switches the product safely mid-sale (:mod:`service.domain.stock_modes`).
+    ``buckets`` (1..64, default 1): how many Redis key sets the stock is split over, for a product
+    hotter than one Redis Cluster slot (:mod:`service.domain.buckets`); fixed at creation."""
 
     stock: Annotated[int, Meta(ge=0, le=2**31 - 1)]
     price: Annotated[int, Meta(ge=0, le=2**62)] | None = None
@@ -51,6 +54,7 @@ class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
     sale_ends_at: datetime | None | msgspec.UnsetType = msgspec.UNSET
     stock_mode: StockMode | None = None
     require_token: bool | None = None
+    buckets: Annotated[int, Meta(ge=1, le=MAX_BUCKETS)] | None = None
 
 
 class ProductView(msgspec.Struct):
@@ -67,6 +71,7 @@ class ProductView(msgspec.Struct):
     remaining: int
     stock_mode: str
     require_token: bool
+    buckets: int = 1
 
 
 def _utc_naive(value: datetime) -> datetime:
@@ -86,8 +91,9 @@ async def set_product(
     ``redis_unreachable``).
 
     Raises:
-        InvalidProduct: ``sale_ends_at`` is not after ``sale_starts_at``, or ``price x
-            per_user_limit`` does not fit a BIGINT amount (nothing is written).
+        InvalidProduct: ``sale_ends_at`` is not after ``sale_starts_at``, ``price x
+            per_user_limit`` does not fit a BIGINT amount, or ``buckets`` differs from the
+            product's (nothing is written).
         redis.exceptions.RedisError: Redis failed for a product in stock mode ``redis`` (MySQL
             is written; run it again).
     """
@@ -105,6 +111,7 @@ async def set_product(
         "stock": data.stock,
         "mode": data.stock_mode.value if data.stock_mode else None,
         "require_token": data.require_token,
+        "buckets": data.buckets,
     }
 
     async def write(conn: AsyncConnection) -> str:
@@ -112,13 +119,15 @@ async def set_product(
         # inventory, then products; a purchase's order insert reads the product row).
         await conn.execute(inventory.STOCK_LOCKED, {"p": product_id})
         await conn.execute(products.UPSERT, row)
-        price, limit, starts_at, ends_at, mode = (await conn.execute(products.TERMS, row)).one()
+        price, limit, starts_at, ends_at, mode, buckets = (await conn.execute(products.TERMS, row)).one()
         # Checked on the values now stored (kept ones included); raised inside the transaction,
         # so nothing is written.
         if price * limit > MAX_AMOUNT:
             raise InvalidProduct("price", "price x per_user_limit must fit a BIGINT amount (minor units)")
         if ends_at is not None and ends_at <= starts_at:
             raise InvalidProduct("sale_ends_at", "must be after sale_starts_at")
+        if data.buckets is not None and data.buckets != buckets:
+            raise InvalidProduct("buckets", f"is fixed when the product is created (this one has {buckets})")
         # ``stock`` is the sale's units in all: what is sold stays sold, the rest is on sale.
         # Setting the same number again changes nothing, mid-sale included.
         await conn.execute(inventory.SET_SALE_UNITS, row)
@@ -153,7 +162,7 @@ async def get_product(engine: AsyncEngine, store: StockStore, product_id: int) -
     if row is None:
         return None
     database = row.stock_mode == StockMode.DATABASE
-    redis_stock = None if database else await store.stock(product_id)
+    redis_stock = None if database else await store.stock(product_id, buckets=row.buckets)
     now = datetime.now(UTC).replace(tzinfo=None)
     return ProductView(
         id=row.id,
@@ -166,6 +175,7 @@ async def get_product(engine: AsyncEngine, store: StockStore, product_id: int) -
         remaining=redis_stock if redis_stock is not None else row.stock,
         stock_mode=row.stock_mode,
         require_token=bool(row.require_token),
+        buckets=row.buckets,
     )
 
 

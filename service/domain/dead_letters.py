@@ -174,7 +174,7 @@ class DeadLetterService:
             present = (await conn.execute(orders.PRESENT_ORDER_NOS, {"order_nos": [order.order_no]})).first()
         if present is not None:
             return Purged(letter.id, order, PurgeOutcome.ALREADY_IN_MYSQL)
-        await self._store.forget_reservation(order.product_id, order.request_id)
+        await self._store.forget_reservation(order.product_id, order.request_id, bucket=order.bucket)
         try:
             report = await self._realigner.realign(order.product_id)
         except ProductNotFound:

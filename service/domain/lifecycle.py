@@ -22,6 +22,7 @@ from service import metrics
 from service.adapters.redis.results import RestockOutcome
 from service.adapters.redis.stock_store import StockStore
 from service.domain import actors, user_quota
+from service.domain.buckets import bucket_of
 from service.domain.errors import OrderNotFound
 
 log = structlog.get_logger(__name__)
@@ -76,7 +77,8 @@ class OrderRow:
 class ReturnedUnits:
     """Units given back to MySQL stock by a committed change, to be given back to Redis too.
     ``inventory_version`` is the inventory row's version after that commit; ``release_quota``:
-    the buyer's per-user quota goes back too (a cancel; not a refund: the buyer did buy)."""
+    the buyer's per-user quota goes back too (a cancel; not a refund: the buyer did buy);
+    ``bucket``: the buyer's stock bucket, where the units and the quota go back in Redis."""
 
     order_no: str
     user_id: str
@@ -84,6 +86,7 @@ class ReturnedUnits:
     quantity: int
     inventory_version: int
     release_quota: bool
+    bucket: int = 0
 
 
 async def load_order(conn: AsyncConnection, order_no: str, *, for_update: bool = False) -> OrderRow | None:
@@ -129,8 +132,16 @@ async def return_stock(conn: AsyncConnection, order: OrderRow, *, release_quota:
     )
     if release_quota:
         await user_quota.take_back(conn, order.product_id, {order.user_id: order.quantity})
-    version = (await conn.execute(inventory.VERSION, {"p": order.product_id})).scalar_one()
-    return ReturnedUnits(order.order_no, order.user_id, order.product_id, order.quantity, version, release_quota)
+    version, buckets = (await conn.execute(inventory.VERSION, {"p": order.product_id})).one()
+    return ReturnedUnits(
+        order.order_no,
+        order.user_id,
+        order.product_id,
+        order.quantity,
+        version,
+        release_quota,
+        bucket_of(order.user_id, buckets),
+    )
 
 
 async def cancel_order(
@@ -174,6 +185,7 @@ async def give_back_to_redis(store: StockStore, returned: ReturnedUnits) -> Rest
             returned.quantity,
             returned.inventory_version,
             release_quota=returned.release_quota,
+            bucket=returned.bucket,
         )
     except RedisError as exc:
         log.warning("restock_failed", order_no=returned.order_no, error=repr(exc))

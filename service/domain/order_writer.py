@@ -137,16 +137,16 @@ class OrderWriter:
         return [Outcome.RELEASED if gone else next(written) for gone in released]
 
     async def _released(self, batch: Sequence[OrderMessage]) -> list[bool]:
-        """Claim every reservation of ``batch`` (one script call per product, concurrently);
-        True for the ones the API released."""
-        by_product: dict[int, list[int]] = defaultdict(list)
+        """Claim every reservation of ``batch`` (one script call per product and stock bucket,
+        concurrently); True for the ones the API released."""
+        by_bucket: dict[tuple[int, int], list[int]] = defaultdict(list)
         for index, order in enumerate(batch):
-            by_product[order.product_id].append(index)
+            by_bucket[order.product_id, order.bucket].append(index)
         try:
             answers = await asyncio.gather(
                 *(
-                    self._store.claim_many(product_id, [batch[i].request_id for i in indexes])
-                    for product_id, indexes in by_product.items()
+                    self._store.claim_many(product_id, [batch[i].request_id for i in indexes], bucket=bucket)
+                    for (product_id, bucket), indexes in by_bucket.items()
                 )
             )
         except RedisError as exc:
@@ -154,7 +154,7 @@ class OrderWriter:
             log.warning("claim_failed", orders=len(batch), error=repr(exc))
             return [False] * len(batch)
         released = [False] * len(batch)
-        for indexes, outcomes in zip(by_product.values(), answers, strict=True):
+        for indexes, outcomes in zip(by_bucket.values(), answers, strict=True):
             for index, outcome in zip(indexes, outcomes, strict=True):
                 released[index] = outcome is ClaimOutcome.RELEASED
         return released

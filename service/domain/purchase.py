@@ -25,8 +25,9 @@ product that requires one answers ``503`` while Redis is down.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -39,6 +40,7 @@ from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
 from service.adapters.redis.stock_store import TOKEN_INVALID, TOKEN_USED, StockStore, new_attempt
+from service.domain.buckets import bucket_of
 from service.domain.database_purchase import (
     DatabaseAnswer,
     DatabasePurchase,
@@ -99,6 +101,8 @@ _REJECTIONS = {
     # Only a reserve that arrives after its own attempt was released answers this, and by then
     # nobody waits for its reply; mapped for completeness.
     ReserveOutcome.ABANDONED: ("unavailable", "Stock service unavailable, retry shortly."),
+    # A second 'rebucket' in a row: the product was set up again meanwhile.
+    ReserveOutcome.REBUCKET: ("unavailable", "Stock service unavailable, retry shortly."),
 }
 """Reserve outcome -> (error code of the HTTP contract, detail) for every rejection."""
 _OVER_LIMIT = "quantity is above the product's per-user limit."
@@ -121,6 +125,12 @@ class _Ask:
     request_id: str
     order_token: str | None
     client: str  # the caller's address (per-address purchase rate)
+    buckets: int = 1  # the product's stock buckets, as this process knows them
+
+    @property
+    def bucket(self) -> int:
+        """The buyer's stock bucket (:func:`~service.domain.buckets.bucket_of`)."""
+        return bucket_of(self.user_id, self.buckets)
 
 
 class PurchaseService:
@@ -137,6 +147,9 @@ class PurchaseService:
     ``minter``'s (Redis).
     ``not_loaded(product_id)``: told when Redis does not know a product that MySQL sells through
     Redis (Redis lost its state; :meth:`service.domain.recovery.Recovery.not_loaded`).
+    ``rebalance(product_id)``: spreads a product's stock over its buckets again
+    (:class:`service.domain.rebalance.Rebalancer`), awaited when a buyer's bucket ran dry while
+    others hold units; None: such a buyer is answered ``unavailable``.
     """
 
     def __init__(
@@ -150,6 +163,7 @@ class PurchaseService:
         token_ttl_seconds: int = 300,
         database_minter: MysqlOrderNumberMinter | None = None,
         not_loaded: Callable[[int], None] | None = None,
+        rebalance: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
         self._engine = engine
@@ -161,6 +175,7 @@ class PurchaseService:
         self._routes = RouteCache(engine)
         self.token_ttl_seconds = token_ttl_seconds
         self._not_loaded = not_loaded
+        self._rebalance = rebalance
 
     def standing_rejection(self, product_id: int, quantity: int) -> DomainError | None:
         """What a standing sold-out flag answers for a request without an Idempotency-Key, or
@@ -205,8 +220,8 @@ class PurchaseService:
             if not keyed and (answer := self.standing_rejection(product_id, quantity)) is not None:
                 raise answer
             token = flags.token(product_id)
-        ask = _Ask(user_id, product_id, quantity, request_id, order_token, client)
         route = self._routes.cached(product_id) or await self._routes.refresh(product_id)
+        ask = _Ask(user_id, product_id, quantity, request_id, order_token, client, route.buckets)
         if route.mode is StockMode.DATABASE:
             return await self._in_database(ask, route, False)
         return await self._in_redis(ask, token, False)
@@ -220,10 +235,11 @@ class PurchaseService:
             ProductNotFound: MySQL has no such product.
             PurchaseRejected: ``unavailable`` (Redis failed).
         """
-        await self._routes.route(product_id)
+        route = await self._routes.route(product_id)
         token = secrets.token_urlsafe(ORDER_TOKEN_BYTES)
+        bucket = bucket_of(user_id, route.buckets)
         try:
-            await self._store.issue_token(product_id, token, user_id, self.token_ttl_seconds)
+            await self._store.issue_token(product_id, token, user_id, self.token_ttl_seconds, bucket=bucket)
         except (RedisError, OSError) as exc:
             raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
         return token
@@ -258,9 +274,10 @@ class PurchaseService:
                 return await self._in_database(ask, route, True)
         raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
 
-    async def _in_redis(self, ask: _Ask, flag_token: Token | None, bounced: bool) -> Accepted:
+    async def _in_redis(self, ask: _Ask, flag_token: Token | None, bounced: bool, retried: bool = False) -> Accepted:
         """Scheme 2: reserve in Redis, publish. ``bounced``: MySQL already said the product is in
-        ``redis`` mode (a second ``moved`` then means the switch is under way)."""
+        ``redis`` mode (a second ``moved`` then means the switch is under way). ``retried``: this
+        is the one retry after a ``rebucket`` answer or a rebalancing of the product's buckets."""
         flags = self._sold_out
         product_id, quantity, request_id = ask.product_id, ask.quantity, ask.request_id
         try:
@@ -272,14 +289,35 @@ class PurchaseService:
         attempt = new_attempt()
         try:
             reservation = await self._store.reserve(
-                product_id, request_id, ask.user_id, quantity, candidate, attempt, ask.order_token, ask.client
+                product_id,
+                request_id,
+                ask.user_id,
+                quantity,
+                candidate,
+                attempt,
+                ask.order_token,
+                ask.client,
+                bucket=ask.bucket,
+                buckets=ask.buckets,
             )
+            others = None
+            if reservation.outcome is ReserveOutcome.SOLD_OUT and ask.buckets > 1:
+                others = await self._other_buckets(ask)
         except (RedisError, OSError) as exc:
             # The script may have run and only its reply been lost, or it may still be on the
             # wire: give back what this attempt holds, or mark it abandoned so it never takes effect.
             log.warning("reserve_failed", request_id=request_id, error=repr(exc))
-            await self._give_back(product_id, request_id, attempt)
+            await self._give_back(ask, attempt)
             return await self._redis_failed(ask, bounced, exc)
+        if others is not None:
+            if others >= quantity:
+                # Units are left, in other buckets: rebalanced, the buyer's bucket gets its share.
+                self._minter.give_back(candidate)
+                if retried or self._rebalance is None:
+                    raise PurchaseRejected("unavailable", "Stock is being rebalanced, retry shortly.")
+                await self._rebalance(product_id)
+                return await self._in_redis(ask, flag_token, bounced, True)
+            reservation = dataclasses.replace(reservation, stock=others)
         if flags is not None and flag_token is not None and reservation.outcome is ReserveOutcome.SOLD_OUT:
             flags.sold_out(
                 product_id, flag_token, reservation.stock, reservation.per_user_limit, reservation.sale_left_ms
@@ -293,6 +331,12 @@ class PurchaseService:
         outcome = reservation.outcome
         if outcome is ReserveOutcome.REPLAY:
             return accepted
+        if outcome is ReserveOutcome.REBUCKET and not retried:
+            # This process had not met the product's bucket count (K is fixed at creation).
+            self._routes.forget(product_id)
+            return await self._in_redis(
+                dataclasses.replace(ask, buckets=reservation.buckets), flag_token, bounced, True
+            )
         if outcome is ReserveOutcome.OVER_LIMIT:
             raise InvalidInput("quantity", _OVER_LIMIT)
         if outcome is ReserveOutcome.RATE_LIMITED:
@@ -316,6 +360,7 @@ class PurchaseService:
             quantity,
             reservation.reserved_at_ms,
             reservation.unit_price * quantity,
+            ask.bucket,
         )
         if self._background is not None:
             # The journal entry is the outbox: marked queued first, a retry is answered as a replay.
@@ -325,7 +370,7 @@ class PurchaseService:
         try:
             await self._publisher.publish(message)
         except PublishFailed as exc:
-            if await self._give_back(product_id, request_id, attempt) is not ReleaseOutcome.CLAIMED:
+            if await self._give_back(ask, attempt) is not ReleaseOutcome.CLAIMED:
                 raise PurchaseRejected("unavailable", "Order queue unavailable, retry shortly.") from exc
             # A consumer already holds the message: the confirm was lost, the order was not.
         await self._mark_queued(message)
@@ -345,7 +390,7 @@ class PurchaseService:
                 if (await self._routes.refresh(product_id)).require_token:
                     raise PurchaseRejected(*_REJECTIONS[ReserveOutcome.TOKEN_REQUIRED])
             else:
-                token_left = await self._take_token(product_id, order_token, user_id)
+                token_left = await self._take_token(product_id, order_token, user_id, ask.bucket)
                 if token_left in (TOKEN_USED, TOKEN_INVALID):
                     # Used by this user: by this very request id's first submission (that
                     # purchase is answered again) or by one still in progress.
@@ -358,7 +403,7 @@ class PurchaseService:
             candidate = await self._mint_for_database()
         except PurchaseRejected:
             if token_left is not None:
-                await self._give_token(product_id, order_token or "", user_id, token_left)
+                await self._give_token(product_id, order_token or "", user_id, token_left, ask.bucket)
             raise
         purchase = DatabasePurchase(user_id, product_id, ask.quantity, request_id, candidate, token_left is not None)
         answer: DatabaseAnswer | None = None
@@ -370,7 +415,7 @@ class PurchaseService:
         finally:
             kept = answer is not None and answer.outcome in (ReserveOutcome.RESERVED, ReserveOutcome.REPLAY)
             if token_left is not None and not kept:
-                await self._give_token(product_id, order_token or "", user_id, token_left)
+                await self._give_token(product_id, order_token or "", user_id, token_left, ask.bucket)
         if answer is None:  # the outcome is unknown (the commit may have happened): the number is not reused
             raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.")
         if answer.outcome is not ReserveOutcome.RESERVED:
@@ -405,15 +450,15 @@ class PurchaseService:
         except (DBAPIError, OSError) as exc:
             raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.") from exc
 
-    async def _take_token(self, product_id: int, order_token: str, user_id: str) -> int:
+    async def _take_token(self, product_id: int, order_token: str, user_id: str, bucket: int) -> int:
         try:
-            return await self._store.take_token(product_id, order_token, user_id)
+            return await self._store.take_token(product_id, order_token, user_id, bucket=bucket)
         except (RedisError, OSError) as exc:
             raise PurchaseRejected("unavailable", "Token store unavailable, retry shortly.") from exc
 
-    async def _give_token(self, product_id: int, order_token: str, user_id: str, left_ms: int) -> None:
+    async def _give_token(self, product_id: int, order_token: str, user_id: str, left_ms: int, bucket: int) -> None:
         try:
-            await self._store.give_token(product_id, order_token, user_id, left_ms)
+            await self._store.give_token(product_id, order_token, user_id, left_ms, bucket=bucket)
         except (RedisError, OSError) as exc:
             # The buyer asks for a new token; nothing was bought with this one.
             log.warning("give_token_failed", product_id=product_id, error=repr(exc))
@@ -422,17 +467,36 @@ class PurchaseService:
         """Replay record -> ``queued`` and the order's Redis view; a Redis failure is logged only."""
         try:
             await self._store.mark_queued(
-                message.product_id, message.request_id, message.order_no, message.user_id, message.quantity
+                message.product_id,
+                message.request_id,
+                message.order_no,
+                message.user_id,
+                message.quantity,
+                bucket=message.bucket,
             )
         except (RedisError, OSError) as exc:
             # The order is queued all the same; a replay answers 409 until realignment resolves
             # its journal entry, then it is answered as a replay (reserve.lua).
             log.warning("mark_queued_failed", request_id=message.request_id, error=repr(exc))
 
-    async def _give_back(self, product_id: int, request_id: str, attempt: str) -> ReleaseOutcome | None:
-        """Release the reservation ``attempt`` made for ``request_id``; None when Redis failed."""
+    async def _other_buckets(self, ask: _Ask) -> int:
+        """The buyer's bucket of a product of several answered ``sold_out``, but the product is
+        sold out only when every bucket is: the units its buckets hold in all, or
+        ``ask.quantity`` (as if enough were left) while a rebalancing pass is filling them.
+
+        Raises:
+            redis.exceptions.RedisError: Redis failed.
+        """
+        states = await self._store.bucket_states(ask.product_id, ask.buckets)
+        if any(filling for _, filling in states):
+            return ask.quantity
+        return sum(stock or 0 for stock, _ in states)
+
+    async def _give_back(self, ask: _Ask, attempt: str) -> ReleaseOutcome | None:
+        """Release the reservation ``attempt`` made for the request; None when Redis failed."""
+        product_id, request_id = ask.product_id, ask.request_id
         try:
-            return await self._store.release(product_id, request_id, attempt)
+            return await self._store.release(product_id, request_id, attempt, bucket=ask.bucket)
         except (RedisError, OSError) as exc:
             # Whatever this attempt reserved stays in the journal; realignment re-publishes it after
             # the grace period (so an attempt answered 503 can still become an order here: the one

@@ -35,20 +35,27 @@ product's price now.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import secrets
+import time
+from collections import defaultdict
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import cast
 
 import msgspec
 import structlog
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import OrderStatus, StockMode
-from db.queries import inventory, orders
+from db.queries import inventory, orders, products
 from service import metrics
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
-from service.adapters.redis.results import JournalEntry, SaleTerms
+from service.adapters.redis.results import JournalEntry, RealignResult, SaleTerms
 from service.adapters.redis.stock_store import StockStore
-from service.domain.errors import ProductNotFound
+from service.domain.buckets import bucket_of, split
+from service.domain.errors import ProductNotFound, Unavailable
 from service.domain.request_id import reissued_request_id
 
 log = structlog.get_logger(__name__)
@@ -66,6 +73,13 @@ FULL_PASS_MAX_ENTRIES = 2000
 """A journal up to this many entries is realigned in one full Lua call (which also rebuilds the
 per-user quotas from MySQL); a bigger one incrementally, a few hundred entries per call (quotas
 are then kept by the scripts alone, and rebuilt by the first pass after the journal shrank)."""
+LOCK_SECONDS = 60
+"""A pass over several buckets holds the product's realignment lock at most this long (seconds;
+a process that dies mid-pass leaves its buckets drained until the next pass after that)."""
+LOCK_WAIT_SECONDS = 30.0
+"""How long a pass waits for another pass of the product to release the lock (seconds)."""
+STALE_RETRIES = 3
+"""A pass over several buckets that a newer MySQL state made stale runs again, this many times."""
 _LONGEST_BACKOFF_SECONDS = 300.0
 """An overdue reservation is published again after the grace period, then after twice that,
 four times, ... but at least every five minutes (issue 11: once per back-off, not per pass)."""
@@ -95,16 +109,60 @@ class RealignReport(msgspec.Struct, frozen=True):
 
 
 def sale_terms(
-    per_user_limit: int, price: int, starts_at: datetime, ends_at: datetime | None, require_token: bool = False
+    per_user_limit: int,
+    price: int,
+    starts_at: datetime,
+    ends_at: datetime | None,
+    require_token: bool = False,
+    buckets: int = 1,
 ) -> SaleTerms:
     """The product's sale terms in Redis from its MySQL row: window in Unix milliseconds
     (``ends_ms`` 0 = no end; MySQL times are naive UTC), per-user limit in units, unit price in
-    minor currency units, whether a purchase needs an order token."""
+    minor currency units, whether a purchase needs an order token, its stock buckets K."""
 
     def epoch_ms(value: datetime | None) -> int:
         return 0 if value is None else int(value.replace(tzinfo=UTC).timestamp() * 1000)
 
-    return SaleTerms(epoch_ms(starts_at), epoch_ms(ends_at), per_user_limit, price, int(require_token))
+    return SaleTerms(epoch_ms(starts_at), epoch_ms(ends_at), per_user_limit, price, int(require_token), buckets)
+
+
+class RealignmentBusy(Unavailable):
+    """Another realignment pass of the product held its lock for :data:`LOCK_WAIT_SECONDS`."""
+
+    def __init__(self, product_id: int) -> None:
+        super().__init__(f"A realignment pass of product {product_id} is running; retry shortly.")
+        self.product_id = product_id
+
+
+@dataclass(frozen=True, slots=True)
+class _BucketView:
+    """What a pass read of one stock bucket: its journal size before the snapshot (None: Redis
+    lost the bucket), whether it is realigned incrementally, its journal, and its resolved
+    entries (request id -> (entry, rejected))."""
+
+    bucket: int
+    size: int | None
+    incremental: bool
+    journal: list[JournalEntry]
+    resolved: dict[str, tuple[JournalEntry, bool]]
+
+
+async def _resolved(conn: AsyncConnection, journal: list[JournalEntry]) -> dict[str, tuple[JournalEntry, bool]]:
+    """The journal entries whose order has a row in the connection's snapshot: request id ->
+    (entry, rejected)."""
+    by_key = {(entry.order_no, entry.request_id): entry for entry in journal}
+    # An order whose request id an older order holds (a key reused after its replay
+    # window) is written under a reissued request id (service.domain.order_writer).
+    by_key.update({(e.order_no, reissued_request_id(e.request_id, e.order_no)): e for e in journal})
+    order_nos = sorted({entry.order_no for entry in journal})
+    resolved: dict[str, tuple[JournalEntry, bool]] = {}
+    for start in range(0, len(order_nos), _CHUNK):
+        rows = await conn.execute(orders.PRESENT_ORDER_STATUSES, {"order_nos": order_nos[start : start + _CHUNK]})
+        for order_no, request_id, status in rows:
+            entry = by_key.get((order_no, request_id))
+            if entry is not None:
+                resolved[entry.request_id] = (entry, status == OrderStatus.REJECTED)
+    return resolved
 
 
 def _observe(report: RealignReport) -> None:
@@ -129,6 +187,7 @@ class Realigner:
         self._store = store
         self._grace_ms = int(grace_seconds * 1000)
         self._publisher = publisher
+        self._buckets: dict[int, int] = {}
 
     async def product_ids(self) -> list[int]:
         """Every product that has an inventory row."""
@@ -146,18 +205,23 @@ class Realigner:
             return await self.realign_all(dry_run)
         return [await self.realign(product_id, dry_run)]
 
-    async def _restore_replays(self, product_id: int) -> None:
-        """Redis does not hold the product (lost, or never loaded): give back the replay records
-        of its orders still in the replay window, read fresh from MySQL just before the stock is
-        loaded (until then reserves answer ``not loaded``), so a buyer who retries with the same
-        Idempotency-Key is answered the order they have, not a second one."""
+    async def _restore_replays(self, product_id: int, buckets: int, lost: set[int]) -> None:
+        """Redis does not hold the product's buckets ``lost`` (lost, or never loaded): give back
+        the replay records of their buyers' orders still in the replay window, read fresh from
+        MySQL just before the stock is loaded (until then reserves answer ``not loaded``), so a
+        buyer who retries with the same Idempotency-Key is answered the order they have, not a
+        second one."""
         async with self.engine.connect() as conn:
             found = await conn.execute(orders.REPLAYABLE, {"p": product_id, "s": self._store.replay_ttl_seconds})
-            replayable = [(row.request_id, row.order_no, row.quantity, int(row.age)) for row in found]
-        if replayable:
-            restored = await self._store.restore_replays(product_id, replayable)
+            by_bucket: dict[int, list[tuple[str, str, int, int]]] = defaultdict(list)
+            for row in found:
+                by_bucket[bucket_of(row.user_id, buckets)].append(
+                    (row.request_id, row.order_no, row.quantity, int(row.age))
+                )
+        for bucket in sorted(lost & by_bucket.keys()):
+            restored = await self._store.restore_replays(product_id, by_bucket[bucket], bucket=bucket)
             if restored:
-                log.warning("replay_records_restored", product_id=product_id, restored=restored)
+                log.warning("replay_records_restored", product_id=product_id, bucket=bucket, restored=restored)
 
     async def realign(self, product_id: int, dry_run: bool = False, *, open_sale: bool = False) -> RealignReport:
         """One exact pass for one product (see the module docstring). A product in stock mode
@@ -165,11 +229,53 @@ class Realigner:
         (the switch to ``redis`` mode, after MySQL says ``redis``) removes it in the same
         atomic write that loads the stock.
 
+        A product of several stock buckets is rebalanced by a writing pass: under the product's
+        realignment lock (one pass at a time, whichever process), every bucket is drained and
+        then filled with its share of MySQL stock - units in flight in all buckets
+        (:func:`~service.domain.buckets.split`); a pass made stale by a newer MySQL state is run
+        again with a new snapshot, up to :data:`STALE_RETRIES` times.
+
         Raises:
             ProductNotFound: the product has no inventory row in MySQL.
+            RealignmentBusy: another pass of the product held its lock for :data:`LOCK_WAIT_SECONDS`.
         """
-        size = await self._store.journal_size(product_id)
-        incremental = size is not None and size > FULL_PASS_MAX_ENTRIES
+        buckets = await self.bucket_count(product_id)
+        if buckets == 1 or dry_run:
+            return await self._pass(product_id, dry_run, open_sale, 0)
+        holder = secrets.token_hex(8)
+        lock = f"realign:{product_id}"
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while not await self._store.try_lock(lock, holder, LOCK_SECONDS * 1000):
+            if time.monotonic() >= deadline:
+                raise RealignmentBusy(product_id)
+            await asyncio.sleep(0.05)
+        try:
+            for _ in range(STALE_RETRIES + 1):
+                report = await self._pass(product_id, False, open_sale, await self._store.next_pass(product_id))
+                if not report.skipped_stale:
+                    break
+            return report
+        finally:
+            await self._store.unlock(lock, holder)
+
+    async def bucket_count(self, product_id: int) -> int:
+        """The product's stock buckets K (fixed at creation, so kept once read; 1 for a product
+        MySQL does not have, whose pass then raises :class:`ProductNotFound`)."""
+        if (known := self._buckets.get(product_id)) is not None:
+            return known
+        async with self.engine.connect() as conn:
+            buckets = (await conn.execute(products.BUCKETS, {"id": product_id})).scalar()
+        if buckets is None:
+            return 1
+        self._buckets[product_id] = int(buckets)
+        return int(buckets)
+
+    async def _pass(self, product_id: int, dry_run: bool, open_sale: bool, pass_no: int) -> RealignReport:
+        """One snapshot and one ``realign.lua`` call per bucket; with ``pass_no`` > 0 (a writing
+        pass over several buckets) the buckets are drained, then filled."""
+        buckets = await self.bucket_count(product_id)
+        sizes = [await self._store.journal_size(product_id, bucket=bucket) for bucket in range(buckets)]
+        views: list[_BucketView] = []
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="REPEATABLE READ")
             await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
@@ -178,89 +284,125 @@ class Realigner:
                 await conn.rollback()
                 raise ProductNotFound(product_id)
             mysql_stock, mysql_sold, version = row.stock, row.sold, row.version
-            journal = await self._store.journal(product_id)
-            by_key = {(entry.order_no, entry.request_id): entry for entry in journal}
-            # An order whose request id an older order holds (a key reused after its replay
-            # window) is written under a reissued request id (service.domain.order_writer).
-            by_key.update({(e.order_no, reissued_request_id(e.request_id, e.order_no)): e for e in journal})
-            order_nos = sorted({entry.order_no for entry in journal})
-            resolved: dict[str, tuple[JournalEntry, bool]] = {}  # request id -> (entry, rejected)
-            for start in range(0, len(order_nos), _CHUNK):
-                rows = await conn.execute(
-                    orders.PRESENT_ORDER_STATUSES, {"order_nos": order_nos[start : start + _CHUNK]}
-                )
-                for order_no, request_id, status in rows:
-                    entry = by_key.get((order_no, request_id))
-                    if entry is not None:
-                        resolved[entry.request_id] = (entry, status == OrderStatus.REJECTED)
-            units_held: list[tuple[str, int]] = []
-            if not incremental:
-                held = await conn.execute(orders.UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
-                units_held = [(user_id, int(units)) for user_id, units in held]
+            for bucket, size in enumerate(sizes):
+                journal = await self._store.journal(product_id, bucket=bucket)
+                incremental = size is not None and size > FULL_PASS_MAX_ENTRIES
+                views.append(_BucketView(bucket, size, incremental, journal, await _resolved(conn, journal)))
+            held: dict[int, list[tuple[str, int]]] = defaultdict(list)
+            if not all(view.incremental for view in views):
+                found = await conn.execute(orders.UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
+                for user_id, units in found:
+                    held[bucket_of(user_id, buckets)].append((user_id, int(units)))
             await conn.rollback()
 
-        terms = sale_terms(row.per_user_limit, row.price, row.sale_starts_at, row.sale_ends_at, row.require_token)
+        terms = sale_terms(
+            row.per_user_limit, row.price, row.sale_starts_at, row.sale_ends_at, row.require_token, buckets
+        )
         if row.stock_mode == StockMode.DATABASE:
             marker = "database"
         else:
             marker = "open" if open_sale else "keep"
-        pending = (0, 0)
-        dropped = 0
-        if incremental:
-            pending = (len(resolved), sum(entry.quantity for entry, _ in resolved.values()))
-            if not dry_run:
-                dropped, _ = await self._store.drop_resolved(
-                    product_id,
-                    version,
-                    [(request_id, entry.order_no, rejected) for request_id, (entry, rejected) in resolved.items()],
-                )
-                pending = (0, 0)
-        if size is None and not dry_run:
-            await self._restore_replays(product_id)
-        result = await self._store.realign(
-            product_id,
-            mysql_stock=mysql_stock,
-            inventory_version=version,
-            terms=terms,
-            resolved=None if incremental else list(resolved),
-            units_held=units_held,
-            pending=pending,
-            dry_run=dry_run,
-            marker=marker,
-        )
-        if result is None:  # Redis lost the product's state meanwhile: a full pass, new snapshot
-            return await self.realign(product_id, dry_run, open_sale=open_sale)
-        if incremental:
-            result = dataclasses.replace(result, resolved_dropped=len(resolved) if dry_run else dropped)
-        redis_before = result.stock_before
+        lost = {view.bucket for view in views if view.size is None}
+        if lost and not dry_run:
+            await self._restore_replays(product_id, buckets, lost)
+        results: list[RealignResult] = []
+        for view in views:
+            result = await self._realign_bucket(
+                product_id, view, version, mysql_stock, terms, held[view.bucket], dry_run, marker, pass_no
+            )
+            if result is None:  # Redis lost the bucket's state meanwhile: a full pass, new snapshot
+                return await self._pass(product_id, dry_run, open_sale, pass_no)
+            results.append(result)
+        in_flight_units = sum(result.in_flight_units for result in results)
+        stale = any(result.stale for result in results)
+        stock_after = results[0].stock_after
+        if buckets > 1:
+            stock_after = max(mysql_stock - in_flight_units, 0)
+            if pass_no and not stale:
+                for bucket, share in enumerate(split(stock_after, buckets)):
+                    stale = not await self._store.fill_bucket(product_id, bucket, pass_no, share) or stale
+        befores = [result.stock_before for result in results]
 
         republished = 0
         if not dry_run and self._publisher is not None:
             cutoff = await self._store.server_time_ms() - self._grace_ms
-            overdue = [e.request_id for e in journal if e.request_id not in resolved and e.reserved_at_ms < cutoff]
-            due = set(
-                await self._store.republish_due(product_id, overdue, self._grace_ms / 1000, _LONGEST_BACKOFF_SECONDS)
-            )
-            republished = await self._republish(product_id, row.price, [e for e in journal if e.request_id in due])
+            for view in views:
+                republished += await self._republish_overdue(product_id, row.price, view, cutoff)
 
         report = RealignReport(
             product_id=product_id,
             mysql_stock=mysql_stock,
             mysql_sold=mysql_sold,
-            redis_stock_before=redis_before,
-            redis_stock_after=result.stock_after,
-            in_flight=result.in_flight,
-            in_flight_units=result.in_flight_units,
-            drift=None if redis_before is None else redis_before - result.stock_after,
-            resolved_dropped=result.resolved_dropped,
+            redis_stock_before=None if None in befores else sum(cast(list[int], befores)),
+            redis_stock_after=stock_after,
+            in_flight=sum(result.in_flight for result in results),
+            in_flight_units=in_flight_units,
+            drift=None if None in befores else sum(cast(list[int], befores)) - stock_after,
+            resolved_dropped=sum(result.resolved_dropped for result in results),
             republished=republished,
             dry_run=dry_run,
-            skipped_stale=result.stale,
+            skipped_stale=stale,
         )
         # a dry run is a read (the stock report, the ops page polling it): not worth an info line
         (log.debug if dry_run else log.info)("realigned", **msgspec.structs.asdict(report))
         _observe(report)
         return report
+
+    async def _realign_bucket(
+        self,
+        product_id: int,
+        view: _BucketView,
+        version: int,
+        mysql_stock: int,
+        terms: SaleTerms,
+        units_held: list[tuple[str, int]],
+        dry_run: bool,
+        marker: str,
+        pass_no: int,
+    ) -> RealignResult | None:
+        """The Lua side of one bucket's pass (incremental or full, see the module docstring);
+        None when Redis lost the bucket's state since it was read."""
+        pending = (0, 0)
+        dropped = 0
+        if view.incremental:
+            pending = (len(view.resolved), sum(entry.quantity for entry, _ in view.resolved.values()))
+            if not dry_run:
+                dropped, _ = await self._store.drop_resolved(
+                    product_id,
+                    version,
+                    [(request_id, entry.order_no, rejected) for request_id, (entry, rejected) in view.resolved.items()],
+                    bucket=view.bucket,
+                )
+                pending = (0, 0)
+        result = await self._store.realign(
+            product_id,
+            mysql_stock=mysql_stock,
+            inventory_version=version,
+            terms=terms,
+            resolved=None if view.incremental else list(view.resolved),
+            units_held=units_held,
+            pending=pending,
+            dry_run=dry_run,
+            marker=marker,
+            bucket=view.bucket,
+            pass_no=pass_no,
+        )
+        if result is not None and view.incremental:
+            result = dataclasses.replace(result, resolved_dropped=len(view.resolved) if dry_run else dropped)
+        return result
+
+    async def _republish_overdue(self, product_id: int, price: int, view: _BucketView, cutoff_ms: int) -> int:
+        """Publish again the bucket's reservations older than ``cutoff_ms`` that MySQL has no
+        row of, each once per back-off period (``republish_due.lua``). Returns how many."""
+        overdue = [
+            e.request_id for e in view.journal if e.request_id not in view.resolved and e.reserved_at_ms < cutoff_ms
+        ]
+        due = set(
+            await self._store.republish_due(
+                product_id, overdue, self._grace_ms / 1000, _LONGEST_BACKOFF_SECONDS, bucket=view.bucket
+            )
+        )
+        return await self._republish(product_id, price, [e for e in view.journal if e.request_id in due], view.bucket)
 
     async def without_redis(self, product_id: int) -> RealignReport:
         """The report of a pass that could not run because Redis did not answer: MySQL's stock
@@ -289,7 +431,7 @@ class Realigner:
             redis_unreachable=True,
         )
 
-    async def _republish(self, product_id: int, price: int, stale: list[JournalEntry]) -> int:
+    async def _republish(self, product_id: int, price: int, stale: list[JournalEntry], bucket: int) -> int:
         """Publish overdue reservations again, each priced at the unit price fixed when it was
         reserved. ``price`` (the product's price now, minor units) only prices entries written
         before the journal recorded the unit price (left in a live journal by an upgrade): for
@@ -306,6 +448,7 @@ class Realigner:
                 entry.quantity,
                 entry.reserved_at_ms,
                 (price if entry.unit_price is None else entry.unit_price) * entry.quantity,
+                bucket,
             )
             try:
                 await self._publisher.publish(message)
@@ -314,7 +457,7 @@ class Realigner:
                 continue
             count += 1
             published.append({"request_id": entry.request_id, "order_no": entry.order_no})
-            await self._store.mark_queued_if_pending(product_id, entry.request_id)
+            await self._store.mark_queued_if_pending(product_id, entry.request_id, bucket=bucket)
         if count:
             log.warning("republished_stale_reservations", product_id=product_id, count=count, orders=published)
         return count

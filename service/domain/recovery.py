@@ -112,7 +112,8 @@ class Recovery:
         """
         if not await self._store.try_lock("recovery", self._holder, LOCK_SECONDS * 1000):
             for product_id in list(self.repairing):
-                if await self._store.stock(product_id) is not None:
+                buckets = await self._realigner.bucket_count(product_id)
+                if await self._store.stock(product_id, buckets=buckets) is not None:
                     self.repairing.discard(product_id)
             return False
         try:

@@ -30,10 +30,12 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """How a product sells: its stock mode and whether a purchase needs an order token."""
+    """How a product sells: its stock mode, whether a purchase needs an order token, and its
+    stock buckets K in Redis (:mod:`service.domain.buckets`)."""
 
     mode: StockMode
     require_token: bool = False
+    buckets: int = 1
 
 
 _REDIS = Route(StockMode.REDIS)
@@ -91,7 +93,7 @@ class RouteCache:
         if row is None:
             self._routes.pop(product_id, None)
             raise ProductNotFound(product_id)
-        route = Route(StockMode(row.stock_mode), bool(row.require_token))
+        route = Route(StockMode(row.stock_mode), bool(row.require_token), int(row.buckets))
         self._routes[product_id] = (route, time.monotonic() + self._ttl)
         return route
 

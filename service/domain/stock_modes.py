@@ -33,6 +33,7 @@ answers again.
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 
 import structlog
 from redis.exceptions import RedisError
@@ -43,6 +44,7 @@ from db.models import StockMode
 from db.queries import inventory, orders, products
 from service import metrics
 from service.adapters.redis.stock_store import StockStore
+from service.domain.buckets import bucket_of
 from service.domain.errors import ProductNotFound
 from service.domain.realign import Realigner, RealignReport
 
@@ -84,7 +86,7 @@ async def switch_to_database(
     """
     in_flight = -1
     try:
-        await store.mark_moved(product_id)
+        await store.mark_moved(product_id, buckets=await realigner.bucket_count(product_id))
         deadline = asyncio.get_running_loop().time() + drain_seconds
         while (in_flight := (await realigner.realign(product_id)).in_flight) > 0:
             if asyncio.get_running_loop().time() > deadline:
@@ -110,10 +112,15 @@ async def switch_to_redis(
             until a pass succeeds: run the switch again).
     """
     await set_mode(engine, product_id, StockMode.REDIS)
+    buckets = await realigner.bucket_count(product_id)
     async with engine.connect() as conn:
-        window = {"p": product_id, "seconds": store.replay_ttl_seconds}
-        recent = (await conn.execute(orders.RECENT_OF_PRODUCT, window)).all()
-    await store.seed_replays(product_id, [(r.request_id, r.order_no, r.quantity) for r in recent])
+        window = {"p": product_id, "s": store.replay_ttl_seconds}
+        recent = (await conn.execute(orders.REPLAYABLE, window)).all()
+    by_bucket: dict[int, list[tuple[str, str, int]]] = defaultdict(list)
+    for r in recent:
+        by_bucket[bucket_of(r.user_id, buckets)].append((r.request_id, r.order_no, r.quantity))
+    for bucket, seeds in by_bucket.items():
+        await store.seed_replays(product_id, seeds, bucket=bucket)
     for _ in range(_OPEN_ATTEMPTS):
         report = await realigner.realign(product_id, open_sale=True)
         if not report.skipped_stale:

@@ -28,7 +28,10 @@ class Check:
 
 
 INVARIANT_TITLES = {
-    "sold_within_stock": "1. the queue drained; units sold <= stock, and = stock when demand exceeded supply",
+    "sold_within_stock": (
+        "1. the queue drained; units sold <= stock, and = stock when demand exceeded supply; no accepted"
+        " order refused for stock"
+    ),
     "one_order_per_accepted_request": "2. every 202 has exactly one order row; no request id or order number twice",
     "per_user_limit": "3. no user holds more than the per-user limit (nor was granted more)",
     "realigned": "4. after the final realignment Redis stock = MySQL stock, journal empty, stock + sold = initial",
@@ -65,8 +68,11 @@ def _held_by_user(orders: list[SaleOrderRow]) -> Counter[str]:
 def _check_units(summary: LoadSummary, facts: StoreFacts, stock: int, drained: bool, demand_exceeded: bool) -> Check:
     """Invariant 1; ``demand_exceeded``: the last wave was told ``sold_out``."""
     in_orders = sum(_held_by_user(facts.orders).values())
+    # Every row is a 202's: one the consumer refused for stock means Redis sold what MySQL had not.
+    refused = sum(1 for row in facts.orders if row.status == OrderStatus.REJECTED and row.reason == "sold_out")
     ok = (
-        drained
+        refused == 0
+        and drained
         and facts.mysql_sold <= stock
         and in_orders <= stock
         and facts.mysql_sold == in_orders
@@ -79,6 +85,7 @@ def _check_units(summary: LoadSummary, facts: StoreFacts, stock: int, drained: b
             "mysql_sold": facts.mysql_sold,
             "units_in_orders": in_orders,
             "accepted_units": summary.accepted_units,
+            "accepted_refused_for_stock": refused,
             "demand_exceeded_supply": demand_exceeded,
             "drained": drained,
         },

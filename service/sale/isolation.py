@@ -98,8 +98,8 @@ def environment(settings: Settings) -> dict[str, str]:
 @dataclass(frozen=True, slots=True)
 class Sale:
     """One run of ``flashsale sale``: its id, the settings of every process in it, the API's base
-    URL, the product on sale and its terms (``stock`` and ``per_user_limit`` in units);
-    ``isolated`` False with ``--url``."""
+    URL, the product on sale and its terms (``stock`` and ``per_user_limit`` in units, its stock
+    ``buckets`` in Redis); ``isolated`` False with ``--url``."""
 
     run_id: str
     settings: Settings
@@ -108,6 +108,7 @@ class Sale:
     product_id: int
     stock: int
     per_user_limit: int
+    buckets: int = 1
 
 
 def sale_settings(settings: Settings, run_id: str, window_seconds: int | None) -> Settings:
@@ -125,19 +126,21 @@ def sale_settings(settings: Settings, run_id: str, window_seconds: int | None) -
     return isolated.model_copy(update={"payment": payment})
 
 
-def new_sale(settings: Settings, url: str | None, stock: int, per_user_limit: int, window_seconds: int | None) -> Sale:
+def new_sale(
+    settings: Settings, url: str | None, stock: int, per_user_limit: int, window_seconds: int | None, buckets: int = 1
+) -> Sale:
     """A new run with a random product id in [10^9, 2*10^9): isolated settings (payment window
     ``window_seconds`` seconds when given) and a local API URL on a free port, or ``settings`` as
     given with ``url``."""
     run_id = new_run_id("sale")
     product_id = random.randrange(10**9, 2 * 10**9)
     if url is not None:
-        return Sale(run_id, settings, False, url.rstrip("/"), product_id, stock, per_user_limit)
+        return Sale(run_id, settings, False, url.rstrip("/"), product_id, stock, per_user_limit, buckets)
     isolated = sale_settings(settings, run_id, window_seconds)
     api_url = f"http://127.0.0.1:{free_port()}"
     if window_seconds is not None:
         isolated = with_own_channels(isolated, f"http://127.0.0.1:{free_port()}", api_url)
-    return Sale(run_id, isolated, True, api_url, product_id, stock, per_user_limit)
+    return Sale(run_id, isolated, True, api_url, product_id, stock, per_user_limit, buckets)
 
 
 def with_own_channels(settings: Settings, simulator_url: str, api_url: str) -> Settings:

@@ -166,6 +166,7 @@ async def run_sale(
     per_user_limit: int,
     workers: int,
     consumers: int,
+    buckets: int,
     url: str | None,
     as_json: bool,
     noop_requests: int,
@@ -192,7 +193,7 @@ async def run_sale(
         settings = settings.model_copy(
             update={"orders": settings.orders.model_copy(update={"publish_mode": publish_mode})}
         )
-    sale = new_sale(settings, url, stock, per_user_limit, window)
+    sale = new_sale(settings, url, stock, per_user_limit, window, buckets)
     processes = Processes(child_env(sale.settings), Path(tempfile.mkdtemp(prefix=f"flashsale-{sale.run_id}-")))
     try:
         load = Load(requests_, users, concurrency, noop_requests, pay_share)
@@ -216,6 +217,7 @@ async def run_sale(
         "concurrency": concurrency,
         "workers": workers if sale.isolated else None,
         "consumers": consumers,
+        "buckets": buckets,
         "noop_requests": noop_requests,
         "pay_share": pay_share,
         "payment_window_seconds": window,

@@ -98,6 +98,7 @@ async def create_product(client: httpx.AsyncClient, sale: Sale) -> None:
         "per_user_limit": sale.per_user_limit,
         "name": f"flash sale {sale.run_id}",
         "stock_mode": "redis",
+        "buckets": sale.buckets,
     }
     try:
         response = await client.put(

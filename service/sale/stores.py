@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.migrate import drop_database, upgrade
 from db.models import OrderStatus
-from db.queries import inventory, orders, payments
+from db.queries import inventory, orders, payments, products
 from service.adapters.broker import delete_topology, queue_depth
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources, make_redis, opened
@@ -149,6 +149,7 @@ class Stores:
         """What MySQL, Redis and RabbitMQ hold for the product now."""
         async with self.engine.connect() as conn:
             stock, sold = (await conn.execute(inventory.STOCK_AND_SOLD, {"p": product_id})).one()
+            buckets = (await conn.execute(products.BUCKETS, {"id": product_id})).scalar_one()
             order_rows = [SaleOrderRow(*row) for row in await conn.execute(orders.OF_PRODUCT, {"p": product_id})]
             payment_rows = [PaymentRow(*row) for row in await conn.execute(payments.OF_PRODUCT, {"p": product_id})]
         amqp = self.settings.amqp
@@ -157,9 +158,13 @@ class Stores:
             mysql_sold=sold,
             orders=order_rows,
             payments=payment_rows,
-            redis_stock=await self.store.stock(product_id),
-            journal_ids=[entry.request_id for entry in await self.store.journal(product_id)],
-            quota=await self.store.quota(product_id),
+            redis_stock=await self.store.stock(product_id, buckets=buckets),
+            journal_ids=[
+                entry.request_id
+                for bucket in range(buckets)
+                for entry in await self.store.journal(product_id, bucket=bucket)
+            ],
+            quota=await self.store.quota(product_id, buckets=buckets),
             dead_letters=await self.queue_depth(amqp.dead_letter_queue) - dead_letters_before,
             queue_messages=await self.queue_depth(amqp.queue),
         )

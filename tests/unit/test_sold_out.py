@@ -123,6 +123,9 @@ class FakeStore:
         attempt: str,
         order_token: str | None = None,
         client: str = "",
+        *,
+        bucket: int = 0,
+        buckets: int = 1,
     ) -> Reservation:
         self.calls += 1
         if self.during is not None:

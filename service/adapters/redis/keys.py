@@ -31,15 +31,21 @@ class ProductKeys:
     - ``user_rate(user_id)`` / ``address_rate(address)``: purchase rate buckets (GCRA arrival time).
     - ``order_token(token)``: string, the user id an order token was issued to (expires).
 
-    The ``sale`` hash also holds ``token`` (``1``: a purchase needs an order token) and, while the
-    product sells from MySQL (stock mode ``database``), ``mode`` = ``database``.
+    The ``sale`` hash also holds ``token`` (``1``: a purchase needs an order token), ``buckets``
+    (the product's K) and, while the product sells from MySQL (stock mode ``database``),
+    ``mode`` = ``database``.
+
+    ``bucket``: one of the product's stock buckets (:mod:`service.domain.buckets`), each a whole
+    set of these keys with its own hash tag; bucket 0's keys are those of a product of one bucket.
+    The ``versions`` hash of a bucket of a product of several also holds ``pass`` (the newest
+    rebalancing pass that drained it) and ``filling`` (that pass, until its share is filled in).
     """
 
     __slots__ = ("tag",)
 
-    def __init__(self, prefix: str, product_id: int) -> None:
-        self.tag = f"{prefix}:{{p:{product_id}}}"
-        """``prefix:{p:ID}``: the start of every key of the product."""
+    def __init__(self, prefix: str, product_id: int, bucket: int = 0) -> None:
+        self.tag = f"{prefix}:{{p:{product_id}}}" if bucket == 0 else f"{prefix}:{{p:{product_id}:{bucket}}}"
+        """``prefix:{p:ID}`` (bucket 0) or ``prefix:{p:ID:B}``: the start of every key of the bucket."""
 
     @property
     def stock(self) -> str:

@@ -20,6 +20,7 @@ class ReserveOutcome(StrEnum):
     IN_FLIGHT = "in_flight"  # the request id is reserved but not yet confirmed by the broker
     KEY_REUSED = "key_reused"  # the request id was used with another quantity
     ABANDONED = "abandoned"  # this attempt was already given up (released before its reserve arrived)
+    REBUCKET = "rebucket"  # the product has another number of stock buckets than the caller asked with
     MOVED = "moved"  # the product sells from MySQL (stock mode database), or is switching there
     NOT_LOADED = "not_loaded"  # no stock or sale terms in Redis (never read as 0)
     SALE_NOT_ACTIVE = "sale_not_active"
@@ -66,7 +67,8 @@ class Reservation:
     and ``unit_price`` (minor currency units, from the sale terms in Redis) are set only when
     ``outcome`` is ``RESERVED``, 0 otherwise. For ``SOLD_OUT`` only: ``stock`` (units left, fewer
     than asked for), ``per_user_limit`` (units) and ``sale_left_ms`` (milliseconds until the sale
-    ends by Redis's clock; None: no end). For ``RATE_LIMITED`` only: ``retry_after_ms``.
+    ends by Redis's clock; None: no end). For ``RATE_LIMITED`` only: ``retry_after_ms``. For
+    ``REBUCKET`` only: ``buckets``, the product's stock buckets K.
     """
 
     outcome: ReserveOutcome
@@ -77,11 +79,12 @@ class Reservation:
     per_user_limit: int = 0
     sale_left_ms: int | None = None
     retry_after_ms: int = 0
+    buckets: int = 0
 
 
 def parse_reservation(reply: Sequence[Any]) -> Reservation:
     """``{outcome, order_no[, reserved_at_ms, unit_price]}``, ``{'sold_out', '', stock, limit,
-    sale_left_ms or -1}`` or ``{'rate_limited', '', wait_ms}`` from ``reserve.lua`` to a
+    sale_left_ms or -1}``, ``{'rate_limited', '', wait_ms}`` or ``{'rebucket', '', K}`` from ``reserve.lua`` to a
     :class:`Reservation`.
 
     Raises:
@@ -101,6 +104,8 @@ def parse_reservation(reply: Sequence[Any]) -> Reservation:
         )
     if len(reply) == 3:
         outcome, order_no, wait_ms = reply
+        if outcome == ReserveOutcome.REBUCKET:
+            return Reservation(ReserveOutcome.REBUCKET, str(order_no), buckets=int(wait_ms))
         if outcome != ReserveOutcome.RATE_LIMITED:
             raise ValueError(f"reserve reply of 3 elements with outcome {outcome!r}")
         return Reservation(ReserveOutcome.RATE_LIMITED, str(order_no), retry_after_ms=int(wait_ms))
@@ -157,13 +162,14 @@ def parse_journal_entry(request_id: str, value: str) -> JournalEntry:
 class SaleTerms(NamedTuple):
     """A product's ``sale`` hash: window in Unix milliseconds (``ends_ms`` 0 = no end), per-user
     limit in units, unit price in minor currency units, ``token`` 1 when a purchase needs an
-    order token."""
+    order token, ``buckets`` the product's stock buckets K."""
 
     starts_ms: int
     ends_ms: int
     per_user_limit: int
     price: int
     token: int = 0
+    buckets: int = 1
 
 
 @dataclass(frozen=True, slots=True)

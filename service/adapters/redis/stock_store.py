@@ -2,8 +2,9 @@
 
 One method per script or Redis operation, each with a typed answer (:mod:`.results`). Callers
 name products, request ids, order numbers and shards; they never build KEYS/ARGV nor know a key.
-Every key of one call on a product shares the product's hash tag ``{p:ID}`` and is passed in
-KEYS, so the scripts run on Redis Cluster.
+Every key of one call on a product shares the product's hash tag ``{p:ID}`` (or, for a product
+split over stock buckets, the bucket's ``{p:ID:B}``: ``bucket=`` on every per-product method,
+:mod:`service.domain.buckets`) and is passed in KEYS, so the scripts run on Redis Cluster.
 
 Errors: every method lets ``redis.exceptions.RedisError`` (and ``OSError`` from the socket)
 through; callers decide what a Redis failure means for them (except :meth:`StockStore.follow_restocks`,
@@ -155,6 +156,7 @@ class StockStore:
         self._mint = _script(redis, "mint")
         self._epoch = _script(redis, "epoch")
         self._restore_replays = _script(redis, "restore_replays")
+        self._bucket_fill = _script(redis, "bucket_fill")
         self._scripts = (
             self._reserve,
             self._release,
@@ -170,6 +172,7 @@ class StockStore:
             self._mint,
             self._epoch,
             self._restore_replays,
+            self._bucket_fill,
         )
 
     # -- set-up and health ---------------------------------------------------------------------
@@ -207,9 +210,9 @@ class StockStore:
 
     # -- key names (for tests that inspect Redis state) --------------------------------------
 
-    def product_keys(self, product_id: int) -> ProductKeys:
-        """The key names of one product (stock, sale, journal, quota, versions, replay, returned)."""
-        return ProductKeys(self._prefix, product_id)
+    def product_keys(self, product_id: int, bucket: int = 0) -> ProductKeys:
+        """The key names of one product's ``bucket`` (stock, sale, journal, quota, versions, replay, returned)."""
+        return ProductKeys(self._prefix, product_id, bucket)
 
     def sequence_key(self, shard: int, second: str) -> str:
         """The order-number sequence counter of ``shard`` in UTC ``second`` (``yyyyMMddHHmmss``)."""
@@ -227,6 +230,9 @@ class StockStore:
         attempt: str,
         order_token: str | None = None,
         client: str = "",
+        *,
+        bucket: int = 0,
+        buckets: int = 1,
     ) -> Reservation:
         """``lua/reserve.lua``, one round trip: replay check for ``request_id``, sale loaded and
         open, per-user limit and quota, numeric stock check, then decrement ``quantity`` units,
@@ -240,8 +246,10 @@ class StockStore:
         ``database``). When the product needs an order token, ``order_token`` must be one
         :meth:`issue_token` gave ``user_id`` (``TOKEN_REQUIRED`` / ``TOKEN_INVALID``); it is deleted
         in the same call when the reservation is made. Only ``RESERVED`` writes stock, quota,
-        journal or replay record. Concurrent calls share a pipeline (:class:`CommandBatcher`)."""
-        keys = ProductKeys(self._prefix, product_id)
+        journal or replay record. Concurrent calls share a pipeline (:class:`CommandBatcher`).
+        ``bucket`` is the buyer's among the ``buckets`` the caller believes the product has;
+        ``REBUCKET`` (nothing read or spent) names the product's real count."""
+        keys = ProductKeys(self._prefix, product_id, bucket)
         command = (
             "EVALSHA",
             self._reserve.sha,
@@ -263,6 +271,7 @@ class StockStore:
             attempt,
             *self._rate_args,
             "0" if order_token is None else "1",
+            buckets,
         )
         started = perf_counter()
         try:
@@ -273,14 +282,14 @@ class StockStore:
         _RESERVE_SECONDS.observe(perf_counter() - started)
         return parse_reservation(reply)
 
-    async def release(self, product_id: int, request_id: str, attempt: str) -> ReleaseOutcome:
+    async def release(self, product_id: int, request_id: str, attempt: str, *, bucket: int = 0) -> ReleaseOutcome:
         """``lua/release.lua``, idempotent: give back the reservation that ``attempt`` made for
         ``request_id`` (stock, per-user quota, journal entry) and leave a ``released`` tombstone
         on its replay record, if it is still ``pending`` and unclaimed. Another attempt's
         reservation, or a ``queued`` one, is never touched. When ``attempt`` holds nothing, it
         is marked abandoned (for ``replay_ttl_seconds`` at least), so its reserve, should it
-        reach Redis later, writes nothing."""
-        keys = ProductKeys(self._prefix, product_id)
+        reach Redis later, writes nothing. ``bucket``: the buyer's stock bucket."""
+        keys = ProductKeys(self._prefix, product_id, bucket)
         started = perf_counter()
         reply = await self._release(
             keys=[keys.stock, keys.journal, keys.quota, keys.replay(request_id), keys.units],
@@ -293,12 +302,15 @@ class StockStore:
             self._announce(product_id)
         return outcome
 
-    async def mark_queued(self, product_id: int, request_id: str, order_no: str, user_id: str, quantity: int) -> None:
+    async def mark_queued(
+        self, product_id: int, request_id: str, order_no: str, user_id: str, quantity: int, *, bucket: int = 0
+    ) -> None:
         """Once the broker confirmed: the replay record's state becomes ``queued`` and the
         order's view (read while only Redis knows the order) is written; both live
-        ``replay_ttl_seconds``. One round trip, shared with concurrent calls (:class:`CommandBatcher`)."""
+        ``replay_ttl_seconds``. One round trip, shared with concurrent calls (:class:`CommandBatcher`).
+        ``bucket``: the buyer's stock bucket."""
         await self._batcher.call_many(
-            ("HSET", ProductKeys(self._prefix, product_id).replay(request_id), "state", "queued"),
+            ("HSET", ProductKeys(self._prefix, product_id, bucket).replay(request_id), "state", "queued"),
             (
                 "SET",
                 order_key(self._prefix, order_no),
@@ -310,30 +322,36 @@ class StockStore:
 
     # -- order tokens and stock modes -------------------------------------------------------
 
-    async def issue_token(self, product_id: int, token: str, user_id: str, ttl_seconds: int) -> None:
-        """Keep order token ``token`` for ``user_id`` in the product's slot for ``ttl_seconds``
-        (seed "order system database design": ``SET token EX 300`` when the order page opens)."""
-        await self._redis.set(ProductKeys(self._prefix, product_id).order_token(token), user_id, ex=ttl_seconds)
+    async def issue_token(
+        self, product_id: int, token: str, user_id: str, ttl_seconds: int, *, bucket: int = 0
+    ) -> None:
+        """Keep order token ``token`` for ``user_id`` in the slot of the product's ``bucket`` (the
+        buyer's) for ``ttl_seconds`` (seed "order system database design": ``SET token EX 300``
+        when the order page opens)."""
+        key = ProductKeys(self._prefix, product_id, bucket).order_token(token)
+        await self._redis.set(key, user_id, ex=ttl_seconds)
 
-    async def take_token(self, product_id: int, token: str, user_id: str) -> int:
+    async def take_token(self, product_id: int, token: str, user_id: str, *, bucket: int = 0) -> int:
         """``lua/take_token.lua``: mark ``token`` used if it is ``user_id``'s. Returns the
         milliseconds it had left (>= 1, for :meth:`give_token`), :data:`TOKEN_USED` when this
         user already used it, :data:`TOKEN_INVALID` when it is unknown, expired or another
         user's (nothing written)."""
-        key = ProductKeys(self._prefix, product_id).order_token(token)
+        key = ProductKeys(self._prefix, product_id, bucket).order_token(token)
         return int(await self._take_token(keys=[key], args=[user_id]))
 
-    async def give_token(self, product_id: int, token: str, user_id: str, left_ms: int) -> None:
+    async def give_token(self, product_id: int, token: str, user_id: str, left_ms: int, *, bucket: int = 0) -> None:
         """Put back a token :meth:`take_token` marked used, for the ``left_ms`` it had left (the
         purchase it was taken for did not happen); nothing when it has expired since."""
-        key = ProductKeys(self._prefix, product_id).order_token(token)
+        key = ProductKeys(self._prefix, product_id, bucket).order_token(token)
         await self._redis.set(key, user_id, px=left_ms, xx=True)
 
-    async def mark_moved(self, product_id: int) -> None:
-        """Write the stock-mode marker ``mode = database`` into the product's sale terms: from
-        this write on, :meth:`reserve` answers ``MOVED`` and takes nothing (the first step of a
-        switch to MySQL; one HSET, atomic against every reserve)."""
-        await self._redis.hset(ProductKeys(self._prefix, product_id).sale, "mode", "database")
+    async def mark_moved(self, product_id: int, *, buckets: int = 1) -> None:
+        """Write the stock-mode marker ``mode = database`` into the sale terms of each of the
+        product's ``buckets``: from each write on, :meth:`reserve` in that bucket answers
+        ``MOVED`` and takes nothing (the first step of a switch to MySQL; one HSET per bucket,
+        atomic against every reserve there)."""
+        for bucket in range(buckets):
+            await self._redis.hset(ProductKeys(self._prefix, product_id, bucket).sale, "mode", "database")
 
     async def mint_block(self, shard: int, generation: int, second: str, count: int) -> int | None:
         """``lua/mint.lua``: INCRBY ``count`` the sequence counter of ``shard`` in UTC ``second``
@@ -415,15 +433,16 @@ class StockStore:
 
     # -- consumers and the order lifecycle -----------------------------------------------------
 
-    async def claim(self, product_id: int, request_id: str) -> ClaimOutcome:
+    async def claim(self, product_id: int, request_id: str, *, bucket: int = 0) -> ClaimOutcome:
         """:meth:`claim_many` for one request id."""
-        return (await self.claim_many(product_id, [request_id]))[0]
+        return (await self.claim_many(product_id, [request_id], bucket=bucket))[0]
 
-    async def claim_many(self, product_id: int, request_ids: Sequence[str]) -> list[ClaimOutcome]:
+    async def claim_many(self, product_id: int, request_ids: Sequence[str], *, bucket: int = 0) -> list[ClaimOutcome]:
         """``lua/claim.lua``, one round trip for any number of one product's reservations: mark
         each of ``request_ids`` as taken by a consumer, so a late release does not give it back.
-        One answer per request id, in order. Every key lives in the product's slot."""
-        keys = ProductKeys(self._prefix, product_id)
+        One answer per request id, in order. Every key lives in the slot of the product's ``bucket``
+        (the one the reservations were made in)."""
+        keys = ProductKeys(self._prefix, product_id, bucket)
         reply = await self._claim(
             keys=[keys.journal, *(keys.replay(request_id) for request_id in request_ids)], args=list(request_ids)
         )
@@ -438,11 +457,13 @@ class StockStore:
         inventory_version: int,
         *,
         release_quota: bool,
+        bucket: int = 0,
     ) -> RestockOutcome:
         """``lua/restock.lua``, exactly once per order: give ``quantity`` units returned in MySQL
         (by the commit that made the inventory row ``inventory_version``) back to Redis stock, and
-        with ``release_quota`` the buyer's per-user quota too (a cancel; not a refund)."""
-        keys = ProductKeys(self._prefix, product_id)
+        with ``release_quota`` the buyer's per-user quota too (a cancel; not a refund), into the
+        buyer's stock ``bucket``."""
+        keys = ProductKeys(self._prefix, product_id, bucket)
         reply = await self._restock(
             keys=[keys.stock, keys.quota, keys.versions, keys.returned(order_no)],
             args=[
@@ -462,7 +483,7 @@ class StockStore:
 
     # -- realignment and reads -----------------------------------------------------------------
 
-    async def journal(self, product_id: int) -> list[JournalEntry]:
+    async def journal(self, product_id: int, *, bucket: int = 0) -> list[JournalEntry]:
         """Every reservation in the product's journal, in no particular order: HSCAN, about
         :data:`SCAN_COUNT` entries per call, so no call blocks Redis for long however big the
         journal is (an entry present throughout the scan is returned; one added or removed
@@ -472,17 +493,20 @@ class StockStore:
             ValueError: an entry of neither journal shape (:func:`.results.parse_journal_entry`).
         """
         entries: dict[str, JournalEntry] = {}
-        key = ProductKeys(self._prefix, product_id).journal
+        key = ProductKeys(self._prefix, product_id, bucket).journal
         async for request_id, value in self._redis.hscan_iter(key, count=SCAN_COUNT):
             entries[request_id] = parse_journal_entry(request_id, value)
         return list(entries.values())
 
-    async def restore_replays(self, product_id: int, orders: Sequence[tuple[str, str, int, int]]) -> int:
+    async def restore_replays(
+        self, product_id: int, orders: Sequence[tuple[str, str, int, int]], *, bucket: int = 0
+    ) -> int:
         """``lua/restore_replays.lua``: the replay record of each order (request id, order number,
         quantity in units, age in seconds of its row) that Redis does not have, as ``queued``,
         living what is left of ``replay_ttl_seconds`` (orders older than that are skipped), in
-        calls of at most :data:`SCAN_COUNT` records. Returns how many records were written."""
-        keys = ProductKeys(self._prefix, product_id)
+        calls of at most :data:`SCAN_COUNT` records, in the product's ``bucket`` (the buyers'). Returns
+        how many records were written."""
+        keys = ProductKeys(self._prefix, product_id, bucket)
         live = [order for order in orders if order[3] < self._replay_ttl]
         written = 0
         for start in range(0, len(live), SCAN_COUNT):
@@ -493,11 +517,11 @@ class StockStore:
             written += int(await self._restore_replays(keys=[keys.replay(order[0]) for order in chunk], args=args))
         return written
 
-    async def journal_size(self, product_id: int) -> int | None:
+    async def journal_size(self, product_id: int, *, bucket: int = 0) -> int | None:
         """Entries in the product's journal (HLEN), or None when the product's stock or its
         journal-units counter is missing from Redis (then only a full realignment pass can
         restore it; else a pass may be incremental: :meth:`drop_resolved`, :meth:`realign`)."""
-        keys = ProductKeys(self._prefix, product_id)
+        keys = ProductKeys(self._prefix, product_id, bucket)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.exists(keys.stock, keys.units)
             pipe.hlen(keys.journal)
@@ -505,13 +529,13 @@ class StockStore:
         return int(size) if int(present) == 2 else None
 
     async def drop_resolved(
-        self, product_id: int, inventory_version: int, resolved: Sequence[tuple[str, str, bool]]
+        self, product_id: int, inventory_version: int, resolved: Sequence[tuple[str, str, bool]], *, bucket: int = 0
     ) -> tuple[int, int]:
         """``lua/realign_drop.lua``, :data:`DROP_BATCH` entries per call: drop the journal
         entries of ``resolved`` = (request id, order number, rejected) whose order has a row in
         the snapshot of ``inventory_version``; a rejected one gives its units back to the buyer's
         quota. Returns (entries, units) dropped."""
-        keys = ProductKeys(self._prefix, product_id)
+        keys = ProductKeys(self._prefix, product_id, bucket)
         entries = units = 0
         for start in range(0, len(resolved), DROP_BATCH):
             batch = resolved[start : start + DROP_BATCH]
@@ -531,13 +555,19 @@ class StockStore:
         return entries, units
 
     async def republish_due(
-        self, product_id: int, request_ids: Sequence[str], first_seconds: float, longest_seconds: float
+        self,
+        product_id: int,
+        request_ids: Sequence[str],
+        first_seconds: float,
+        longest_seconds: float,
+        *,
+        bucket: int = 0,
     ) -> list[str]:
         """``lua/republish_due.lua``: of ``request_ids`` (overdue reservations), the ones to
         publish again now, marked so: each at most once per back-off period, which starts at
         ``first_seconds`` and doubles with each re-publish up to ``longest_seconds``, whichever
         process asks. :data:`DROP_BATCH` ids per call."""
-        keys = ProductKeys(self._prefix, product_id)
+        keys = ProductKeys(self._prefix, product_id, bucket)
         due: list[str] = []
         for start in range(0, len(request_ids), DROP_BATCH):
             reply = await self._republish_due(
@@ -559,6 +589,8 @@ class StockStore:
         pending: tuple[int, int] = (0, 0),
         dry_run: bool,
         marker: str = "keep",
+        bucket: int = 0,
+        pass_no: int = 0,
     ) -> RealignResult | None:
         """``lua/realign.lua``, atomically against the journal as it is now: stock =
         ``mysql_stock`` - units of journal entries not resolved in the snapshot; sale terms =
@@ -572,8 +604,12 @@ class StockStore:
         though resolved); returns None when the stock or the units counter is missing (Redis lost
         data): run the full form. Else the full form: walks the journal, drops the entries whose
         request id is in ``resolved``, rebuilds per-user quotas = ``units_held`` (user id, units
-        held in MySQL) + units still in the journal, and sets the units counter."""
-        keys = ProductKeys(self._prefix, product_id)
+        held in MySQL) + units still in the journal, and sets the units counter.
+
+        ``pass_no`` > 0 (a bucket of a product of several, :meth:`next_pass`): the write drains the
+        ``bucket`` instead (stock 0 until :meth:`fill_bucket`), and is ``stale`` too when a newer
+        pass drained it; ``in_flight_units`` is the bucket's, for the caller to sum."""
+        keys = ProductKeys(self._prefix, product_id, bucket)
         if resolved is None:
             tail: list[str | int] = [-1, pending[1], pending[0]]
         else:
@@ -588,6 +624,7 @@ class StockStore:
                 marker,
                 self._channel,
                 product_id,
+                pass_no,
                 *tail,
             ],
         )
@@ -598,26 +635,26 @@ class StockStore:
             self._announce(product_id)
         return result
 
-    async def forget_reservation(self, product_id: int, request_id: str) -> bool:
+    async def forget_reservation(self, product_id: int, request_id: str, *, bucket: int = 0) -> bool:
         """``lua/purge.lua``: drop ``request_id``'s journal entry and leave a ``released``
         tombstone on its replay record (kept ``replay_ttl_seconds`` at least), for a dead-lettered
         order that MySQL has no row of; its units leave the buyer's quota. Stock is not touched
         here: the realignment pass that must follow recomputes it. True when a journal entry was
-        removed."""
-        keys = ProductKeys(self._prefix, product_id)
+        removed. ``bucket``: the buyer's stock bucket."""
+        keys = ProductKeys(self._prefix, product_id, bucket)
         reply = await self._purge(
             keys=[keys.journal, keys.replay(request_id), keys.units, keys.republished, keys.quota],
             args=[request_id, self._replay_ttl],
         )
         return bool(reply)
 
-    async def seed_replays(self, product_id: int, orders: list[tuple[str, str, int]]) -> None:
+    async def seed_replays(self, product_id: int, orders: list[tuple[str, str, int]], *, bucket: int = 0) -> None:
         """Replay records (state ``queued``) for orders MySQL already holds: ``(request_id,
         order_no, quantity)``, each living ``replay_ttl_seconds``. For a product moving to stock
         mode ``redis``: a retry of a purchase answered in ``database`` mode must be answered as
         its replay (same order number), not taken as a new purchase (IETF Idempotency-Key
-        draft). Pipelined, 500 orders per round trip."""
-        keys = ProductKeys(self._prefix, product_id)
+        draft). Pipelined, 500 orders per round trip, into the product's ``bucket`` (the buyers')."""
+        keys = ProductKeys(self._prefix, product_id, bucket)
         for start in range(0, len(orders), 500):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for request_id, order_no, quantity in orders[start : start + 500]:
@@ -631,10 +668,10 @@ class StockStore:
         """How long a replay record lives (seconds)."""
         return self._replay_ttl
 
-    async def mark_queued_if_pending(self, product_id: int, request_id: str) -> bool:
+    async def mark_queued_if_pending(self, product_id: int, request_id: str, *, bucket: int = 0) -> bool:
         """After a re-publish: a replay record still ``pending`` becomes ``queued`` (two round
         trips, not atomic: only realignment calls it). True when it changed the state."""
-        replay = ProductKeys(self._prefix, product_id).replay(request_id)
+        replay = ProductKeys(self._prefix, product_id, bucket).replay(request_id)
         if await self._redis.hget(replay, "state") != "pending":
             return False
         await self._redis.hset(replay, "state", "queued")
@@ -645,15 +682,55 @@ class StockStore:
         seconds, micros = await self._redis.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
-    async def stock(self, product_id: int) -> int | None:
-        """Units Redis can still sell, or None when the product is not loaded."""
-        value = await self._redis.get(ProductKeys(self._prefix, product_id).stock)
-        return None if value is None else int(value)
+    async def stock(self, product_id: int, *, buckets: int = 1) -> int | None:
+        """Units Redis can still sell over the product's ``buckets``, or None when the product
+        (any of its buckets) is not loaded."""
+        if buckets == 1:
+            value = await self._redis.get(ProductKeys(self._prefix, product_id).stock)
+            return None if value is None else int(value)
+        stocks = [stock for stock, _ in await self.bucket_states(product_id, buckets)]
+        return None if None in stocks else sum(cast(list[int], stocks))
 
-    async def quota(self, product_id: int) -> dict[str, int]:
-        """Units each user holds against the per-user limit (users holding none are absent)."""
-        raw = cast(dict[str, str], await self._redis.hgetall(ProductKeys(self._prefix, product_id).quota))
-        return {user_id: int(units) for user_id, units in raw.items()}
+    async def bucket_states(self, product_id: int, buckets: int) -> list[tuple[int | None, bool]]:
+        """Per bucket 0 .. ``buckets`` - 1: (units it can sell or None when not loaded, whether a
+        rebalancing pass drained it and has not filled it yet). One pipeline (on a cluster, one
+        round trip per node)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for bucket in range(buckets):
+                keys = ProductKeys(self._prefix, product_id, bucket)
+                pipe.get(keys.stock)
+                pipe.hexists(keys.versions, "filling")
+            replies = await pipe.execute()
+        return [
+            (None if stock is None else int(stock), bool(filling))
+            for stock, filling in zip(replies[::2], replies[1::2], strict=True)
+        ]
+
+    async def next_pass(self, product_id: int) -> int:
+        """A new rebalancing pass number for the product (1, 2, ...: HINCRBY in bucket 0's
+        ``versions``), the ``pass_no`` of :meth:`realign` and :meth:`fill_bucket`."""
+        return int(await self._redis.hincrby(ProductKeys(self._prefix, product_id).versions, "passes", 1))
+
+    async def fill_bucket(self, product_id: int, bucket: int, pass_no: int, units: int) -> bool:
+        """``lua/bucket_fill.lua``: add ``units`` (the bucket's share of a rebalancing pass) to the
+        drained ``bucket`` and end its ``filling`` state. False, writing nothing, when a newer
+        pass drained the bucket since, or its stock is gone (run a new pass)."""
+        keys = ProductKeys(self._prefix, product_id, bucket)
+        filled = bool(
+            await self._bucket_fill(keys=[keys.stock, keys.versions], args=[pass_no, units, self._channel, product_id])
+        )
+        if filled and units > 0:
+            self._announce(product_id)
+        return filled
+
+    async def quota(self, product_id: int, *, buckets: int = 1) -> dict[str, int]:
+        """Units each user holds against the per-user limit (users holding none are absent), over
+        the product's ``buckets`` (each user's units are in their own bucket)."""
+        held: dict[str, int] = {}
+        for bucket in range(buckets):
+            raw = cast(dict[str, str], await self._redis.hgetall(ProductKeys(self._prefix, product_id, bucket).quota))
+            held.update((user_id, int(units)) for user_id, units in raw.items())
+        return held
 
     async def queued_order(self, order_no: str) -> QueuedOrder | None:
         """The view of an order only Redis knows yet, or None (unknown, written to MySQL long

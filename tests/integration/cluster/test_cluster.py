@@ -88,6 +88,40 @@ async def test_300_concurrent_buyers_over_three_masters_get_exactly_the_stock(
     assert [(r.mysql_stock, r.redis_stock_after, r.in_flight, r.drift) for r in mine] == [(0, 0, 0, 0)] * 3
 
 
+async def test_a_hot_product_split_over_three_buckets_on_three_masters_sells_exactly_the_stock(
+    cluster_client, cluster_settings, cluster_redis, cluster_store, cluster_engine, cluster_consumer
+):
+    await cluster_redis.initialize()
+    product_id = next(_next_id)
+    while len({cluster_redis.get_node_from_key(_bucket_key(cluster_store, product_id, b)).name for b in range(3)}) < 3:
+        product_id = next(_next_id)
+    body = {"stock": 60, "per_user_limit": 1, "price": 1500, "stock_mode": "redis", "buckets": 3}
+    admin = _headers(cluster_settings, "admin", admin=True)
+    assert (await cluster_client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).is_success
+
+    buyers = [f"hot{product_id}-{i}" for i in range(300)]
+    responses = await asyncio.gather(*(buy(cluster_client, _headers(cluster_settings, u), product_id) for u in buyers))
+    accepted = sum(1 for r in responses if r.status_code == 202)
+    late = iter(f"late{product_id}-{i}" for i in range(1000))
+    while accepted < 60:  # units a 503 ("rebalanced, retry") left in other buckets
+        answers = await asyncio.gather(
+            *(buy(cluster_client, _headers(cluster_settings, next(late)), product_id) for _ in range(6))
+        )
+        accepted += sum(1 for r in answers if r.status_code == 202)
+        if all(r.status_code == 409 for r in answers):
+            break
+
+    assert accepted == 60
+    rows = await eventually(lambda: _rows_when(cluster_engine, product_id, 60))
+    assert Counter(row.status for row in rows) == {S.PENDING_PAYMENT: 60}
+    assert await inventory(cluster_engine, product_id) == (0, 60)
+    assert await cluster_store.stock(product_id, buckets=3) == 0
+
+
+def _bucket_key(store: StockStore, product_id: int, bucket: int) -> str:
+    return store.product_keys(product_id, bucket).stock
+
+
 async def test_replay_order_view_and_product_view_on_every_master(
     cluster_client, cluster_settings, cluster_redis, cluster_store, cluster_engine, cluster_consumer
 ):
@@ -285,11 +319,11 @@ async def test_the_commands_run_on_the_cluster(cluster_settings, cluster_redis, 
 
 @pytest.mark.slow
 def test_a_small_sale_on_the_cluster_holds_every_invariant(cluster_url):
-    """``flashsale sale --redis-cluster URL`` (payments, sweep and resale included)."""
+    """``flashsale sale --redis-cluster URL --buckets 3`` (payments, sweep and resale included)."""
     flashsale = str(Path(sys.executable).with_name("flashsale"))
     small = ["--stock", "30", "--requests", "400", "--users", "150", "--concurrency", "32", "--noop-requests", "0"]
     result = subprocess.run(
-        [flashsale, "sale", "--json", "--redis-cluster", cluster_url, *small, "--pay-share", "0.5"]
+        [flashsale, "sale", "--json", "--redis-cluster", cluster_url, "--buckets", "3", *small, "--pay-share", "0.5"]
         + ["--payment-window", "2"],
         capture_output=True,
         text=True,
