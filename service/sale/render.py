@@ -116,10 +116,8 @@ def _headline(run: dict[str, Any], ceiling: dict[str, Any]) -> str:
     partitions = run.get("partitions", 1)
     consumers = f"{run['consumers']} consumers"
     if partitions > 1:
-        shares = " ".join(",".join(map(str, taken)) for taken in run["consumer_partitions"])
-        consumers += (
-            f" on {partitions} queue partitions (each consumer's: {shares}; the product's: {run['product_partition']})"
-        )
+        shares = " / ".join(",".join(map(str, taken)) for taken in run["consumer_partitions"])
+        consumers += f" on {partitions} queue partitions (theirs: {shares}; the product's: {run['product_partition']})"
     return (
         f"[bold]flash sale {run['run_id']}[/]: product {run['product_id']}, stock {run['stock']}, "
         f"limit {run['per_user_limit']}/user, {run['requests']} requests from {run['users']} users, "

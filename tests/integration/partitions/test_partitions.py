@@ -22,6 +22,7 @@ import pytest
 from consumers.order_consumer import OrderConsumer, consuming
 from db.engine import make_engine
 from service.adapters.broker import OrderMessage, declare_topology, decode_order, encode_order, queue_depth
+from service.adapters.dead_letters import DeadLetterQueue
 from service.bootstrap import Resources
 from service.domain.request_id import mint_request_id
 from service.sale.isolation import environment, free_port
@@ -285,6 +286,24 @@ async def test_dead_letters_of_every_partition_share_one_queue_and_redrive_to_th
         assert (POISON in bodies) == (partition == 2)
 
 
+async def test_what_the_broker_dead_letters_from_any_partition_reaches_the_one_dead_letter_queue(
+    parted, new_product_id
+):
+    own, channel = parted
+    products = _one_per_partition(new_product_id, own.amqp)
+    orders = [_order(product, f"rejected-{product}") for product in products]
+    await _publish(channel, own, orders)
+    await eventually(lambda: _depths_are(channel, own.amqp, [1, 1, 1]))
+    for name in own.amqp.partition_queues():  # as the broker does past the delivery limit
+        [message] = await _take_all(channel, name)
+        await message.reject(requeue=False)
+    await eventually(lambda: _dead_are(channel, own, 3))
+    letters = await DeadLetterQueue(own.amqp).peek()
+    assert {(letter.id, letter.reason, letter.queue) for letter in letters} == {
+        (order.request_id, "rejected", own.amqp.queue_of(order.product_id)) for order in orders
+    }
+
+
 async def _depths_are(channel, amqp: AMQPSettings, expected: list[int]) -> bool:
     return await _depths(channel, amqp) == expected
 
@@ -295,3 +314,17 @@ async def _rows_are(engine, product_id: int, count: int) -> bool:
 
 async def _dead_are(channel, own: Settings, count: int) -> bool:
     return await queue_depth(channel, own.amqp.dead_letter_queue) == count
+
+
+@pytest.mark.slow  # a whole (small) sale: API and three consumer processes
+def test_a_sale_on_three_partitions_keeps_every_invariant():
+    flashsale = str(Path(sys.executable).with_name("flashsale"))
+    argv = ["sale", "--json", "--partitions", "3", "--consumers", "3", "--stock", "40", "--requests", "500"]
+    argv += ["--users", "200", "--concurrency", "32", "--noop-requests", "0"]
+    result = subprocess.run([flashsale, *argv], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["ok"] is True and all(check["ok"] for check in report["invariants"].values())
+    run = report["run"]
+    assert (run["partitions"], run["consumer_partitions"]) == (3, [[0], [1], [2]])
+    assert run["product_partition"] == run["product_id"] % 3
