@@ -12,8 +12,8 @@ prefetch window, and neither spends the order queue's delivery limit:
 - a dead-letter copy goes straight to the dead-letter queue, carrying why: :data:`REASON`
   (``invalid_order``, ``unknown_product``, ``order_no_conflict``, ``write_failed``), :data:`ERROR`
   (the detail, at most 200 characters), :data:`DEATHS` (how many times it was dead-lettered so,
-  redrives included), :data:`DIED_IN` (the order queue it came from) and :data:`DIED_AT`. ``flashsale dlq``
-  shows them (:mod:`service.adapters.dead_letters`).
+  redrives included), :data:`DIED_IN` (the order queue it came from) and :data:`DIED_AT`.
+  ``flashsale dlq`` shows them (:mod:`service.adapters.dead_letters`).
 
 A crash between the publish and the ack leaves both copies: the order's idempotency
 (``UNIQUE(request_id)``) makes the second one a duplicate, as for any redelivery.

@@ -199,8 +199,8 @@ def realign(
     "--partitions",
     default=None,
     type=click.IntRange(1, 64),
-    help="Order-queue partitions of the run (default FLASHSALE_AMQP__PARTITIONS); consumer i takes "
-    "partitions j with j mod consumers = i, so every partition has a consumer.",
+    help="Order-queue partitions of the run (default FLASHSALE_AMQP__PARTITIONS; with --url, the running API's); "
+    "consumer i takes partitions j with j mod consumers = i, so every partition has a consumer.",
 )
 @click.option("--url", default=None, help="Target a running API instead of starting one (admin token from settings).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

@@ -18,9 +18,9 @@ Isolation (default). The run gets an id ``sale_<8 hex>`` and settings of its own
 the given ones: database ``<run id>`` on the same MySQL server (created by
 ``db.migrate.upgrade``), Redis key prefix ``<run id>``, AMQP exchange, queue and dead-letter
 names ``<run id>.orders...`` (``<run id>.orders.p<i>`` per partition with ``--partitions``)
-and a random JWT secret. The API (``flashsale serve`` on a free
-port) and the consumers (``flashsale consume``) get these through ``FLASHSALE_*`` environment
-variables. At the end, success or failure, the processes are stopped (SIGTERM, then SIGKILL
+and a random JWT secret. The API (``flashsale serve`` on a free port) and the consumers
+(``flashsale consume``, each with its share of the partitions) get these through
+``FLASHSALE_*`` environment variables. At the end, success or failure, the processes are stopped (SIGTERM, then SIGKILL
 after a timeout) and the database, the Redis keys under the prefix and the queues and exchanges
 are removed. Nothing outside the run is touched.
 
@@ -86,9 +86,9 @@ async def _start(
     if sale.isolated:
         await isolate(stack, sale)
     stores = await Stores.open(stack, sale.settings)
-    if sale.isolated:
-        await declare_topology(stores.channel, sale.settings.amqp)
     amqp = sale.settings.amqp
+    if sale.isolated:
+        await declare_topology(stores.channel, amqp)
     stack.push_async_callback(processes.stop)
     if sale.isolated:
         port = str(httpx.URL(sale.url).port)
@@ -186,7 +186,8 @@ async def run_sale(
     ``payment_window`` in seconds applies only then. ``publish_mode`` (``confirm``/``async``)
     overrides the setting for the API processes the sale starts (not for a ``url``);
     ``partitions`` (``FLASHSALE_AMQP__PARTITIONS`` when None) the order-queue partitions of every
-    process of the run, each consumer taking its share (:func:`consumer_partitions`). With
+    process of the run, each consumer taking its share (:func:`consumer_partitions`; with ``url``
+    it must be the running API's). With
     ``report_dir`` an HTML report with charts is written there too (:mod:`service.sale.charts`)."""
     began = time.perf_counter()
     _quiet_logs()
