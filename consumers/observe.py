@@ -44,7 +44,7 @@ async def _sample_queue_depths(settings: Settings) -> None:
     """Set ``flashsale_queue_depth_messages`` every :data:`QUEUE_SAMPLE_SECONDS` (own connection)."""
     amqp = settings.amqp
     gauges = {
-        "orders": [amqp.queue],
+        "orders": amqp.partition_queues(),
         "retry": amqp.retry_queues(),
         "dead_letter": [amqp.dead_letter_queue],
     }

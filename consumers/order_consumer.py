@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 from enum import Enum
 
@@ -334,48 +334,61 @@ class OrderConsumer:
 
 
 @contextlib.asynccontextmanager
-async def consuming(amqp: AMQPSettings, consumer: OrderConsumer, prefetch: int) -> AsyncIterator[None]:
-    """``consumer`` takes deliveries from the order queue (topology declared, at most ``prefetch``
-    in hand) on a robust connection of its own while the block runs, and sends retries and dead
-    letters on a confirming channel of that connection; on exit it stops taking deliveries,
-    finishes and settles those in hand, and closes the connection. A broker that is away at start is waited for
-    (:func:`service.adapters.broker.connect_when_up`)."""
+async def consuming(
+    amqp: AMQPSettings, consumer: OrderConsumer, prefetch: int, partitions: Collection[int] | None = None
+) -> AsyncIterator[None]:
+    """``consumer`` takes deliveries from the order queues of ``partitions`` (every partition when
+    None; topology declared, at most ``prefetch`` in hand per queue) on a robust connection of its
+    own while the block runs, and sends retries and dead letters on a confirming channel of that
+    connection; on exit it stops taking deliveries, finishes and settles those in hand, and
+    closes the connection. A broker that is away at start is waited for
+    (:func:`service.adapters.broker.connect_when_up`).
+
+    Raises:
+        ValueError: a partition outside 0 … ``amqp.partitions`` − 1 (before connecting).
+    """
+    chosen = amqp.chosen_partitions(partitions)
     connection = await connect_when_up(amqp.url, "consumer")
     try:
         channel = await connection.channel()
-        await channel.set_qos(prefetch_count=prefetch)
-        _, queue = await declare_topology(channel, amqp)
+        await channel.set_qos(prefetch_count=prefetch)  # per consumer, so per queue (quorum queues refuse a global one)
+        _, queues = await declare_topology(channel, amqp)
 
         async def confirming() -> AbstractChannel:
             return await connection.channel(publisher_confirms=True, on_return_raises=True)
 
         consumer.redirect_with(Redirector(await confirming(), amqp, confirming))
-        tag = await queue.consume(consumer.handle)
+        tags = [(queues[partition], await queues[partition].consume(consumer.handle)) for partition in chosen]
         try:
             yield
         finally:
-            await queue.cancel(tag)
+            for queue, tag in tags:
+                await queue.cancel(tag)
             await consumer.drain()
     finally:
         await connection.close()
 
 
-async def run_consumer(resources: Resources, prefetch: int, metrics_port: int | None = None) -> None:
+async def run_consumer(
+    resources: Resources, prefetch: int, metrics_port: int | None = None, partitions: Collection[int] | None = None
+) -> None:
     """Consume until SIGTERM/SIGINT, then stop taking messages, finish those in hand, and return.
-    ``prefetch``: deliveries in hand at most; batches of ``FLASHSALE_AMQP__BATCH_SIZE`` at most.
-    ``metrics_port``: where ``/metrics`` is served (None or 0: not served; queue depths are
-    sampled all the same)."""
+    ``prefetch``: deliveries in hand at most, per order queue; batches of
+    ``FLASHSALE_AMQP__BATCH_SIZE`` at most. ``metrics_port``: where ``/metrics`` is served (None
+    or 0: not served; queue depths are sampled all the same). ``partitions``: the order queues
+    taken (every partition when None)."""
     settings = resources.settings
     consumer = OrderConsumer(
         resources.engine, resources.store, settings.orders.replay_ttl_seconds, batch_size=settings.amqp.batch_size
     )
+    queues = [settings.amqp.partition_queue(p) for p in settings.amqp.chosen_partitions(partitions)]
     try:
         with stop_signal() as stop:
             async with (
                 observe.exposed(settings, metrics_port),
-                consuming(settings.amqp, consumer, prefetch),
+                consuming(settings.amqp, consumer, prefetch, partitions),
             ):
-                log.info("consuming", queue=settings.amqp.queue, prefetch=prefetch, batch_size=settings.amqp.batch_size)
+                log.info("consuming", queues=queues, prefetch=prefetch, batch_size=settings.amqp.batch_size)
                 await stop.wait()
                 log.info("stopping", in_hand=consumer.in_hand)
     finally:

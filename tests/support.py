@@ -164,11 +164,12 @@ async def behind_a_row_lock(settings: Settings, engine: AsyncEngine, product_id:
     return result, len(timeouts)
 
 
-async def publish_raw(channel, settings, body: bytes, message_id: str = "x") -> None:
+async def publish_raw(channel, settings, body: bytes, message_id: str = "x", partition: int = 0) -> None:
+    """``body`` on the order exchange, routed to ``partition``'s order queue (the only one by default)."""
     exchange = await channel.get_exchange(settings.amqp.exchange)
     await exchange.publish(
         aio_pika.Message(body, message_id=message_id, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-        routing_key=settings.amqp.queue,
+        routing_key=settings.amqp.partition_queue(partition),
     )
 
 
@@ -269,9 +270,10 @@ async def running_consumer(settings: Settings, engine: AsyncEngine, store: Stock
 @contextlib.asynccontextmanager
 async def own_queues(settings: Settings, name: str, **amqp_settings: Any) -> AsyncIterator[Settings]:
     """``settings`` with an order exchange, queue, dead-letter exchange and queue of their own
-    (``<queue>-<name>...``), and ``amqp_settings`` (such as ``retry_delays``), deleted on exit
-    with their retry queues: for tests that count what lands in a queue, so late messages of
-    earlier tests (still in their retry backoff) cannot land in their counts."""
+    (``<queue>-<name>...``), and ``amqp_settings`` (such as ``retry_delays`` or ``partitions``),
+    deleted on exit with every partition's queue and retry queues: for tests that count what lands
+    in a queue, so late messages of earlier tests (still in their retry backoff) cannot land in
+    their counts."""
     amqp = settings.amqp
     mine = amqp.model_copy(
         update={

@@ -12,6 +12,11 @@ would hold short waits behind long ones); they dead-letter ``at-least-once`` (Ra
 which requires ``x-overflow: reject-publish``): a message leaves a retry queue only once the
 order queue confirmed it, where the default ``at-most-once`` would lose it if the order queue
 were unavailable at that moment.
+
+Partitions (``FLASHSALE_AMQP__PARTITIONS``, N): N order queues, each with its own retry queues,
+and a product's orders always go to the same one (:meth:`AMQPSettings.queue_of`), so a batching
+consumer finds one product's orders together; one dead-letter queue serves them all. With N = 1
+the names are those of a single queue (``queue``, ``<queue>.retry.<ms>ms``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from time import perf_counter
 
 import aio_pika
@@ -76,6 +81,14 @@ def decode_order(body: bytes) -> OrderMessage:
     return _decoder.decode(body)
 
 
+def partition_of_body(settings: AMQPSettings, body: bytes) -> int | None:
+    """The partition of the product of the order ``body`` carries; None when it is no order."""
+    try:
+        return settings.partition_of(decode_order(body).product_id)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
 class PublishFailed(Exception):
     """The broker did not confirm the message (nack, unroutable, timeout or connection down)."""
 
@@ -116,52 +129,70 @@ async def connect_when_up(url: str, purpose: str) -> AbstractRobustConnection:
         return connection
 
 
-async def declare_topology(channel: AbstractChannel, settings: AMQPSettings) -> tuple[AbstractExchange, AbstractQueue]:
-    """Declare (idempotently) the order exchange, quorum queue, dead-letter exchange and queue."""
+async def declare_topology(
+    channel: AbstractChannel, settings: AMQPSettings
+) -> tuple[AbstractExchange, list[AbstractQueue]]:
+    """Declare (idempotently) the order exchange, the order queues (one per partition, partition 0
+    first; returned with the exchange), their retry queues, the dead-letter exchange and the one
+    dead-letter queue all partitions share.
+
+    Each partition's queue is bound with its own name as routing key
+    (:meth:`AMQPSettings.partition_queue`), and each of its retry queues dead-letters back with
+    that key; every partition dead-letters to the dead-letter exchange with the key ``queue``,
+    the one the dead-letter queue is bound with."""
     dlx = await channel.declare_exchange(settings.dead_letter_exchange, aio_pika.ExchangeType.DIRECT, durable=True)
     dead = await channel.declare_queue(settings.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"})
     await dead.bind(dlx, routing_key=settings.queue)
     exchange = await channel.declare_exchange(settings.exchange, aio_pika.ExchangeType.DIRECT, durable=True)
-    queue = await channel.declare_queue(
-        settings.queue,
-        durable=True,
-        arguments={
-            "x-queue-type": "quorum",
-            "x-dead-letter-exchange": settings.dead_letter_exchange,
-            "x-dead-letter-routing-key": settings.queue,
-            "x-delivery-limit": settings.delivery_limit,
-        },
-    )
-    await queue.bind(exchange, routing_key=settings.queue)
-    for delay in sorted(set(settings.retry_delays)):
-        await channel.declare_queue(
-            settings.retry_queue(delay),
+    queues = []
+    for partition, name in enumerate(settings.partition_queues()):
+        queue = await channel.declare_queue(
+            name,
             durable=True,
             arguments={
                 "x-queue-type": "quorum",
-                "x-message-ttl": round(delay * 1000),
-                "x-dead-letter-exchange": settings.exchange,
+                "x-dead-letter-exchange": settings.dead_letter_exchange,
                 "x-dead-letter-routing-key": settings.queue,
-                "x-dead-letter-strategy": "at-least-once",
-                "x-overflow": "reject-publish",
+                "x-delivery-limit": settings.delivery_limit,
             },
         )
-    return exchange, queue
+        await queue.bind(exchange, routing_key=name)
+        queues.append(queue)
+        for delay in sorted(set(settings.retry_delays)):
+            await channel.declare_queue(
+                settings.retry_queue(delay, partition),
+                durable=True,
+                arguments={
+                    "x-queue-type": "quorum",
+                    "x-message-ttl": round(delay * 1000),
+                    "x-dead-letter-exchange": settings.exchange,
+                    "x-dead-letter-routing-key": name,
+                    "x-dead-letter-strategy": "at-least-once",
+                    "x-overflow": "reject-publish",
+                },
+            )
+    return exchange, queues
 
 
 async def delete_topology(url: str, settings: AMQPSettings) -> None:
-    """Delete the order, retry and dead-letter queues and exchanges that :func:`declare_topology`
-    declares (their messages with them), on a connection of its own to ``url``; for isolated
-    runs (the sale, tests) that remove everything they made."""
+    """Delete the order queues of every partition, their retry queues, the dead-letter queue and
+    the exchanges that :func:`declare_topology` declares (their messages with them), on a
+    connection of its own to ``url``; for isolated runs (the sale, tests) that remove everything
+    they made."""
     connection = await aio_pika.connect(url)
     try:
         channel = await connection.channel()
-        for queue in (*settings.retry_queues(), settings.queue, settings.dead_letter_queue):
+        for queue in (*settings.retry_queues(), *settings.partition_queues(), settings.dead_letter_queue):
             await channel.queue_delete(queue)
         for exchange in (settings.exchange, settings.dead_letter_exchange):
             await channel.exchange_delete(exchange)
     finally:
         await connection.close()
+
+
+async def queue_depths(channel: AbstractChannel, names: Iterable[str]) -> int:
+    """Messages ready in the queues ``names`` together (:func:`queue_depth` of each)."""
+    return sum([await queue_depth(channel, name) for name in names])
 
 
 async def queue_depth(channel: AbstractChannel, name: str) -> int:
@@ -238,8 +269,9 @@ class Publisher:
             await self._connection.close()
 
     async def queue_depths(self) -> tuple[int, int]:
-        """Messages ready in the order queue and in the dead-letter queue, asked of the broker now
-        on a channel of their own (opened on first use, not one of the publishing channels).
+        """Messages ready in the order queues (every partition's together) and in the dead-letter
+        queue, asked of the broker now on a channel of their own (opened on first use, not one of
+        the publishing channels).
 
         Raises:
             PublishFailed: the connection is down.
@@ -250,7 +282,7 @@ class Publisher:
         if self._reading is None or self._reading.is_closed:
             self._reading = await self._connection.channel()
         return (
-            await queue_depth(self._reading, self._settings.queue),
+            await queue_depths(self._reading, self._settings.partition_queues()),
             await queue_depth(self._reading, self._settings.dead_letter_queue),
         )
 
@@ -340,7 +372,10 @@ class Publisher:
         )
         try:
             await exchange.publish(
-                message, routing_key=self._settings.queue, mandatory=True, timeout=self._settings.confirm_timeout
+                message,
+                routing_key=self._settings.queue_of(order.product_id),
+                mandatory=True,
+                timeout=self._settings.confirm_timeout,
             )
         except (TimeoutError, *CONNECTION_EXCEPTIONS) as exc:
             log.warning("publish_failed", request_id=order.request_id, error=repr(exc))

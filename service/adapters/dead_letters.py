@@ -1,5 +1,6 @@
 """The dead-letter queue, as the operator sees it: read its messages without losing them, put
-chosen ones back on the order queue (redrive), or drop them.
+chosen ones back on the order queue (redrive), or drop them. One dead-letter queue serves every
+partition of the order queues; a redriven order goes to its product's partition.
 
 Every operation takes the whole queue on one channel of its own (``basic.get``, unacked, at most
 ``limit`` messages), settles the chosen messages and puts the others back (nack, requeue; a
@@ -22,7 +23,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 from service.adapters import redirect
-from service.adapters.broker import declare_topology, queue_depth
+from service.adapters.broker import declare_topology, partition_of_body, queue_depth
 from service.settings import AMQPSettings
 
 RETURN_PATIENCE_SECONDS = 5.0
@@ -177,8 +178,9 @@ class DeadLetterQueue:
 
     async def redrive(self, ids: Collection[str] | None, limit: int = DEFAULT_LIMIT) -> list[DeadLetter]:
         """Publish the messages whose id is in ``ids`` (every message when None) to the order
-        exchange again (persistent, confirmed, same body, id and headers but the delivery count),
-        and remove each from the dead-letter queue once the broker confirmed it. Returns them.
+        exchange again, each to its partition's queue (:meth:`_home_queue`; persistent, confirmed,
+        same body, id and headers but the delivery count), and remove each from the dead-letter
+        queue once the broker confirmed it. Returns them.
 
         Raises:
             aio_pika.exceptions.DeliveryError and connection errors: a publish was not
@@ -200,10 +202,19 @@ class DeadLetterQueue:
                         message_id=message.message_id,
                         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                     ),
-                    routing_key=self._settings.queue,
+                    routing_key=self._home_queue(letter),
                     mandatory=True,
                     timeout=self._settings.confirm_timeout,
                 )
                 await taken.ack(message)
                 moved.append(letter)
             return moved
+
+    def _home_queue(self, letter: DeadLetter) -> str:
+        """The order queue (routing key) a redriven ``letter`` goes to: its product's partition;
+        for a body that is no order, the partition queue it died in, else partition 0's (the
+        consumer dead-letters it again)."""
+        partition = partition_of_body(self._settings, letter.body)
+        if partition is None:
+            partition = self._settings.partition_of_queue(letter.queue)
+        return self._settings.partition_queue(partition or 0)

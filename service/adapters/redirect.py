@@ -5,14 +5,15 @@ type; persistent; mandatory, so an unroutable copy raises) through the default e
 queue named, after which the consumer acks the delivery. Nothing of it waits in the consumer's
 prefetch window, and neither spends the order queue's delivery limit:
 
-- a retry copy goes to the retry queue of its turn (:meth:`AMQPSettings.retry_queue`) and comes
-  back to the order queue by itself when that queue's TTL is up (see :mod:`service.adapters.broker`),
-  carrying :data:`RETRIES` (how many times it was sent there);
+- a retry copy goes to the retry queue of its turn (:meth:`AMQPSettings.retry_queue`) of the
+  partition it came from (:meth:`Redirector.partition_of`) and comes back to that order queue by
+  itself when that queue's TTL is up (see :mod:`service.adapters.broker`), carrying
+  :data:`RETRIES` (how many times it was sent there);
 - a dead-letter copy goes straight to the dead-letter queue, carrying why: :data:`REASON`
   (``invalid_order``, ``unknown_product``, ``order_no_conflict``, ``write_failed``), :data:`ERROR`
   (the detail, at most 200 characters), :data:`DEATHS` (how many times it was dead-lettered so,
-  redrives included), :data:`DIED_IN` (the order queue) and :data:`DIED_AT`. ``flashsale dlq``
-  shows them (:mod:`service.adapters.dead_letters`).
+  redrives included), :data:`DIED_IN` (the order queue it came from) and :data:`DIED_AT`.
+  ``flashsale dlq`` shows them (:mod:`service.adapters.dead_letters`).
 
 A crash between the publish and the ack leaves both copies: the order's idempotency
 (``UNIQUE(request_id)``) makes the second one a duplicate, as for any redelivery.
@@ -27,6 +28,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
+from service.adapters.broker import partition_of_body
 from service.settings import AMQPSettings
 
 RETRIES = "x-flashsale-retries"
@@ -85,8 +87,17 @@ class Redirector:
         retries = retries_of(message)
         delay = self.retry_delay(retries)
         headers = _carried(dict(message.headers or {})) | {RETRIES: retries + 1, ERROR: why[:200]}
-        await self._publish(message, headers, self._settings.retry_queue(delay))
+        await self._publish(message, headers, self._settings.retry_queue(delay, self.partition_of(message)))
         return delay
+
+    def partition_of(self, message: AbstractIncomingMessage) -> int:
+        """The partition ``message`` was delivered from: the one whose queue its routing key names
+        (each order queue is bound with its own name, and its retry queues dead-letter back with
+        it), else the partition of the product in its body, else 0."""
+        partition = self._settings.partition_of_queue(message.routing_key)
+        if partition is None:
+            partition = partition_of_body(self._settings, message.body)
+        return partition or 0
 
     async def dead_letter(self, message: AbstractIncomingMessage, reason: str, error: str) -> None:
         """Send a copy of ``message`` to the dead-letter queue with why it died.
@@ -100,7 +111,7 @@ class Redirector:
             REASON: reason,
             ERROR: error[:200],
             DEATHS: (deaths if isinstance(deaths, int) else 0) + 1,
-            DIED_IN: self._settings.queue,
+            DIED_IN: self._settings.partition_queue(self.partition_of(message)),
             DIED_AT: datetime.now(UTC).replace(microsecond=0),
         }
         await self._publish(message, headers, self._settings.dead_letter_queue)

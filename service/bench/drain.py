@@ -40,11 +40,12 @@ DRAIN_TIMEOUT = 300.0  # seconds
 
 
 async def _purge_orders(settings: Settings) -> None:
-    """Empty the run's order queue (the accept rows' messages, which no consumer took)."""
+    """Empty the run's order queues (the accept rows' messages, which no consumer took)."""
     connection = await aio_pika.connect(settings.amqp.url)
     try:
-        _, queue = await declare_topology(await connection.channel(), settings.amqp)
-        await queue.purge()
+        _, queues = await declare_topology(await connection.channel(), settings.amqp)
+        for queue in queues:
+            await queue.purge()
     finally:
         await connection.close()
 

@@ -14,7 +14,7 @@ import msgspec
 
 from service.cli.dlq import dlq
 from service.runtime import run_async
-from service.settings import get_settings
+from service.settings import AMQPSettings, get_settings
 
 T = TypeVar("T")
 
@@ -96,6 +96,24 @@ def serve(host: str, port: int, workers: int) -> None:
         sys.exit(EXIT_NO_SHARD)
 
 
+def parse_partitions(text: str | None, amqp: AMQPSettings) -> list[int] | None:
+    """``consume --partitions`` ("0,2"): the partitions named, sorted, each once; None (every
+    partition) when not given.
+
+    Raises:
+        click.BadParameter: not comma-separated integers, or one is not a partition of ``amqp``.
+    """
+    if text is None:
+        return None
+    try:
+        named = [int(part) for part in text.split(",") if part.strip()]
+        if not named:
+            raise ValueError("no partition named")
+        return amqp.chosen_partitions(named)
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r}: {exc}", param_hint="--partitions") from None
+
+
 _metrics_port = click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
@@ -108,8 +126,16 @@ _metrics_port = click.option(
 @click.option(
     "--prefetch", default=None, type=click.IntRange(1, 10_000), help="Unacked messages in hand (default from settings)."
 )
+@click.option(
+    "--partitions",
+    "partitions_text",
+    default=None,
+    metavar="I,J,...",
+    help="Only these order-queue partitions (0-based, comma-separated; default: every partition of "
+    "FLASHSALE_AMQP__PARTITIONS).",
+)
 @_metrics_port
-def consume(prefetch: int | None, metrics_port: int | None) -> None:
+def consume(prefetch: int | None, partitions_text: str | None, metrics_port: int | None) -> None:
     """Write queued orders to MySQL (run as many as you like). Waits (with back-off, one log line)
     for Redis, RabbitMQ and MySQL when one is away at start. Exits 0 on SIGTERM after finishing
     its messages."""
@@ -119,6 +145,7 @@ def consume(prefetch: int | None, metrics_port: int | None) -> None:
     from service.runtime import stop_signal
 
     settings = get_settings()
+    partitions = parse_partitions(partitions_text, settings.amqp)
     configure_logging(settings.log_level)
 
     async def go() -> None:
@@ -127,7 +154,7 @@ def consume(prefetch: int | None, metrics_port: int | None) -> None:
                 return
         async with opened_when_reachable(settings, publish=False) as resources:
             if resources is not None:
-                await run_consumer(resources, prefetch or settings.amqp.prefetch, metrics_port)
+                await run_consumer(resources, prefetch or settings.amqp.prefetch, metrics_port, partitions)
 
     _run(go())
 
@@ -167,6 +194,13 @@ def realign(
     show_default=True,
     type=click.IntRange(1, 64),
     help="Redis stock buckets of the sale's product (a product hotter than one Redis Cluster slot).",
+)
+@click.option(
+    "--partitions",
+    default=None,
+    type=click.IntRange(1, 64),
+    help="Order-queue partitions of the run (default FLASHSALE_AMQP__PARTITIONS; with --url, the running API's); "
+    "consumer i takes partitions j with j mod consumers = i, so every partition has a consumer.",
 )
 @click.option("--url", default=None, help="Target a running API instead of starting one (admin token from settings).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

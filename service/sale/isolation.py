@@ -48,6 +48,25 @@ def isolated_settings(base: Settings, run_id: str) -> Settings:
     )
 
 
+def consumer_partitions(consumers: int, partitions: int) -> list[list[int]]:
+    """The order-queue partitions each of ``consumers`` consumers takes: consumer ``i`` takes
+    every partition ``j`` with ``j mod consumers == i`` (with more consumers than partitions,
+    partition ``i mod partitions``), so every partition has a consumer and partitions are shared
+    out evenly. ``[[0, 1, 2], [3, 4]]``-shaped: one list per consumer, each sorted.
+
+    Raises:
+        ValueError: ``consumers`` or ``partitions`` below 1.
+    """
+    if consumers < 1 or partitions < 1:
+        raise ValueError("a sale needs at least one consumer and one partition")
+    if consumers >= partitions:
+        taken = [[number % partitions] for number in range(consumers)]
+    else:
+        taken = [[p for p in range(partitions) if p % consumers == number] for number in range(consumers)]
+    assert {p for each in taken for p in each} == set(range(partitions)), "a partition without a consumer"
+    return taken
+
+
 def with_own_secrets(settings: Settings) -> Settings:
     """``settings`` with a random JWT secret and a random secret for each payment channel (same
     channel names): what a run that starts its own API uses instead of the development secrets."""

@@ -17,9 +17,10 @@ numbers) -> ``invariants`` (checks 1-7) -> ``render`` (JSON document, tables); `
 Isolation (default). The run gets an id ``sale_<8 hex>`` and settings of its own derived from
 the given ones: database ``<run id>`` on the same MySQL server (created by
 ``db.migrate.upgrade``), Redis key prefix ``<run id>``, AMQP exchange, queue and dead-letter
-names ``<run id>.orders...`` and a random JWT secret. The API (``flashsale serve`` on a free
-port) and the consumers (``flashsale consume``) get these through ``FLASHSALE_*`` environment
-variables. At the end, success or failure, the processes are stopped (SIGTERM, then SIGKILL
+names ``<run id>.orders...`` (``<run id>.orders.p<i>`` per partition with ``--partitions``)
+and a random JWT secret. The API (``flashsale serve`` on a free port) and the consumers
+(``flashsale consume``, each with its share of the partitions) get these through
+``FLASHSALE_*`` environment variables. At the end, success or failure, the processes are stopped (SIGTERM, then SIGKILL
 after a timeout) and the database, the Redis keys under the prefix and the queues and exchanges
 are removed. Nothing outside the run is touched.
 
@@ -58,7 +59,7 @@ from service.adapters.broker import declare_topology
 from service.log_setup import configure_logging
 from service.sale.errors import SetupError, stderr
 from service.sale.facts import Measured
-from service.sale.isolation import Sale, child_env, new_sale, simulator_url
+from service.sale.isolation import Sale, child_env, consumer_partitions, new_sale, simulator_url
 from service.sale.phases import (
     PRICE,
     Load,
@@ -85,8 +86,9 @@ async def _start(
     if sale.isolated:
         await isolate(stack, sale)
     stores = await Stores.open(stack, sale.settings)
+    amqp = sale.settings.amqp
     if sale.isolated:
-        await declare_topology(stores.channel, sale.settings.amqp)
+        await declare_topology(stores.channel, amqp)
     stack.push_async_callback(processes.stop)
     if sale.isolated:
         port = str(httpx.URL(sale.url).port)
@@ -94,8 +96,9 @@ async def _start(
         if with_channels:
             channel_port = str(httpx.URL(simulator_url(sale.settings)).port)
             await processes.start("channel", "channel", "serve", "--host", "127.0.0.1", "--port", channel_port)
-    for number in range(1, consumers + 1):
-        await processes.start(f"consumer-{number}", "consume")
+    for number, partitions in enumerate(consumer_partitions(consumers, amqp.partitions), start=1):
+        chosen = ["--partitions", ",".join(map(str, partitions))] if amqp.partitions > 1 else []
+        await processes.start(f"consumer-{number}", "consume", *chosen)
     return stores
 
 
@@ -137,7 +140,7 @@ async def _sample_queue(stores: Stores, sale: Sale, timeline: list[tuple[float, 
     queue) every :data:`QUEUE_SAMPLE_SECONDS`, for the report's queue chart."""
     while True:
         rows = await stores.count_orders(sale.product_id)
-        timeline.append((time.perf_counter(), rows, await stores.queue_depth(sale.settings.amqp.queue)))
+        timeline.append((time.perf_counter(), rows, await stores.order_queue_depth()))
         await asyncio.sleep(QUEUE_SAMPLE_SECONDS)
 
 
@@ -168,6 +171,7 @@ async def run_sale(
     consumers: int,
     buckets: int,
     url: str | None,
+    partitions: int | None = None,
     as_json: bool,
     noop_requests: int,
     pay_share: float,
@@ -180,7 +184,10 @@ async def run_sale(
     JSON document with ``as_json``); progress and errors go to stderr. ``pay_share`` > 0 needs
     ``url`` None (the sweep cancels every unpaid order of the database past the window);
     ``payment_window`` in seconds applies only then. ``publish_mode`` (``confirm``/``async``)
-    overrides the setting for the API processes the sale starts (not for a ``url``). With
+    overrides the setting for the API processes the sale starts (not for a ``url``);
+    ``partitions`` (``FLASHSALE_AMQP__PARTITIONS`` when None) the order-queue partitions of every
+    process of the run, each consumer taking its share (:func:`consumer_partitions`; with ``url``
+    it must be the running API's). With
     ``report_dir`` an HTML report with charts is written there too (:mod:`service.sale.charts`)."""
     began = time.perf_counter()
     _quiet_logs()
@@ -189,6 +196,8 @@ async def run_sale(
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)  # clean up as on Ctrl-C
     console = Console(stderr=True, quiet=as_json)
     window = payment_window if pay_share else None
+    if partitions is not None:
+        settings = settings.model_copy(update={"amqp": settings.amqp.model_copy(update={"partitions": partitions})})
     if publish_mode is not None:
         settings = settings.model_copy(
             update={"orders": settings.orders.model_copy(update={"publish_mode": publish_mode})}
@@ -218,6 +227,9 @@ async def run_sale(
         "workers": workers if sale.isolated else None,
         "consumers": consumers,
         "buckets": buckets,
+        "partitions": sale.settings.amqp.partitions,
+        "consumer_partitions": consumer_partitions(consumers, sale.settings.amqp.partitions),
+        "product_partition": sale.settings.amqp.partition_of(sale.product_id),
         "noop_requests": noop_requests,
         "pay_share": pay_share,
         "payment_window_seconds": window,

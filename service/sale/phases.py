@@ -155,7 +155,7 @@ async def drain(
         while time.perf_counter() - started < DRAIN_TIMEOUT and not processes.exited():
             now = time.perf_counter()
             rows = await stores.count_orders(sale.product_id)
-            ready = await stores.queue_depth(sale.settings.amqp.queue)
+            ready = await stores.order_queue_depth()
             if rows >= expected_orders and ready == 0:
                 settled_at = now if streak == 0 else settled_at
                 streak += 1

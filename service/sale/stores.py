@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.migrate import drop_database, upgrade
 from db.models import OrderStatus
 from db.queries import inventory, orders, payments, products
-from service.adapters.broker import delete_topology, queue_depth
+from service.adapters.broker import delete_topology, queue_depth, queue_depths
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources, make_redis, opened
 from service.domain.lifecycle import expire_unpaid
@@ -83,6 +83,10 @@ class Stores:
     async def queue_depth(self, name: str) -> int:
         """Messages ready in queue ``name`` (not those delivered and unacked)."""
         return await queue_depth(self.channel, name)
+
+    async def order_queue_depth(self) -> int:
+        """Messages ready in the order queues, every partition's together."""
+        return await queue_depths(self.channel, self.settings.amqp.partition_queues())
 
     async def _scalar(self, query: TextClause, product_id: int) -> Any:
         """The one value ``query`` selects, with ``:p`` = ``product_id`` and ``:pending`` = the
@@ -166,7 +170,7 @@ class Stores:
             ],
             quota=await self.store.quota(product_id, buckets=buckets),
             dead_letters=await self.queue_depth(amqp.dead_letter_queue) - dead_letters_before,
-            queue_messages=await self.queue_depth(amqp.queue),
+            queue_messages=await self.order_queue_depth(),
         )
 
 

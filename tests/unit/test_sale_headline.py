@@ -1,4 +1,5 @@
-"""The sale's headline names the no-op requests only when that wave was sent."""
+"""The sale's headline names the no-op requests only when that wave was sent, and the queue
+partitions when there are several."""
 
 from __future__ import annotations
 
@@ -30,3 +31,9 @@ def test_a_skipped_no_op_wave_is_not_claimed():
 
 def test_a_sent_no_op_wave_is_counted():
     assert "10000 no-op requests" in _headline(RUN, {"throughput_rps": 1.0})
+
+
+def test_partitions_are_named_only_when_there_are_several():
+    assert "partition" not in _headline(RUN, {}) and "partition" not in _headline(RUN | {"partitions": 1}, {})
+    several = RUN | {"partitions": 3, "consumer_partitions": [[0, 2], [1]], "product_partition": 1}
+    assert "2 consumers on 3 queue partitions (theirs: 0,2 / 1; the product's: 1)" in _headline(several, {})

@@ -62,6 +62,7 @@ def _unlike_the_defaults() -> Settings:
             publish_channels=3,
             batch_size=13,
             retry_delays=[0.25, 3.0],
+            partitions=3,
         ),
         auth=AuthSettings(
             jwt_secret="s" * 40,

@@ -71,7 +71,7 @@ async def _set_route(settings: Settings, bound: bool) -> None:
     """Bind or unbind the order queue: unbound, every publish comes back unroutable (an outage)."""
     connection = await aio_pika.connect(settings.amqp.url)
     channel = await connection.channel()
-    exchange, queue = await declare_topology(channel, settings.amqp)
+    exchange, (queue,) = await declare_topology(channel, settings.amqp)
     if bound:
         await queue.bind(exchange, routing_key=settings.amqp.queue)
     else:
