@@ -95,6 +95,16 @@ async def _readiness(url: str) -> tuple[int, dict] | None:
         return None
 
 
+def _waiting(*logs: Path):
+    """An async check for :func:`eventually`: every one of ``logs`` has a line saying its process
+    waits for a store (or that a pass is failing)."""
+
+    async def check() -> bool:
+        return all(any(str(line.get("event", "")).endswith("_failing") for line in _log_lines(log)) for log in logs)
+
+    return check
+
+
 async def _stays_up(process, seconds: float) -> None:
     deadline = asyncio.get_running_loop().time() + seconds
     while asyncio.get_running_loop().time() < deadline:
@@ -222,7 +232,10 @@ async def test_realign_and_sweep_watch_wait_for_stores_and_outlive_outages(setti
         realign = _start(mine, realign_log, "realign", "--watch", "0.5", "--json")
         sweep = _start(mine, sweep_log, "sweep", "--watch", "0.5", "--json")
         try:
-            await _stays_up(realign, 3)
+            # Both reached their wait on Redis (a slow start on a busy machine would otherwise
+            # meet Redis already up, and the wait at start would write no line).
+            await eventually(_waiting(realign_log, sweep_log), timeout=PATIENCE, interval=0.2)
+            await _stays_up(realign, 1)
             assert sweep.poll() is None
             await redis.start()
             async with opened(mine, publish=False) as resources:
