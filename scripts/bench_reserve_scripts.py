@@ -59,7 +59,9 @@ ACCEPT_STOCK = 10**9
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase and round")
     parser.add_argument("--rounds", type=int, default=2, help="rounds; each runs every phase once")
     parser.add_argument("--processes", type=int, default=2, help="client processes per phase")

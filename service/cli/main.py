@@ -200,7 +200,8 @@ def realign(
     default=None,
     type=click.IntRange(1, 64),
     help="Order-queue partitions of the run (default FLASHSALE_AMQP__PARTITIONS; with --url, the running API's); "
-    "consumer i takes partitions j with j mod consumers = i, so every partition has a consumer.",
+    "consumer i takes partitions j with j mod consumers = i (with more consumers than partitions, partition "
+    "i mod N), so every partition has a consumer.",
 )
 @click.option("--url", default=None, help="Target a running API instead of starting one (admin token from settings).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -209,7 +210,7 @@ def realign(
     default=10_000,
     show_default=True,
     type=click.IntRange(0),
-    help="Requests to the no-op route before the load: the framework ceiling (0: none).",
+    help="Requests to the no-op route before the load: the ceiling of the sale's own client (0: none).",
 )
 @click.option(
     "--pay-share",

@@ -114,12 +114,17 @@ def _headline(run: dict[str, Any], ceiling: dict[str, Any]) -> str:
     where = workers if run["isolated"] else f"API at {run['url']}"
     lifecycle = f", pay share {run['pay_share']} (window {run['payment_window_seconds']}s)" if run["pay_share"] else ""
     partitions = run.get("partitions", 1)
+    buckets = (
+        f" in {run['buckets']} stock buckets (a dry bucket's buyer may be answered unavailable)"
+        if run.get("buckets", 1) > 1
+        else ""
+    )
     consumers = f"{run['consumers']} consumers"
     if partitions > 1:
         shares = " / ".join(",".join(map(str, taken)) for taken in run["consumer_partitions"])
         consumers += f" on {partitions} queue partitions (theirs: {shares}; the product's: {run['product_partition']})"
     return (
-        f"[bold]flash sale {run['run_id']}[/]: product {run['product_id']}, stock {run['stock']}, "
+        f"[bold]flash sale {run['run_id']}[/]: product {run['product_id']}, stock {run['stock']}{buckets}, "
         f"limit {run['per_user_limit']}/user, {run['requests']} requests from {run['users']} users, "
         f"concurrency {run['concurrency']}, {where}, {consumers}, "
         f"{noop}{lifecycle}"
