@@ -27,7 +27,9 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 class FlashsaleGroup(click.Group):
     """The ``flashsale`` group: a configuration error (an invalid setting, a store its URL does
     not reach, a development secret outside development mode) ends the command with one line on
-    stderr naming the variable, exit code 2; ``--debug`` shows the traceback instead."""
+    stderr naming the variable, exit code 2; a use case's refusal (:class:`DomainError`, e.g. a
+    product whose realignment lock another pass holds) with one line, exit code 1; ``--debug``
+    shows the traceback instead."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -37,6 +39,11 @@ class FlashsaleGroup(click.Group):
                 raise
             problem = _config_problem(exc)
             if problem is None:
+                from service.domain.errors import DomainError
+
+                if isinstance(exc, DomainError):  # e.g. a product another realignment pass holds
+                    click.echo(f"flashsale: {exc}", err=True)
+                    ctx.exit(1)
                 raise
             click.echo(f"flashsale: configuration error: {problem}", err=True)
             ctx.exit(2)

@@ -26,8 +26,20 @@ def bucket_of(user_id: str, buckets: int) -> int:
     return 0 if buckets <= 1 else crc32(user_id.encode()) % buckets
 
 
-def split(units: int, buckets: int) -> list[int]:
+def split(units: int, buckets: int, favour: tuple[int, int] | None = None) -> list[int]:
     """``units`` (>= 0) shared over ``buckets`` as evenly as whole units go, the first buckets
-    taking the remainder: ``split(10, 3) == [4, 3, 3]``; the shares add up to ``units``."""
+    taking the remainder: ``split(10, 3) == [4, 3, 3]``; the shares add up to ``units``.
+
+    ``favour`` = (bucket, need): a buyer of that bucket asked for ``need`` units, so it gets at
+    least ``min(need, units)``, taken from the fullest other buckets (the last of equals) (``split(3, 3, (2, 2)) ==
+    [1, 0, 2]``). Without it a short remainder could be spread so that no bucket holds what its
+    buyers ask for, and they would be answered ``unavailable`` for as long as they retried."""
     share, extra = divmod(units, buckets)
-    return [share + (1 if bucket < extra else 0) for bucket in range(buckets)]
+    shares = [share + (1 if bucket < extra else 0) for bucket in range(buckets)]
+    if favour is not None:
+        bucket, need = favour
+        while shares[bucket] < min(need, units):
+            fullest = max((b for b in range(buckets) if b != bucket), key=lambda b: (shares[b], b))
+            shares[fullest] -= 1
+            shares[bucket] += 1
+    return shares

@@ -147,7 +147,8 @@ class PurchaseService:
     ``minter``'s (Redis).
     ``not_loaded(product_id)``: told when Redis does not know a product that MySQL sells through
     Redis (Redis lost its state; :meth:`service.domain.recovery.Recovery.not_loaded`).
-    ``rebalance(product_id)``: spreads a product's stock over its buckets again
+    ``rebalance(product_id, (bucket, quantity))``: spreads a product's stock over its buckets again,
+    that bucket getting at least that quantity where the stock allows
     (:class:`service.domain.rebalance.Rebalancer`), awaited when a buyer's bucket ran dry while
     others hold units; None: such a buyer is answered ``unavailable``.
     """
@@ -163,7 +164,7 @@ class PurchaseService:
         token_ttl_seconds: int = 300,
         database_minter: MysqlOrderNumberMinter | None = None,
         not_loaded: Callable[[int], None] | None = None,
-        rebalance: Callable[[int], Awaitable[None]] | None = None,
+        rebalance: Callable[[int, tuple[int, int]], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
         self._engine = engine
@@ -311,11 +312,11 @@ class PurchaseService:
             return await self._redis_failed(ask, bounced, exc)
         if others is not None:
             if others >= quantity:
-                # Units are left, in other buckets: rebalanced, the buyer's bucket gets its share.
+                # Units are left, in other buckets: rebalanced, the buyer's bucket gets what it asks.
                 self._minter.give_back(candidate)
                 if retried or self._rebalance is None:
                     raise PurchaseRejected("unavailable", "Stock is being rebalanced, retry shortly.")
-                await self._rebalance(product_id)
+                await self._rebalance(product_id, (ask.bucket, quantity))
                 return await self._in_redis(ask, flag_token, bounced, True)
             reservation = dataclasses.replace(reservation, stock=others)
         if flags is not None and flag_token is not None and reservation.outcome is ReserveOutcome.SOLD_OUT:

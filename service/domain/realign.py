@@ -196,8 +196,16 @@ class Realigner:
             return [row[0] for row in rows]
 
     async def realign_all(self, dry_run: bool = False) -> list[RealignReport]:
-        """One pass over every product."""
-        return [await self.realign(product_id, dry_run) for product_id in await self.product_ids()]
+        """One pass over every product. A product whose lock another pass holds (one that is
+        rebalancing, or whose holder died: the lock expires after :data:`LOCK_SECONDS`) is left
+        to the next pass, logged ``realign_busy``; the other products are realigned."""
+        reports = []
+        for product_id in await self.product_ids():
+            try:
+                reports.append(await self.realign(product_id, dry_run))
+            except RealignmentBusy:
+                log.warning("realign_busy", product_id=product_id)
+        return reports
 
     async def realign_pass(self, product_id: int | None, dry_run: bool = False) -> list[RealignReport]:
         """One pass over ``product_id`` (raises :class:`ProductNotFound`), or every product when None."""
@@ -223,7 +231,9 @@ class Realigner:
             if restored:
                 log.warning("replay_records_restored", product_id=product_id, bucket=bucket, restored=restored)
 
-    async def realign(self, product_id: int, dry_run: bool = False, *, open_sale: bool = False) -> RealignReport:
+    async def realign(
+        self, product_id: int, dry_run: bool = False, *, open_sale: bool = False, favour: tuple[int, int] | None = None
+    ) -> RealignReport:
         """One exact pass for one product (see the module docstring). A product in stock mode
         ``database`` gets the Redis marker that makes reserves answer ``moved``; ``open_sale``
         (the switch to ``redis`` mode, after MySQL says ``redis``) removes it in the same
@@ -232,7 +242,8 @@ class Realigner:
         A product of several stock buckets is rebalanced by a writing pass: under the product's
         realignment lock (one pass at a time, whichever process), every bucket is drained and
         then filled with its share of MySQL stock - units in flight in all buckets
-        (:func:`~service.domain.buckets.split`); a pass made stale by a newer MySQL state is run
+        (:func:`~service.domain.buckets.split`; ``favour`` = (bucket, units): a rebalancing pass
+        for a buyer of that bucket who asked for that many); a pass made stale by a newer MySQL state is run
         again with a new snapshot, up to :data:`STALE_RETRIES` times.
 
         Raises:
@@ -251,7 +262,8 @@ class Realigner:
             await asyncio.sleep(0.05)
         try:
             for _ in range(STALE_RETRIES + 1):
-                report = await self._pass(product_id, False, open_sale, await self._store.next_pass(product_id))
+                pass_no = await self._store.next_pass(product_id)
+                report = await self._pass(product_id, False, open_sale, pass_no, favour)
                 if not report.skipped_stale:
                     break
             return report
@@ -270,7 +282,9 @@ class Realigner:
         self._buckets[product_id] = int(buckets)
         return int(buckets)
 
-    async def _pass(self, product_id: int, dry_run: bool, open_sale: bool, pass_no: int) -> RealignReport:
+    async def _pass(
+        self, product_id: int, dry_run: bool, open_sale: bool, pass_no: int, favour: tuple[int, int] | None = None
+    ) -> RealignReport:
         """One snapshot and one ``realign.lua`` call per bucket; with ``pass_no`` > 0 (a writing
         pass over several buckets) the buckets are drained, then filled."""
         buckets = await self.bucket_count(product_id)
@@ -311,7 +325,7 @@ class Realigner:
                 product_id, view, version, mysql_stock, terms, held[view.bucket], dry_run, marker, pass_no
             )
             if result is None:  # Redis lost the bucket's state meanwhile: a full pass, new snapshot
-                return await self._pass(product_id, dry_run, open_sale, pass_no)
+                return await self._pass(product_id, dry_run, open_sale, pass_no, favour)
             results.append(result)
         in_flight_units = sum(result.in_flight_units for result in results)
         stale = any(result.stale for result in results)
@@ -319,7 +333,7 @@ class Realigner:
         if buckets > 1:
             stock_after = max(mysql_stock - in_flight_units, 0)
             if pass_no and not stale:
-                for bucket, share in enumerate(split(stock_after, buckets)):
+                for bucket, share in enumerate(split(stock_after, buckets, favour)):
                     stale = not await self._store.fill_bucket(product_id, bucket, pass_no, share) or stale
         befores = [result.stock_before for result in results]
 

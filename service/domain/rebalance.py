@@ -41,21 +41,23 @@ class Rebalancer:
         self._running: dict[int, asyncio.Task[None]] = {}
         self._last: dict[int, float] = {}
 
-    async def __call__(self, product_id: int) -> None:
-        """Rebalance ``product_id``'s buckets, or wait for the pass already running; returns
+    async def __call__(self, product_id: int, favour: tuple[int, int]) -> None:
+        """Rebalance ``product_id``'s buckets, ``favour`` = (bucket, units) getting at least those
+        units where the stock allows (:func:`service.domain.buckets.split`), or wait for the pass
+        already running (which may favour another bucket: its buyer's retry starts the next); returns
         within :data:`WAIT_SECONDS` (the pass goes on) and never raises (a failed pass is
         logged; the buyer is answered from what Redis holds)."""
         task = self._running.get(product_id)
         if task is None:
             if time.monotonic() - self._last.get(product_id, -MIN_INTERVAL_SECONDS) < MIN_INTERVAL_SECONDS:
                 return
-            task = asyncio.create_task(self._pass(product_id))
+            task = asyncio.create_task(self._pass(product_id, favour))
             self._running[product_id] = task
         await asyncio.wait({task}, timeout=WAIT_SECONDS)
 
-    async def _pass(self, product_id: int) -> None:
+    async def _pass(self, product_id: int, favour: tuple[int, int]) -> None:
         try:
-            await self._realigner.realign(product_id)
+            await self._realigner.realign(product_id, favour=favour)
         except (DomainError, RedisError, DBAPIError, OSError) as exc:
             log.warning("rebalance_failed", product_id=product_id, error=repr(exc))
         finally:

@@ -30,3 +30,21 @@ def test_bucket_zero_keeps_the_keys_of_a_product_of_one_bucket() -> None:
     assert ProductKeys("fs", 7).stock == "fs:{p:7}:stock"
     assert ProductKeys("fs", 7, 0).stock == "fs:{p:7}:stock"
     assert ProductKeys("fs", 7, 2).stock == "fs:{p:7:2}:stock"
+
+
+@given(st.integers(0, 1000), st.integers(1, MAX_BUCKETS), st.data())
+def test_a_favoured_bucket_gets_what_its_buyer_asks_where_the_stock_allows(units: int, buckets: int, data) -> None:
+    bucket = data.draw(st.integers(0, buckets - 1))
+    need = data.draw(st.integers(1, 10))
+    shares = split(units, buckets, (bucket, need))
+    assert sum(shares) == units and min(shares) >= 0
+    assert shares[bucket] >= min(need, units)
+    if split(units, buckets)[bucket] >= need:  # no buyer short: the even split stands
+        assert shares == split(units, buckets)
+
+
+def test_a_short_remainder_goes_where_it_is_asked_for() -> None:
+    assert split(3, 3) == [1, 1, 1]
+    assert split(3, 3, (2, 2)) == [1, 0, 2]
+    assert split(2, 3, (2, 1)) == [1, 0, 1]
+    assert split(1, 3, (1, 2)) == [0, 1, 0]
