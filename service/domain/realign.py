@@ -46,6 +46,7 @@ from typing import cast
 
 import msgspec
 import structlog
+from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import OrderStatus, StockMode
@@ -73,9 +74,11 @@ FULL_PASS_MAX_ENTRIES = 2000
 """A journal up to this many entries is realigned in one full Lua call (which also rebuilds the
 per-user quotas from MySQL); a bigger one incrementally, a few hundred entries per call (quotas
 are then kept by the scripts alone, and rebuilt by the first pass after the journal shrank)."""
-LOCK_SECONDS = 60
-"""A pass over several buckets holds the product's realignment lock at most this long (seconds;
-a process that dies mid-pass leaves its buckets drained until the next pass after that)."""
+LOCK_SECONDS = 5.0
+"""A pass over several buckets holds the product's realignment lock this long (seconds), renewed
+every third of it while the pass runs: a process that dies mid-pass leaves its buckets drained
+until the next pass after at most this long. (A pass that loses its lock anyway is still safe:
+the pass numbers fence a stale pass's fills, ``lua/bucket_fill.lua``.)"""
 LOCK_WAIT_SECONDS = 30.0
 """How long a pass waits for another pass of the product to release the lock (seconds)."""
 STALE_RETRIES = 3
@@ -256,10 +259,12 @@ class Realigner:
         holder = secrets.token_hex(8)
         lock = f"realign:{product_id}"
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
-        while not await self._store.try_lock(lock, holder, LOCK_SECONDS * 1000):
+        lock_ms = round(LOCK_SECONDS * 1000)
+        while not await self._store.try_lock(lock, holder, lock_ms):
             if time.monotonic() >= deadline:
                 raise RealignmentBusy(product_id)
             await asyncio.sleep(0.05)
+        renewing = asyncio.create_task(self._keep_lock(lock, holder, lock_ms))
         try:
             for _ in range(STALE_RETRIES + 1):
                 pass_no = await self._store.next_pass(product_id)
@@ -268,7 +273,20 @@ class Realigner:
                     break
             return report
         finally:
+            renewing.cancel()
+            await asyncio.gather(renewing, return_exceptions=True)
             await self._store.unlock(lock, holder)
+
+    async def _keep_lock(self, lock: str, holder: str, lock_ms: int) -> None:
+        """Renew ``holder``'s ``lock`` every third of ``lock_ms`` until cancelled; a failed renewal
+        is logged and tried again (the pass numbers keep a pass that lost its lock harmless)."""
+        while True:
+            await asyncio.sleep(lock_ms / 3000)
+            try:
+                if not await self._store.renew_lock(lock, holder, lock_ms):
+                    log.warning("realign_lock_lost", lock=lock)
+            except (RedisError, OSError) as exc:
+                log.warning("realign_lock_renewal_failed", lock=lock, error=repr(exc))
 
     async def bucket_count(self, product_id: int) -> int:
         """The product's stock buckets K (fixed at creation, so kept once read; 1 for a product

@@ -403,6 +403,11 @@ class StockStore:
         ``name`` of this key prefix for ``lock_ms`` milliseconds, False when someone else does."""
         return bool(await self._redis.set(lock_key(self._prefix, name), holder, nx=True, px=lock_ms))
 
+    async def renew_lock(self, name: str, holder: str, lock_ms: int) -> bool:
+        """``lua/lease_renew.lua``: extend ``holder``'s lock ``name`` to ``lock_ms`` milliseconds
+        from now; False when it expired or belongs to someone else."""
+        return bool(await self._lease_renew(keys=[lock_key(self._prefix, name)], args=[holder, lock_ms]))
+
     async def unlock(self, name: str, holder: str) -> bool:
         """``lua/lease_release.lua``: drop ``holder``'s lock ``name``; False when not held."""
         return bool(await self._lease_release(keys=[lock_key(self._prefix, name)], args=[holder]))

@@ -10,6 +10,7 @@ from collections import Counter
 from redis.crc import key_slot
 
 from service.adapters.redis.results import ReserveOutcome
+from service.adapters.redis.stock_store import StockStore
 from service.domain import realign as realign_module
 from service.domain.buckets import bucket_of
 from service.domain.realign import Realigner
@@ -202,3 +203,30 @@ async def test_a_pass_over_every_product_leaves_a_locked_one_to_the_next(
     reports = {report.product_id: report for report in await Realigner(engine, store, grace_seconds=60).realign_all()}
     assert product_id not in reports
     assert (reports[other].drift, await store.stock(other)) == (-3, 5)
+
+
+class _SlowFill(StockStore):
+    """The real store on the real Redis; each bucket's fill waits first, so a rebalancing pass
+    outlasts its lock's time to live several times over."""
+
+    async def fill_bucket(self, *args, **kwargs):
+        await asyncio.sleep(0.5)
+        return await super().fill_bucket(*args, **kwargs)
+
+
+async def test_a_long_pass_keeps_its_lock_and_a_dead_ones_lock_expires_quickly(
+    put_product, product_id, redis, store, engine, settings, monkeypatch
+):
+    monkeypatch.setattr(realign_module, "LOCK_SECONDS", 0.3)
+    await put_product(product_id, stock=9, limit=1, buckets=K)
+    slow = _SlowFill(redis, settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds)
+    running = asyncio.create_task(Realigner(engine, slow, grace_seconds=60).realign(product_id))
+    await asyncio.sleep(1.0)  # > 3 x the lock's time to live, the pass still filling
+    assert not running.done()
+    assert not await store.try_lock(f"realign:{product_id}", "another", 300)  # renewed, still held
+    await running
+    assert await bucket_stocks(store, product_id) == [3, 3, 3]
+    # A holder that stops renewing (a killed process) loses it after one time to live.
+    assert await store.try_lock(f"realign:{product_id}", "killed", 300)
+    await asyncio.sleep(0.5)
+    assert await store.try_lock(f"realign:{product_id}", "next", 300)
