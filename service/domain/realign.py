@@ -58,6 +58,7 @@ from service.adapters.redis.stock_store import StockStore
 from service.domain.buckets import bucket_of, split
 from service.domain.errors import ProductNotFound, Unavailable
 from service.domain.request_id import reissued_request_id
+from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)
 
@@ -273,8 +274,7 @@ class Realigner:
                     break
             return report
         finally:
-            renewing.cancel()
-            await asyncio.gather(renewing, return_exceptions=True)
+            await stop_task(renewing)
             await self._store.unlock(lock, holder)
 
     async def _keep_lock(self, lock: str, holder: str, lock_ms: int) -> None:
