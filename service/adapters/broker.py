@@ -27,8 +27,10 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from time import perf_counter
+from typing import cast
 
 import aio_pika
+import aiormq
 import msgspec
 import structlog
 from aio_pika.abc import (
@@ -47,6 +49,7 @@ from service.settings import AMQPSettings
 log = structlog.get_logger(__name__)
 _CONFIRM_SECONDS = metrics.local_histogram(metrics.PUBLISH_CONFIRM_SECONDS)
 _PUBLISH_FAILURES = metrics.local_counter(metrics.PUBLISH_FAILURES)
+_PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)
 
 
 class OrderMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -226,7 +229,6 @@ class Publisher:
         self._settings = settings
         self._connection: AbstractRobustConnection | None = None
         self._channels: list[AbstractChannel] = []
-        self._exchanges: list[AbstractExchange] = []
         self._reopen_locks: list[asyncio.Lock] = []
         self._next_reopen: list[float] = []
         self._turn = 0
@@ -242,26 +244,24 @@ class Publisher:
         with quiet_connect_logs():
             self._connection = await aio_pika.connect_robust(self._settings.url)
         for _ in range(self._settings.publish_channels):
-            channel, exchange = await self._open_channel(declare=not self._exchanges)
-            self._channels.append(channel)
-            self._exchanges.append(exchange)
+            self._channels.append(await self._open_channel(declare=not self._channels))
             self._reopen_locks.append(asyncio.Lock())
             self._next_reopen.append(0.0)
 
-    async def _open_channel(self, *, declare: bool) -> tuple[AbstractChannel, AbstractExchange]:
-        """A new confirming channel and the order exchange on it (the whole topology declared
-        when ``declare``, else the exchange looked up passively)."""
+    async def _open_channel(self, *, declare: bool) -> AbstractChannel:
+        """A new confirming channel, unroutable publishes raising, on which the whole topology
+        was declared (``declare``) or the order exchange was found (looked up passively)."""
         assert self._connection is not None
         channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         try:
             if declare:
-                exchange, _ = await declare_topology(channel, self._settings)
+                await declare_topology(channel, self._settings)
             else:
-                exchange = await channel.get_exchange(self._settings.exchange)
+                await channel.get_exchange(self._settings.exchange)
         except BaseException:
             await _close_quietly(channel)
             raise
-        return channel, exchange
+        return channel
 
     async def close(self) -> None:
         """Close the connection (and its channels)."""
@@ -303,37 +303,37 @@ class Publisher:
             return False
         closed = [index for index, channel in enumerate(self._channels) if channel.is_closed]
         # side by side: a probe waits at most about one confirm_timeout, however many are closed
-        await asyncio.gather(*(self._exchange_at(index) for index in closed), return_exceptions=True)
+        await asyncio.gather(*(self._channel_at(index) for index in closed), return_exceptions=True)
         return self.ready
 
-    async def _exchange_at(self, index: int) -> AbstractExchange:
-        """The exchange of channel ``index``, re-opening the channel (and declaring the topology
-        again) when the broker closed it and its last attempt is ``REOPEN_INTERVAL_SECONDS`` old.
+    async def _channel_at(self, index: int) -> AbstractChannel:
+        """Channel ``index``, re-opened (and the topology declared again) when the broker closed
+        it and its last attempt is ``REOPEN_INTERVAL_SECONDS`` old.
 
         Raises:
             PublishFailed: the channel is closed and could not be re-opened now.
         """
         if not self._channels[index].is_closed:
-            return self._exchanges[index]
+            return self._channels[index]
         async with self._reopen_locks[index]:
             if not self._channels[index].is_closed:  # re-opened while this call waited
-                return self._exchanges[index]
+                return self._channels[index]
             now = time.monotonic()
             if now < self._next_reopen[index]:
                 raise PublishFailed("broker channel closed (re-opening shortly)")
             self._next_reopen[index] = now + REOPEN_INTERVAL_SECONDS
             old = self._channels[index]
             try:
-                channel, exchange = await asyncio.wait_for(
+                channel = await asyncio.wait_for(
                     self._open_channel(declare=True), timeout=self._settings.confirm_timeout
                 )
             except (TimeoutError, *CONNECTION_EXCEPTIONS) as exc:
                 log.warning("publisher_channel_reopen_failed", channel=index, error=repr(exc))
                 raise PublishFailed(f"broker channel closed: {exc!r}") from exc
-            self._channels[index], self._exchanges[index] = channel, exchange
+            self._channels[index] = channel
             await _close_quietly(old)  # a robust channel would otherwise keep trying to restore itself
             log.info("publisher_channel_reopened", channel=index)
-            return exchange
+            return channel
 
     async def publish(self, order: OrderMessage) -> None:
         """Publish ``order`` and wait for the publisher confirm (:meth:`_publish`), observed in
@@ -361,22 +361,29 @@ class Publisher:
         """
         if self._connection is None or self._connection.is_closed or not self._channels:
             raise PublishFailed("broker connection is down")
-        self._turn = (self._turn + 1) % len(self._exchanges)
-        exchange = await self._exchange_at(self._turn)
-        message = aio_pika.Message(
-            encode_order(order),
+        self._turn = turn = (self._turn + 1) % len(self._channels)
+        # Straight to the channel's aiormq layer with the properties built here: aio-pika's
+        # Message and Exchange.publish rebuild them and wait for the socket to drain, and that
+        # drain holds the channel's lock, so one channel wrote one publish per loop turn.
+        # The one deadline covers waiting for a reconnecting connection too.
+        properties = aiormq.spec.Basic.Properties(
             content_type="application/json",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            delivery_mode=_PERSISTENT,
             message_id=order.request_id,
             correlation_id=HTTP_REQUEST_ID.get(),  # the consumer's log lines name the HTTP request
         )
         try:
-            await exchange.publish(
-                message,
-                routing_key=self._settings.queue_of(order.product_id),
-                mandatory=True,
-                timeout=self._settings.confirm_timeout,
-            )
+            async with asyncio.timeout(self._settings.confirm_timeout):
+                # the concrete aiormq channel aio-pika hands out: its basic_publish takes ``wait``
+                channel = cast(aiormq.Channel, await (await self._channel_at(turn)).get_underlay_channel())
+                await channel.basic_publish(
+                    encode_order(order),
+                    exchange=self._settings.exchange,
+                    routing_key=self._settings.queue_of(order.product_id),
+                    properties=properties,
+                    mandatory=True,  # unroutable: the channel raises (on_return_raises)
+                    wait=False,  # the confirm is what is awaited, not the socket's drain
+                )
         except (TimeoutError, *CONNECTION_EXCEPTIONS) as exc:
             log.warning("publish_failed", request_id=order.request_id, error=repr(exc))
             raise PublishFailed(repr(exc)) from exc

@@ -91,6 +91,11 @@ def compose_order_no(prefix: str, second: str, shard: int, sequence: int) -> str
         raise ValueError("prefix must be 2 capital letters and second 14 digits")
     if not 0 <= shard < SHARDS or not 0 <= sequence <= SEQUENCE_MAX:
         raise ValueError("shard or sequence out of range")
+    return _compose(prefix, second, shard, sequence)
+
+
+def _compose(prefix: str, second: str, shard: int, sequence: int) -> str:
+    """:func:`compose_order_no` for parts already known to be in range (the minter's block)."""
     body = f"{prefix}{second}{shard:02d}{sequence:06d}"
     return body + check_digits(body)
 
@@ -235,6 +240,14 @@ class OrderNumberMinter:
         self._epoch: tuple[int, int] | None = None
         """(shard, generation) this process mints in, once established."""
         self._refill = asyncio.Lock()
+        self._second: tuple[datetime | None, str] = (None, "")
+
+    def _second_of(self, now: datetime) -> str:
+        """``now`` as UTC ``yyyyMMddHHmmss``, formatted once per second."""
+        whole = now.replace(microsecond=0)
+        if whole != self._second[0]:
+            self._second = (whole, whole.strftime("%Y%m%d%H%M%S"))
+        return self._second[1]
 
     def _from_block(self, shard: int, second: str) -> str | None:
         """The next number of the current block if it is for ``shard`` and ``second`` and not used up."""
@@ -242,7 +255,7 @@ class OrderNumberMinter:
         if block_shard != shard or block_second != second or counter > last:
             return None
         self._block = (shard, second, digit, counter + 1, last)
-        return compose_order_no(self._order_prefix, second, shard, digit * (COUNTER_MAX + 1) + counter)
+        return _compose(self._order_prefix, second, shard, digit * (COUNTER_MAX + 1) + counter)
 
     async def _generation(self, shard: int) -> int:
         """The generation ``shard`` mints in on this Redis server, moving it on in MySQL and
@@ -296,7 +309,7 @@ class OrderNumberMinter:
             shard = self._lease.shard
             assert shard is not None
             now = self._clock()
-            second = now.strftime("%Y%m%d%H%M%S")
+            second = self._second_of(now)
             if (order_no := self._from_block(shard, second)) is not None:
                 return order_no
             async with self._refill:

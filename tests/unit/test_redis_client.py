@@ -4,6 +4,7 @@ come from the settings; no retry of commands (only of the health-check PING)."""
 from __future__ import annotations
 
 from redis.asyncio.connection import Connection, SSLConnection
+from redis.connection import PythonRespSerializer
 
 from service.bootstrap import make_redis
 from service.settings import RedisSettings, Settings
@@ -40,3 +41,20 @@ async def test_tls_urls_keep_their_connection_class() -> None:
 def test_timeouts_default_to_two_seconds() -> None:
     redis = RedisSettings()
     assert (redis.socket_timeout, redis.connect_timeout) == (2.0, 2.0)
+
+
+async def test_commands_are_packed_as_redis_py_packs_them() -> None:
+    client = make_redis(Settings())
+    try:
+        connection = client.connection_pool.make_connection()
+        reference = PythonRespSerializer(6000, client.connection_pool.get_encoder().encode)
+        commands: list[tuple[object, ...]] = [
+            ("EVALSHA", "a" * 40, 2, "{p:1}:stock", "{p:1}:sale", "user-1", 3, 86400, 0.5, b"raw", "ünïcode"),
+            ("CLIENT KILL", "ID", 7),  # a command name of two words
+            (b"SCRIPT LOAD", "return 1"),
+            ("SET", bytearray(b"key"), memoryview(b"value")),  # not hiredis's types: redis-py's serializer
+        ]
+        for command in commands:
+            assert b"".join(connection.pack_command(*command)) == b"".join(reference.pack(*command)), command
+    finally:
+        await client.aclose()

@@ -4,6 +4,14 @@ Used by :class:`~service.adapters.redis.stock_store.StockStore` for the hot path
 script and the mark-queued writes). Each request still gets its own reply or error; what it
 saves is the round trip (a socket write and read, the dominant CPU cost per call) for all but
 one of the commands that were waiting together.
+
+On one Redis server the batcher keeps a connection of its own and bounds each whole round trip
+by one deadline (the client's ``socket_timeout``). redis-py's pipeline on a pooled connection
+took a pool checkout, a ``wait_for`` task for the write and an ``asyncio.timeout`` for every
+reply read: together more than a third of the batcher's CPU in the accept path's profile
+(docs/BENCHMARKS.md). The connection is redis-py's own (same class, options, hiredis packing
+and parser, idle health check); only the per-read timers are replaced by the one deadline. On a
+Redis Cluster the cluster client's pipeline splits the batch by node.
 """
 
 from __future__ import annotations
@@ -11,7 +19,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from redis.exceptions import ConnectionError
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.adapters.redis.client import RedisClient
 
@@ -27,14 +38,29 @@ class CommandBatcher:
 
     While no pipeline is in flight, a command leaves on the next turn of the event loop (no
     added wait); while one is in flight, new commands gather and leave together as soon as it
-    returns. One pipeline is in flight at a time, so the hot path holds one pooled connection.
-    Commands are sent in the order they were queued; a pipeline is not atomic.
+    returns. One pipeline is in flight at a time, on one connection. Commands are sent in the
+    order they were queued; a pipeline is not atomic. Replies are the server's (decoded as the
+    client decodes), without redis-py's per-command response callbacks (``SET`` answers
+    ``"OK"``, not ``True``).
     """
 
     def __init__(self, redis: RedisClient) -> None:
         self._redis = redis
         self._queue: list[tuple[Command, asyncio.Future[Any]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._connection: AbstractConnection | None = None
+        self._deadline: float | None = None
+        if isinstance(redis, Redis):
+            pool = redis.connection_pool
+            options = pool.connection_kwargs
+            self._deadline = options.get("socket_timeout")
+            # The deadline covers the whole round trip, so the connection sets no timer of its own.
+            self._connection = pool.connection_class(**{**options, "socket_timeout": None})
+
+    async def aclose(self) -> None:
+        """Close the batcher's own connection (the client's pool is the client's to close)."""
+        if self._connection is not None:
+            await self._connection.disconnect()
 
     async def call(self, *command: Any) -> Any:
         """Send one command; returns its reply.
@@ -63,11 +89,12 @@ class CommandBatcher:
         try:
             while self._queue:
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                commands = [command for command, _ in batch]
                 try:
-                    async with self._redis.pipeline(transaction=False) as pipe:
-                        for command, _ in batch:
-                            pipe.execute_command(*command)
-                        replies = await pipe.execute(raise_on_error=False)
+                    if self._connection is None:
+                        replies = await self._cluster_round_trip(commands)
+                    else:
+                        replies = await self._round_trip(self._connection, commands)
                 except Exception as exc:  # the whole round trip failed: every caller hears it
                     _fail(batch, exc)
                     continue
@@ -84,6 +111,42 @@ class CommandBatcher:
             raise
         finally:
             self._flusher = None
+
+    async def _round_trip(self, connection: AbstractConnection, commands: list[Command]) -> list[Any]:
+        """One write of every command and the read of every reply, within the deadline. A
+        connection the server closed while it was idle is replaced before the write; one that
+        fails mid-way is closed by redis-py (on any error, the cancellation of the deadline
+        included), so the next round trip connects afresh.
+
+        Raises:
+            redis.exceptions.TimeoutError: the deadline passed (the commands may have run).
+            redis.exceptions.ConnectionError: the socket failed.
+        """
+        replies: list[Any] = []
+        try:
+            async with asyncio.timeout(self._deadline):
+                if connection.is_connected and await connection.can_read():
+                    # As the pool checks a connection it hands out: data or EOF waiting on an idle
+                    # connection (the server closed it: CLIENT KILL, a restart, a NAT reset), so
+                    # nothing of this batch has been sent on it yet. Connect afresh.
+                    await connection.disconnect()
+                await connection.send_packed_command(connection.pack_commands(commands))
+                for _ in commands:
+                    try:
+                        replies.append(await connection.read_response())
+                    except ResponseError as exc:  # this command's error reply; the stream is intact
+                        replies.append(exc)
+        except TimeoutError as exc:
+            await connection.disconnect(nowait=True)
+            raise RedisTimeoutError(f"Redis round trip of {len(commands)} commands timed out") from exc
+        return replies
+
+    async def _cluster_round_trip(self, commands: list[Command]) -> list[Any]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
 
 
 def _fail(batch: list[tuple[Command, asyncio.Future[Any]]], exc: BaseException) -> None:

@@ -205,7 +205,9 @@ class StockStore:
         return EvictionPolicy(self._redis)
 
     async def aclose(self) -> None:
-        """Close the client the store was given (and its connection pool)."""
+        """Close the client the store was given (and its connection pool) and the hot path's
+        own connection (:class:`CommandBatcher`)."""
+        await self._batcher.aclose()
         await self._redis.aclose()
 
     # -- key names (for tests that inspect Redis state) --------------------------------------
