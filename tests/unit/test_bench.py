@@ -14,6 +14,7 @@ from service.bench.context import Options
 from service.bench.procstat import machine_info
 from service.bench.profile import RUNTIME, summarize
 from service.bench.report import Report, render
+from service.bench.run import bench_settings
 from service.bench.rows import TARGETS, Row, accept_ceiling, fill_ratios, judge
 from service.bench.wrk import write_script
 from service.cli.main import main
@@ -189,3 +190,13 @@ def test_the_metrics_targets_compare_the_cpu_a_request_takes_not_the_rate():
     }
     assert verdicts["sold out per CPU-s, metrics on >= 0.95 x off"]["ratio"] == 0.9  # 10 % more CPU per request
     assert verdicts["sold out per CPU-s, metrics on >= 0.95 x off"]["pass"] is False
+
+
+def test_the_bench_servers_never_republish_the_accept_rows_reservations_mid_run(monkeypatch):
+    monkeypatch.setenv("FLASHSALE_ENV", "development")
+    settings = bench_settings(get_settings(), "bench_test")
+    # no consumer runs during the accept rows: their reservations stay unresolved for the whole run
+    assert settings.realign.grace_seconds >= 3600
+    assert settings.realign.auto_seconds > 0  # the self-healing pass still runs (and costs what it costs)
+    assert (settings.rate_limit.user_per_second, settings.rate_limit.address_per_second) == (0.0, 0.0)
+    assert settings.bench_routes
