@@ -19,6 +19,7 @@ import aio_pika
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from db.models import OrderStatus
 from service.adapters.broker import OrderMessage, Publisher, declare_topology
 from service.bench.context import (
     DRAIN,
@@ -130,8 +131,17 @@ async def time_drain(
     raise RuntimeError(f"the consumers did not drain {expected} orders within {DRAIN_TIMEOUT:.0f}s; see {logs}")
 
 
-def _drain_note(drained: DrainResult, consumers: list[Child]) -> str:
+async def rejected_orders(engine: AsyncEngine, product_id: int) -> int:
+    """Orders of ``product_id`` the consumers wrote ``rejected`` (sold out or over the limit)."""
+    query = text("SELECT COUNT(*) FROM orders WHERE product_id = :p AND status = :s")
+    async with engine.connect() as conn:
+        return int((await conn.execute(query, {"p": product_id, "s": OrderStatus.REJECTED})).scalar_one())
+
+
+def _drain_note(drained: DrainResult, consumers: list[Child], rejected: int) -> str:
     note = f"{len(consumers)} consumer process(es); rate from the first order row seen to the last"
+    if rejected:  # the backlog is sized to fit stock and limit: these measured the reject path
+        note += f"; {rejected} orders written rejected, not applied"
     if drained.missing:
         logs = ", ".join(str(consumer.log) for consumer in consumers)
         note += f"; {drained.missing} orders never written (dead-lettered or stuck: see {logs})"
@@ -167,7 +177,7 @@ async def drain_rows(ctx: Context, engine: AsyncEngine) -> list[Row]:
                 round(drained.seconds, 3),
                 consumer_ref,
                 cpu=drained.cpu,
-                note=_drain_note(drained, consumers),
+                note=_drain_note(drained, consumers, await rejected_orders(engine, DRAIN + r)),
             )
         )
         url = ctx.settings.db.url

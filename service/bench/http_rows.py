@@ -63,7 +63,7 @@ async def _start_server(ctx: Context, kind: str, name: str, env: dict[str, str])
 async def create_products(ctx: Context, port: int) -> None:
     """Through the admin route: sold out (stock 0) and the accept product, in stock mode
     ``redis`` and again in ``database``, and per round one product per drain row with
-    ``backlog`` units."""
+    ``backlog`` units and a per-user limit as high."""
     admin = issue_token(ctx.settings.auth.jwt_secret, "bench-admin", admin=True)
     stock = {
         SOLD_OUT: (0, 1, "redis"),
@@ -73,7 +73,10 @@ async def create_products(ctx: Context, port: int) -> None:
     }
     for r in range(ctx.options.rounds):
         for product in (DRAIN + r, RAW_ONE + r, RAW_BATCH + r):
-            stock[product] = (ctx.options.backlog, 1, "redis")
+            # the backlog's 1,000 buyers each order backlog/1,000 units: a limit that never bites,
+            # so the consumer writes every order as the raw writers do (with a limit of 1 it wrote
+            # 19 of 20 as rejected, limit_exceeded, giving each one's quota back)
+            stock[product] = (ctx.options.backlog, ctx.options.backlog, "redis")
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=30) as client:
         for product, (units, limit, mode) in stock.items():
             body = {
