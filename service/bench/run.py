@@ -49,7 +49,6 @@ from service.sale.isolation import environment, isolated_settings, new_run_id, w
 from service.sale.stores import tear_down
 from service.settings import Settings
 
-
 REALIGN_GRACE_SECONDS = 3600.0
 """The bench's grace period before realignment publishes an unresolved reservation again: longer
 than a run. No consumer runs during the accept rows, so with the default (15 s) the servers'

@@ -331,7 +331,7 @@ def _bench_rows(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     default="",
     metavar="ROWS",
     callback=_bench_rows,
-    help="Measure only these rows (comma-separated keys, e.g. product_noop,product_noop_metrics_off; "
+    help="Measure only these rows (comma-separated keys, e.g. product_noop_paired,product_noop_metrics_off; "
     "the drain rows run together when one is named). Default: every row.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")

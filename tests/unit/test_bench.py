@@ -14,8 +14,8 @@ from service.bench.context import Options
 from service.bench.procstat import machine_info
 from service.bench.profile import RUNTIME, summarize
 from service.bench.report import Report, render
-from service.bench.run import bench_settings
 from service.bench.rows import TARGETS, Row, accept_ceiling, fill_ratios, judge
+from service.bench.run import bench_settings
 from service.bench.wrk import write_script
 from service.cli.main import main
 from service.settings import get_settings
@@ -143,11 +143,13 @@ def test_the_metrics_pairs_are_measured_together():
         row = next(r for r in HTTP_ROWS if r.key == off)
         assert row.reference == on and row.server == "api-metrics-off"
     groups = [[row.key for row in group] for group in round_groups(HTTP_ROWS)]
-    assert ["product_noop", "product_noop_metrics_off"] in groups
-    assert ["sold_out", "sold_out_metrics_off"] in groups
+    assert ["product_noop_paired", "product_noop_metrics_off"] in groups
+    assert ["sold_out_paired", "sold_out_metrics_off"] in groups
+    # the rows other targets divide by run alone, as every row they are compared with
+    assert ["product_noop"] in groups and ["sold_out"] in groups and ["bare_noop"] in groups
     assert sorted(key for group in groups for key in group) == sorted(keys)
     assert all(len(group) == 1 for group in groups if group[0] not in METRICS_PAIRS)
-    alone = [row for row in HTTP_ROWS if row.key != "sold_out"]  # a twin without its pair runs alone
+    alone = [row for row in HTTP_ROWS if row.key != "sold_out_paired"]  # a twin without its pair runs alone
     assert ["sold_out_metrics_off"] in [[row.key for row in group] for group in round_groups(alone)]
 
 
@@ -176,10 +178,10 @@ def test_only_names_known_rows(monkeypatch):
 def test_the_metrics_targets_compare_the_cpu_a_request_takes_not_the_rate():
     rows = [
         # metrics on: fewer req/s (outside load took the CPU), the same CPU per request
-        Row("product_noop", "on", "req/s", 900.0, 1, 1.0, cpu={"server": 0.9}),
-        Row("product_noop_metrics_off", "off", "req/s", 1000.0, 1, 1.0, "product_noop", cpu={"server": 1.0}),
-        Row("sold_out", "on", "req/s", 1000.0, 1, 1.0, cpu={"server": 1.0}),
-        Row("sold_out_metrics_off", "off", "req/s", 1000.0, 1, 1.0, "sold_out", cpu={"server": 0.9}),
+        Row("product_noop_paired", "on", "req/s", 900.0, 1, 1.0, cpu={"server": 0.9}),
+        Row("product_noop_metrics_off", "off", "req/s", 1000.0, 1, 1.0, "product_noop_paired", cpu={"server": 1.0}),
+        Row("sold_out_paired", "on", "req/s", 1000.0, 1, 1.0, cpu={"server": 1.0}),
+        Row("sold_out_metrics_off", "off", "req/s", 1000.0, 1, 1.0, "sold_out_paired", cpu={"server": 0.9}),
     ]
     fill_ratios(rows)
     verdicts = {v["target"]: v for v in judge(rows)}
