@@ -49,20 +49,19 @@ from service.sale.isolation import environment, isolated_settings, new_run_id, w
 from service.sale.stores import tear_down
 from service.settings import Settings
 
-REALIGN_GRACE_SECONDS = 3600.0
-"""The bench's grace period before realignment publishes an unresolved reservation again: longer
-than a run. No consumer runs during the accept rows, so with the default (15 s) the servers'
-self-healing pass would publish the first round's accepts again during the later rows and bill
-them to whatever row is measured then; the pass itself still runs every few seconds."""
-
 
 def bench_settings(base: Settings, run_id: str) -> Settings:
     """``base`` isolated under ``run_id`` with secrets of its own, the bench routes on, no
     purchase rate limits (wrk sends every request from one address, the sold-out row from one
-    user: the limits would measure themselves) and :data:`REALIGN_GRACE_SECONDS`."""
+    user: the limits would measure themselves) and no self-healing pass in the servers
+    (``realign.auto_seconds`` 0). No consumer runs during the HTTP rows, so the accept rows'
+    reservations stay unresolved: every pass over that growing journal (and, after the grace
+    period, its republishing) would land in whichever row runs next on the ``api`` server, and
+    only there (its metrics-off twin never sells). The pass is not a hop; its cost over a large
+    journal is ``scripts/bench_realign_journal.py``'s."""
     isolated = with_own_secrets(isolated_settings(base, run_id))
     limits = isolated.rate_limit.model_copy(update={"user_per_second": 0.0, "address_per_second": 0.0})
-    realign = isolated.realign.model_copy(update={"grace_seconds": REALIGN_GRACE_SECONDS})
+    realign = isolated.realign.model_copy(update={"auto_seconds": 0.0})
     return isolated.model_copy(update={"bench_routes": True, "rate_limit": limits, "realign": realign})
 
 
