@@ -241,6 +241,8 @@ class OrderNumberMinter:
         """(shard, generation) this process mints in, once established."""
         self._refill = asyncio.Lock()
         self._second: tuple[datetime | None, str] = (None, "")
+        self._refill_failure: Exception | None = None
+        """The error of the last block refill that failed (raised again to the callers that waited for it)."""
 
     def _second_of(self, now: datetime) -> str:
         """``now`` as UTC ``yyyyMMddHHmmss``, formatted once per second."""
@@ -298,8 +300,9 @@ class OrderNumberMinter:
         changed, after establishing the shard's generation again if Redis lost its epoch.
 
         Raises:
-            ShardLost: the process does not hold a shard right now, or MySQL failed while the
-                shard's generation had to move on.
+            ShardLost: the process does not hold a shard right now, MySQL failed while the
+                shard's generation had to move on, or the block refill this call queued behind
+                failed (so a stalled Redis costs each waiting caller one refill, not one each).
             redis.exceptions.RedisError: Redis failed.
         """
         resets = 0
@@ -312,12 +315,21 @@ class OrderNumberMinter:
             second = self._second_of(now)
             if (order_no := self._from_block(shard, second)) is not None:
                 return order_no
+            failed_before = self._refill_failure
             async with self._refill:
                 # Another caller may have fetched a block for this second while we waited.
                 if (order_no := self._from_block(shard, second)) is not None:
                     return order_no
-                generation = await self._generation(shard)
-                last = await self._store.mint_block(shard, generation, second, self._block_size)
+                if self._refill_failure is not failed_before and self._refill_failure is not None:
+                    # The refill this call waited for failed (Redis stalled or down): the callers
+                    # queued behind it fail with it rather than each wait out Redis in turn.
+                    raise ShardLost(f"the order-number block refill waited for failed: {self._refill_failure!r}")
+                try:
+                    generation = await self._generation(shard)
+                    last = await self._store.mint_block(shard, generation, second, self._block_size)
+                except Exception as exc:
+                    self._refill_failure = exc
+                    raise
                 if last is None:  # Redis lost the epoch (and maybe the counter) since it was established
                     log.warning("order_no_epoch_lost", shard=shard, generation=generation)
                     self._epoch = None

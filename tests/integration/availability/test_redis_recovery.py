@@ -131,6 +131,37 @@ async def test_killed_idle_connections_do_not_answer_503(api, own_redis, admin, 
         assert answers[0].json()["order_no"] == first.json()["order_no"]
 
 
+async def test_a_stall_fails_every_waiting_purchase_fast_not_one_after_another(own_redis, admin, token, new_product_id):
+    on_redis, raw = own_redis
+    host, port = raw.connection_pool.connection_kwargs["host"], raw.connection_pool.connection_kwargs["port"]
+    proxy = PausableProxy((host, port))
+    proxy_port = await proxy.start()
+    redis = on_redis.redis.model_copy(
+        update={"url": f"redis://127.0.0.1:{proxy_port}/0", "socket_timeout": 1.0, "connect_timeout": 1.0}
+    )
+    try:
+        async with serving(create_app(on_redis.model_copy(update={"redis": redis})), timeout=60) as api:
+            product_id = new_product_id()
+            await _put(api, admin, product_id, stock=100)
+            assert (await buy(api, token("w-first"), product_id)).status_code == 202
+            await asyncio.sleep(1.1)  # a new second: the next purchases need a new block of order numbers
+            proxy.paused = True
+            crowd = asyncio.gather(*(buy(api, token(f"w{i}"), product_id) for i in range(40)))
+            # Redis stalls for 8 socket timeouts. Callers queued behind the minter's one block
+            # refill used to wait it out one after another (each a timeout) and were answered
+            # 202 once Redis came back: a stall held the purchases for as long as it lasted.
+            done, _ = await asyncio.wait({crowd}, timeout=8)
+            proxy.paused = False
+            answers = await crowd
+            assert done, "purchases still waiting after 8 socket timeouts of stall"
+            assert [a.status_code for a in answers] == [503] * 40, [a.text for a in answers if a.status_code != 503]
+            again = await asyncio.wait_for(buy(api, token("w-after"), product_id), timeout=30)
+            assert again.status_code == 202, again.text
+    finally:
+        proxy.paused = False
+        await proxy.stop()
+
+
 async def test_a_stalled_redis_answers_503_instead_of_hanging(own_redis, admin, token, new_product_id):
     on_redis, raw = own_redis
     host, port = raw.connection_pool.connection_kwargs["host"], raw.connection_pool.connection_kwargs["port"]
