@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
+from sqlalchemy import event
+from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -15,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 ER_DUP_ENTRY = 1062
 ER_LOCK_WAIT_TIMEOUT = 1205
 ER_LOCK_DEADLOCK = 1213
+ER_CONNECTION_LOST = 2013
 MAX_TRANSACTION_ATTEMPTS = 6
 """Attempts of one transaction that meets deadlocks or lock wait timeouts (:func:`in_transaction`)."""
 
@@ -99,7 +102,7 @@ def make_engine(url: str, *, pool_size: int = 20, max_overflow: int = 10) -> Asy
 
     ``url``: ``mysql+asyncmy://...``; ``pool_size``/``max_overflow``: connections kept / allowed beyond.
     """
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
@@ -108,3 +111,23 @@ def make_engine(url: str, *, pool_size: int = 20, max_overflow: int = 10) -> Asy
         # Every timestamp the service writes or compares (CURRENT_TIMESTAMP, NOW()) is UTC.
         connect_args={"init_command": "SET time_zone = '+00:00'"},
     )
+    event.listen(engine.sync_engine, "do_connect", connect_typed)
+    return engine
+
+
+def connect_typed(dialect: Dialect, _record: object, cargs: list[Any], cparams: dict[str, Any]) -> Any:
+    """SQLAlchemy's ``do_connect`` hook: the dialect's own connect, with asyncmy's bare
+    ``RuntimeError`` for a socket the server closed during the handshake (seen when MariaDB
+    refuses a connection past ``max_connections``: "Transport does not expose socket instance")
+    raised as the DBAPI's ``OperationalError`` 2013 (connection lost), so every caller sees a
+    database outage (503 on the API) instead of an unknown error (500).
+
+    Raises:
+        The DBAPI's ``OperationalError`` (wrapped by SQLAlchemy as ``sqlalchemy.exc.OperationalError``).
+    """
+    try:
+        return dialect.connect(*cargs, **cparams)
+    except RuntimeError as exc:
+        raise dialect.loaded_dbapi.OperationalError(
+            ER_CONNECTION_LOST, f"Lost connection to MySQL while connecting: {exc}"
+        ) from exc

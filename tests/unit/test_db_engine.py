@@ -1,0 +1,31 @@
+"""The engine's connect: asyncmy's bare RuntimeError for a socket the server closed during the
+handshake (MariaDB past max_connections) reaches callers as a typed database outage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from db.engine import ER_CONNECTION_LOST, is_unreachable, make_engine
+
+
+async def test_a_connection_closed_during_the_handshake_is_an_outage_not_an_unknown_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = make_engine("mysql+asyncmy://root@127.0.0.1:1/none")  # never dialled: connect is replaced
+    dialect = engine.sync_engine.dialect
+
+    def closed_by_server(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("Transport does not expose socket instance")  # what asyncmy raises
+
+    monkeypatch.setattr(dialect, "connect", closed_by_server)
+    try:
+        with pytest.raises(OperationalError) as caught:
+            async with engine.connect():
+                pass
+    finally:
+        await engine.dispose()
+    assert caught.value.orig.args[0] == ER_CONNECTION_LOST
+    assert is_unreachable(caught.value)  # the API answers 503 unavailable for it
