@@ -32,6 +32,7 @@ from litestar import Litestar
 import service.api.app as api_app
 from db.migrate import upgrade
 from service.api.auth import issue_token
+from service.bench.asgi import json_scope
 from service.bench.run import bench_settings
 from service.sale.isolation import new_run_id
 from service.sale.stores import tear_down
@@ -40,30 +41,6 @@ from service.settings import Settings
 PRODUCT = 7
 BUYERS = 1000
 BODY = b'{"product_id": %d, "quantity": 1}' % PRODUCT
-
-
-def _scope(method: str, path: str, token: str, body: bytes) -> dict[str, Any]:
-    headers = [
-        (b"host", b"api"),
-        (b"content-type", b"application/json"),
-        (b"content-length", b"%d" % len(body)),
-        (b"authorization", b"Bearer " + token.encode()),
-    ]
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": headers,
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-        "state": {},
-    }
 
 
 async def _call(app: Litestar, method: str, path: str, token: str, body: bytes) -> int:
@@ -78,7 +55,7 @@ async def _call(app: Litestar, method: str, path: str, token: str, body: bytes) 
         if message["type"] == "http.response.start":
             status = message["status"]
 
-    await app(_scope(method, path, token, body), receive, send)  # type: ignore[arg-type]
+    await app(json_scope(method, path, body, token), receive, send)  # type: ignore[arg-type]
     return status
 
 

@@ -28,32 +28,12 @@ from litestar import Litestar
 
 import service.api.app as api_app
 from service.api.auth import issue_token
+from service.bench.asgi import json_scope
 from service.bench.bare_app import create_app as create_bare_app
 from service.sale.isolation import with_own_secrets
 from service.settings import Settings
 
 BODY = b'{"product_id": 1, "quantity": 1}'
-
-
-def _scope(path: str, token: str | None) -> dict[str, Any]:
-    headers = [(b"host", b"api"), (b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))]
-    if token is not None:
-        headers.append((b"authorization", b"Bearer " + token.encode()))
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": headers,
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-        "state": {},
-    }
 
 
 async def _microseconds(app: Litestar, path: str, token: str | None, requests: int, repeats: int) -> float:
@@ -69,12 +49,12 @@ async def _microseconds(app: Litestar, path: str, token: str | None, requests: i
             statuses.add(message["status"])
 
     for _ in range(200):  # warm-up: caches (verified tokens, body specs, routes) filled
-        await app(_scope(path, token), receive, send)  # type: ignore[arg-type]
+        await app(json_scope("POST", path, BODY, token), receive, send)  # type: ignore[arg-type]
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
         for _ in range(requests):
-            await app(_scope(path, token), receive, send)  # type: ignore[arg-type]
+            await app(json_scope("POST", path, BODY, token), receive, send)  # type: ignore[arg-type]
         best = min(best, (time.perf_counter() - started) / requests * 1e6)
     assert statuses == {202}, f"unexpected statuses {statuses}"
     return best
