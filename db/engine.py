@@ -40,9 +40,10 @@ def mysql_errno(exc: BaseException) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
-UNREACHABLE_ERRNOS = frozenset({1044, 1045, 1049, 2002, 2003, 2005, 2006, 2013})
-"""Access denied (1044, 1045), unknown database (1049), cannot connect / host unknown / server
-gone away / connection lost (2002-2013): MySQL is not reachable as configured."""
+UNREACHABLE_ERRNOS = frozenset({1040, 1044, 1045, 1049, 2002, 2003, 2005, 2006, 2013})
+"""Too many connections (1040), access denied (1044, 1045), unknown database (1049), cannot
+connect / host unknown / server gone away / connection lost (2002-2013): MySQL is not reachable
+as configured, or not now."""
 
 
 def is_unreachable(exc: BaseException) -> bool:

@@ -29,3 +29,8 @@ async def test_a_connection_closed_during_the_handshake_is_an_outage_not_an_unkn
         await engine.dispose()
     assert caught.value.orig.args[0] == ER_CONNECTION_LOST
     assert is_unreachable(caught.value)  # the API answers 503 unavailable for it
+
+
+def test_too_many_connections_is_an_outage() -> None:
+    refused = OperationalError("connect", {}, Exception(1040, "Too many connections"))
+    assert is_unreachable(refused)  # 503 unavailable on the API, one line from the CLI
