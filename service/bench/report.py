@@ -22,7 +22,7 @@ from service.bench import profile
 from service.bench.context import Options
 from service.bench.procstat import MachineInfo
 from service.bench.profile import ProfileSummary
-from service.bench.rows import DESCRIPTIONS, Row, Verdict
+from service.bench.rows import DESCRIPTIONS, DRAIN_ROWS, Row, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +75,11 @@ def _header(report: Report, console: Console) -> None:
     )
     console.print(", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items()), soft_wrap=True)
     o = report.options
+    drained = any(o.wants(key) for key, _, _ in DRAIN_ROWS)
+    drain = f"backlog {o.backlog} orders drained by {o.consumers} consumers; batch {o.batch}; " if drained else ""
     console.print(
         f"wrk -t{o.threads} -c{o.connections} -d{o.duration:g}s after a 1 s warm-up; granian workers "
-        f"{o.workers}; backlog {o.backlog} orders drained by {o.consumers} consumers; batch {o.batch}; "
-        f"rounds {o.rounds} (interleaved)" + (f"; rows {', '.join(o.only)}" if o.only else ""),
+        f"{o.workers}; {drain}rounds {o.rounds} (interleaved)" + (f"; rows {', '.join(o.only)}" if o.only else ""),
         soft_wrap=True,
     )
 
