@@ -320,7 +320,7 @@ class OrderNumberMinter:
                 # Another caller may have fetched a block for this second while we waited.
                 if (order_no := self._from_block(shard, second)) is not None:
                     return order_no
-                if self._refill_failure is not failed_before and self._refill_failure is not None:
+                if self._refill_failure is not failed_before:  # only ever set to an exception, never reset
                     # The refill this call waited for failed (Redis stalled or down): the callers
                     # queued behind it fail with it rather than each wait out Redis in turn.
                     raise ShardLost(f"the order-number block refill waited for failed: {self._refill_failure!r}")
