@@ -1,6 +1,7 @@
 """``flashsale consume``: take order messages from RabbitMQ and write them to MySQL in batches.
 
-Every delivery runs in its own task (aio-pika's): it is decoded, then waits in the batch being
+Deliveries come through :class:`service.adapters.subscription.Subscription` (aiormq's layer,
+without aio-pika's message objects); each is decoded as it arrives and waits in the batch being
 gathered. One writer task per consumer takes up to ``batch_size`` waiting orders (whatever
 arrived, lingering ``linger_seconds`` for more while fewer wait) and hands them to
 :class:`service.domain.order_writer.OrderWriter`: one Redis claim round trip, one MySQL
@@ -29,12 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Collection
+from collections import defaultdict
+from collections.abc import AsyncIterator, Collection, Coroutine
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import structlog
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel
+from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -44,6 +48,7 @@ from db.engine import is_retryable, is_unreachable
 from service.adapters.broker import OrderMessage, connect_when_up, declare_topology
 from service.adapters.redirect import Redirector, retries_of
 from service.adapters.redis.stock_store import StockStore
+from service.adapters.subscription import Delivery, Subscription
 from service.bootstrap import Resources
 from service.domain.order_writer import InvalidOrder, OrderWriter, Outcome, parse_order
 from service.runtime import stop_signal
@@ -94,22 +99,19 @@ def is_transient(exc: BaseException) -> bool:
 
 
 @dataclass(slots=True)
-class _Delivery:
-    """One decoded delivery waiting for (or in) a batch; ``settled`` resolves once the writer is
-    done with it: None when its verdict was carried out, the verdict when its copy could not be
-    published and its own task is to requeue it (:meth:`OrderConsumer._requeue_later`)."""
+class _Waiting:
+    """One decoded delivery waiting for (or in) a batch."""
 
-    message: AbstractIncomingMessage
+    message: Delivery
     order: OrderMessage
-    settled: asyncio.Future[Verdict | None]
 
 
 class OrderConsumer:
     """Handles the deliveries of one channel in batches, one batch transaction at a time;
-    tracks the ones in hand for a clean shutdown. ``batch_size``: orders in one transaction at
-    most (a batch never holds more than the prefetch window). Without a :class:`Redirector`
-    (:meth:`redirect_with`; :func:`consuming` gives it one) a retry is a requeue and a dead
-    letter a reject."""
+    tracks the ones not yet settled for a clean shutdown. ``batch_size``: orders in one
+    transaction at most (a batch never holds more than the prefetch window). Without a
+    :class:`Redirector` (:meth:`redirect_with`; :func:`consuming` gives it one) a retry is a
+    requeue and a dead letter a reject."""
 
     def __init__(
         self,
@@ -124,11 +126,11 @@ class OrderConsumer:
         self._batch_size = batch_size
         self._linger = linger_seconds
         self._redirector: Redirector | None = None
-        self._waiting: list[_Delivery] = []
+        self._waiting: list[_Waiting] = []
         self._batch_full = asyncio.Event()
         self._writing: asyncio.Task[None] | None = None
-        self._in_hand: set[asyncio.Task[None]] = set()
-        self._unsettled: set[AbstractIncomingMessage] = set()  # not yet acked, nacked nor rejected
+        self._alone: set[asyncio.Task[None]] = set()  # settling one delivery outside a batch
+        self._unsettled: set[Delivery] = set()  # taken, not yet acked, nacked nor rejected
         self._frames = asyncio.Lock()  # one settling frame (batch) at a time: see _ack
         self._stopping = asyncio.Event()
         self.counts: dict[str, int] = {}
@@ -139,53 +141,44 @@ class OrderConsumer:
 
     @property
     def in_hand(self) -> int:
-        """Deliveries being processed right now."""
-        return len(self._in_hand)
+        """Deliveries taken and not yet settled."""
+        return len(self._unsettled)
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
         observe.count(what)
 
-    async def handle(self, message: AbstractIncomingMessage) -> None:
-        """Process one delivery: returns once it is settled (acked after its batch committed,
-        sent to a retry queue, or dead-lettered)."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._in_hand.add(task)
+    def handle(self, message: Delivery) -> None:
+        """Take one delivery (the subscription's callback; returns at once): it waits in the next
+        batch and is acked after that batch committed, or sent to a retry queue, or
+        dead-lettered (a body that is not an order: at once)."""
         self._unsettled.add(message)
         try:
-            await self._handle(message)
-        except Exception as exc:  # never leave a delivery unsettled: it would stall the prefetch window
-            log.exception("handler_failed", message_id=message.message_id, error=repr(exc))
-            if message in self._unsettled:
-                verdict = self._failed(message, exc)
-                if await self._settle([message], [verdict]):
-                    await self._requeue_later(message, verdict)
-        finally:
-            self._in_hand.discard(task)
-            self._unsettled.discard(message)
-
-    async def _handle(self, message: AbstractIncomingMessage) -> None:
-        try:
             order = parse_order(message.body)
-        except InvalidOrder as exc:
-            self._count("invalid")
-            verdict = Verdict(Action.DEAD, "invalid_order", str(exc))
-            if await self._settle([message], [verdict]):
-                await self._requeue_later(message, verdict)
+        except Exception as exc:  # never leave a delivery unsettled: it would stall the prefetch window
+            if isinstance(exc, InvalidOrder):
+                self._count("invalid")
+                verdict = Verdict(Action.DEAD, "invalid_order", str(exc))
+            else:
+                log.exception("handler_failed", message_id=message.message_id, error=repr(exc))
+                verdict = self._failed(message, exc)
+            self._aside(self._settle_alone(message, verdict))
             return
-        delivery = _Delivery(message, order, asyncio.get_running_loop().create_future())
-        self._enqueue(delivery)
-        if (unsent := await delivery.settled) is not None:
-            await self._requeue_later(message, unsent)
-
-    def _enqueue(self, delivery: _Delivery) -> None:
-        """Put ``delivery`` in the next batch; start the writer if it is not running."""
-        self._waiting.append(delivery)
+        self._waiting.append(_Waiting(message, order))
         if len(self._waiting) >= self._batch_size:
             self._batch_full.set()
         if self._writing is None or self._writing.done():
             self._writing = asyncio.create_task(self._write_batches())
+
+    def _aside(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (settling one delivery outside a batch) in a task :meth:`drain` waits for."""
+        task = asyncio.create_task(work)
+        self._alone.add(task)
+        task.add_done_callback(self._alone.discard)
+
+    async def _settle_alone(self, message: Delivery, verdict: Verdict) -> None:
+        if await self._settle([message], [verdict]):
+            await self._requeue_later(message, verdict)
 
     async def _write_batches(self) -> None:
         """Write what waits, one batch at a time, until nothing waits. A short batch lingers
@@ -198,22 +191,19 @@ class OrderConsumer:
             batch, self._waiting = self._waiting[: self._batch_size], self._waiting[self._batch_size :]
             if len(self._waiting) < self._batch_size:
                 self._batch_full.clear()
+            messages = [waiting.message for waiting in batch]
             try:
-                verdicts = await self._write(batch)
-                left = await self._settle([delivery.message for delivery in batch], verdicts)
-            except Exception as exc:  # a bug in settling: each delivery's own task settles it
-                for delivery in batch:
-                    if not delivery.settled.done():
-                        delivery.settled.set_exception(exc)
-            else:
-                for delivery in batch:
-                    if not delivery.settled.done():
-                        delivery.settled.set_result(left.get(delivery.message))
+                left = await self._settle(messages, await self._write(batch))
+            except Exception as exc:  # a bug in writing or settling: back to the queue, later
+                log.exception("batch_settle_failed", orders=len(batch), error=repr(exc))
+                left = {m: Verdict(Action.RETRY, "failed", repr(exc)) for m in messages if m in self._unsettled}
+            for message, verdict in left.items():
+                self._aside(self._requeue_later(message, verdict))
 
-    async def _write(self, batch: list[_Delivery]) -> list[Verdict]:
+    async def _write(self, batch: list[_Waiting]) -> list[Verdict]:
         """One verdict per delivery of ``batch``: the batch written in one transaction; when that
         fails with an error not known to be transient, order by order."""
-        orders = [delivery.order for delivery in batch]
+        orders = [waiting.order for waiting in batch]
         try:
             outcomes = await self._writer.write(orders)
         except Exception as exc:
@@ -221,27 +211,27 @@ class OrderConsumer:
                 log.warning("batch_failed", orders=len(batch), transient=is_transient(exc), error=repr(exc))
                 for _ in batch:
                     self._count("failed")
-                return [self._failed(delivery.message, exc) for delivery in batch]
+                return [self._failed(waiting.message, exc) for waiting in batch]
             log.warning("batch_failed_writing_one_by_one", orders=len(batch), error=repr(exc))
-            return [verdict for delivery in batch for verdict in await self._write([delivery])]
+            return [verdict for waiting in batch for verdict in await self._write([waiting])]
         observe.written(orders, outcomes)
         log.info(
             "orders_written",
             orders=[
                 {
-                    "request_id": delivery.order.request_id,
-                    "order_no": delivery.order.order_no,
+                    "request_id": waiting.order.request_id,
+                    "order_no": waiting.order.order_no,
                     "outcome": outcome.value,
-                    "http_request_id": delivery.message.correlation_id,
+                    "http_request_id": waiting.message.correlation_id,
                 }
-                for delivery, outcome in zip(batch, outcomes, strict=True)
+                for waiting, outcome in zip(batch, outcomes, strict=True)
             ],
         )
         verdicts = []
-        for delivery, outcome in zip(batch, outcomes, strict=True):
+        for waiting, outcome in zip(batch, outcomes, strict=True):
             self._count(outcome.value)
             if outcome in _DEAD_OUTCOMES:
-                order = delivery.order
+                order = waiting.order
                 log.error(
                     outcome.value, request_id=order.request_id, product_id=order.product_id, order_no=order.order_no
                 )
@@ -250,16 +240,14 @@ class OrderConsumer:
                 verdicts.append(ACK)
         return verdicts
 
-    def _failed(self, message: AbstractIncomingMessage, exc: BaseException) -> Verdict:
+    def _failed(self, message: Delivery, exc: BaseException) -> Verdict:
         """The verdict for ``message`` after ``exc``: retried, or dead-lettered when the error is
         not known to be transient and it has been retried :data:`MAX_FAILED_WRITES` times."""
         if not is_transient(exc) and retries_of(message) >= MAX_FAILED_WRITES:
             return Verdict(Action.DEAD, "write_failed", repr(exc))
         return Verdict(Action.RETRY, "transient" if is_transient(exc) else "failed", repr(exc))
 
-    async def _settle(
-        self, messages: list[AbstractIncomingMessage], verdicts: list[Verdict]
-    ) -> dict[AbstractIncomingMessage, Verdict]:
+    async def _settle(self, messages: list[Delivery], verdicts: list[Verdict]) -> dict[Delivery, Verdict]:
         """The one place where verdicts become broker actions. Retry and dead-letter copies are
         published (confirmed, side by side), then every delivery settled so is acked together
         with the written ones. Returns the deliveries whose copy could not be published (the
@@ -272,7 +260,7 @@ class OrderConsumer:
         await self._ack(to_ack)
         return {message: verdict for (message, verdict), done in zip(redirected, sent, strict=True) if not done}
 
-    async def _requeue_later(self, message: AbstractIncomingMessage, verdict: Verdict) -> None:
+    async def _requeue_later(self, message: Delivery, verdict: Verdict) -> None:
         """The fallback when no copy could be published: after :data:`FALLBACK_SECONDS` (cut
         short by a shutdown) the delivery goes back to the order queue (nack), or, for a dead
         letter without a redirector, is rejected to the queue's dead-letter exchange."""
@@ -280,12 +268,15 @@ class OrderConsumer:
             await asyncio.wait_for(self._stopping.wait(), FALLBACK_SECONDS)
         async with self._frames:
             self._unsettled.discard(message)
-            if self._redirector is None and verdict.action is Action.DEAD:
-                await message.reject(requeue=False)
-            else:
-                await message.nack(requeue=True)
+            try:
+                if self._redirector is None and verdict.action is Action.DEAD:
+                    await message.reject(requeue=False)
+                else:
+                    await message.nack(requeue=True)
+            except CONNECTION_EXCEPTIONS as exc:
+                log.warning("requeue_failed", message_id=message.message_id, error=repr(exc))
 
-    async def _redirect(self, message: AbstractIncomingMessage, verdict: Verdict) -> bool:
+    async def _redirect(self, message: Delivery, verdict: Verdict) -> bool:
         """Publish ``message``'s copy to a retry queue or the dead-letter queue; True once the
         broker confirmed it (the delivery may then be acked)."""
         if self._redirector is None:
@@ -304,33 +295,47 @@ class OrderConsumer:
             return False
         return True
 
-    async def _ack(self, messages: list[AbstractIncomingMessage]) -> None:
-        """Ack ``messages``. Those below every other unsettled delivery of the channel are acked
-        with one ``multiple`` ack of the latest of them (one frame, where one ack per message
-        costs the broker more than the write); the rest one by one. Settling frames go out one
-        call at a time (``_frames``), so a ``multiple`` ack never covers a delivery another
-        task is about to nack (the broker would close the channel)."""
+    async def _ack(self, messages: list[Delivery]) -> None:
+        """Ack ``messages``. On each channel, those below every other unsettled delivery of that
+        channel are acked with one ``multiple`` ack of the latest of them (one frame, where one
+        ack per message costs the broker more than the write); the rest one by one. Settling
+        frames go out one call at a time (``_frames``), so a ``multiple`` ack never covers a
+        delivery another task is about to nack (the broker would close the channel). An ack
+        that cannot be sent because its channel closed is logged: the broker has put those
+        deliveries back, and their orders' request ids make the redeliveries duplicates."""
         if not messages:
             return
         async with self._frames:
             self._unsettled.difference_update(messages)
-            if len(messages) == 1:
-                await messages[0].ack()
-                return
-            floor = min((message.delivery_tag or 0 for message in self._unsettled), default=None)
-            below = [m for m in messages if floor is None or (m.delivery_tag or 0) < floor]
-            if below:
-                await max(below, key=lambda message: message.delivery_tag or 0).ack(multiple=True)
+            by_channel: dict[object, list[Delivery]] = defaultdict(list)
             for message in messages:
-                if floor is not None and (message.delivery_tag or 0) > floor:
-                    await message.ack()
+                by_channel[message.channel].append(message)
+            for channel, acked in by_channel.items():
+                try:
+                    await self._ack_on(channel, acked)
+                except CONNECTION_EXCEPTIONS as exc:
+                    log.warning("ack_failed", deliveries=len(acked), error=repr(exc))
+
+    async def _ack_on(self, channel: object, messages: list[Delivery]) -> None:
+        if len(messages) == 1:
+            await messages[0].ack()
+            return
+        floor = min((m.delivery_tag for m in self._unsettled if m.channel is channel), default=None)
+        below = [m for m in messages if floor is None or m.delivery_tag < floor]
+        if below:
+            await max(below, key=lambda message: message.delivery_tag).ack(multiple=True)
+        for message in messages:
+            if floor is not None and message.delivery_tag > floor:
+                await message.ack()
 
     async def drain(self) -> None:
-        """Wait for every delivery in hand to finish (used on SIGTERM): the batches in hand are
-        written, committed and settled."""
+        """Wait until every delivery taken is settled (used on SIGTERM, after the subscription
+        stopped): the batches in hand are written, committed and settled."""
         self._stopping.set()
-        while self._in_hand:
-            await asyncio.gather(*list(self._in_hand), return_exceptions=True)
+        while self._waiting or self._alone or (self._writing is not None and not self._writing.done()):
+            pending = [*self._alone, *([self._writing] if self._writing is not None else [])]
+            await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.sleep(0)  # deliveries read before the subscription stopped
 
 
 @contextlib.asynccontextmanager
@@ -358,12 +363,12 @@ async def consuming(
             return await connection.channel(publisher_confirms=True, on_return_raises=True)
 
         consumer.redirect_with(Redirector(await confirming(), amqp, confirming))
-        tags = [(queues[partition], await queues[partition].consume(consumer.handle)) for partition in chosen]
+        subscription = Subscription(channel, [queues[partition].name for partition in chosen], consumer.handle)
+        await subscription.start()
         try:
             yield
         finally:
-            for queue, tag in tags:
-                await queue.cancel(tag)
+            await subscription.stop()
             await consumer.drain()
     finally:
         await connection.close()

@@ -26,9 +26,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel
 
 from service.adapters.broker import partition_of_body
+from service.adapters.subscription import Delivery
 from service.settings import AMQPSettings
 
 RETRIES = "x-flashsale-retries"
@@ -43,9 +44,9 @@ _BROKER_HEADERS = ("x-delivery-count", "x-death")
 ``x-first-death-*`` / ``x-last-death-*`` ones)."""
 
 
-def retries_of(message: AbstractIncomingMessage) -> int:
+def retries_of(message: Delivery) -> int:
     """How many times ``message`` was sent to a retry queue before (0 for a first delivery)."""
-    value = (message.headers or {}).get(RETRIES)
+    value = message.headers.get(RETRIES)
     return value if isinstance(value, int) and value >= 0 else 0
 
 
@@ -78,7 +79,7 @@ class Redirector:
         delays = self._settings.retry_delays
         return delays[min(retries, len(delays) - 1)]
 
-    async def retry(self, message: AbstractIncomingMessage, why: str) -> float:
+    async def retry(self, message: Delivery, why: str) -> float:
         """Send a copy of ``message`` to the retry queue of its turn; returns the delay.
 
         Raises:
@@ -86,11 +87,11 @@ class Redirector:
         """
         retries = retries_of(message)
         delay = self.retry_delay(retries)
-        headers = _carried(dict(message.headers or {})) | {RETRIES: retries + 1, ERROR: why[:200]}
+        headers = _carried(message.headers) | {RETRIES: retries + 1, ERROR: why[:200]}
         await self._publish(message, headers, self._settings.retry_queue(delay, self.partition_of(message)))
         return delay
 
-    def partition_of(self, message: AbstractIncomingMessage) -> int:
+    def partition_of(self, message: Delivery) -> int:
         """The partition ``message`` was delivered from: the one whose queue its routing key names
         (each order queue is bound with its own name, and its retry queues dead-letter back with
         it), else the partition of the product in its body, else 0."""
@@ -99,13 +100,13 @@ class Redirector:
             partition = partition_of_body(self._settings, message.body)
         return partition or 0
 
-    async def dead_letter(self, message: AbstractIncomingMessage, reason: str, error: str) -> None:
+    async def dead_letter(self, message: Delivery, reason: str, error: str) -> None:
         """Send a copy of ``message`` to the dead-letter queue with why it died.
 
         Raises:
             aio_pika.exceptions.AMQPError, TimeoutError, ConnectionError: not confirmed.
         """
-        headers = dict(message.headers or {})
+        headers = message.headers
         deaths = headers.get(DEATHS)
         headers = _carried(headers) | {
             REASON: reason,
@@ -116,7 +117,7 @@ class Redirector:
         }
         await self._publish(message, headers, self._settings.dead_letter_queue)
 
-    async def _publish(self, message: AbstractIncomingMessage, headers: dict[str, Any], queue: str) -> None:
+    async def _publish(self, message: Delivery, headers: dict[str, Any], queue: str) -> None:
         if self._channel.is_closed and self._reopen is not None:
             self._channel = await self._reopen()
         copy = aio_pika.Message(

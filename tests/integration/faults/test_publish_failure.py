@@ -96,7 +96,8 @@ async def test_late_copy_of_a_released_message_is_dropped(store, put_product, pr
 
     consumer = OrderConsumer(engine, store)
     late = _FakeDelivery(encode_order(OrderMessage(request_id, order_no, "u", product_id, 1, reserved_at, 1500)))
-    await consumer.handle(late)
+    consumer.handle(late)  # type: ignore[arg-type]  # a stand-in for the Delivery
+    await consumer.drain()
     assert late.settled == "ack"
     assert consumer.counts == {"released": 1}
     assert await order_rows(engine, product_id) == []
@@ -112,9 +113,11 @@ class _FakeDelivery:
         self.body = body
         self.message_id = "late"
         self.correlation_id = None
+        self.channel = None
+        self.delivery_tag = 1
         self.settled: str | None = None
 
-    async def ack(self) -> None:
+    async def ack(self, multiple: bool = False) -> None:
         self.settled = "ack"
 
     async def nack(self, requeue: bool = True) -> None:
