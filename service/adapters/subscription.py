@@ -14,17 +14,21 @@ channel (they were declared through it, :func:`service.adapters.broker.declare_t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiormq
 import structlog
 from aio_pika.abc import AbstractRobustChannel
+from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
 log = structlog.get_logger(__name__)
 
+STOP_SECONDS = 5.0
+"""How long :meth:`Subscription.stop` tries to cancel its consumers."""
 RESUBSCRIBE_SECONDS = 1.0
 """How long to wait before subscribing again to a queue whose consumer the broker cancelled (the
 queue was deleted, or its node is going away)."""
@@ -102,16 +106,20 @@ class Subscription:
         await self._subscribe_all()
 
     async def stop(self) -> None:
-        """Stop taking deliveries (deliveries in hand stay the callee's to settle)."""
+        """Stop taking deliveries (deliveries in hand stay the callee's to settle). Best effort
+        within :data:`STOP_SECONDS`: with the broker away there is nothing to cancel (closing
+        the connection ends the consumers), and deliveries that still come are the callee's."""
         self._stopped = True
         self._channel.reopen_callbacks.discard(self._reopened)
         for task in list(self._retries):
             task.cancel()
-        underlay = await self._channel.get_underlay_channel()
-        if underlay.is_closed:
+        if self._channel.is_closed:
             return
-        for tag in list(self._tags):
-            await underlay.basic_cancel(tag)
+        with contextlib.suppress(*CONNECTION_EXCEPTIONS, TimeoutError):
+            async with asyncio.timeout(STOP_SECONDS):
+                underlay = await self._channel.get_underlay_channel()
+                for tag in list(self._tags):
+                    await underlay.basic_cancel(tag)
         self._tags.clear()
 
     async def _subscribe_all(self) -> None:
