@@ -177,7 +177,12 @@ class OrderConsumer:
         task.add_done_callback(self._alone.discard)
 
     async def _settle_alone(self, message: Delivery, verdict: Verdict) -> None:
-        if await self._settle([message], [verdict]):
+        try:
+            left = await self._settle([message], [verdict])
+        except Exception as exc:  # a bug in settling: back to the queue, later
+            log.exception("settle_failed", message_id=message.message_id, error=repr(exc))
+            left = {message: verdict}
+        if left:
             await self._requeue_later(message, verdict)
 
     async def _write_batches(self) -> None:
