@@ -90,6 +90,11 @@ async def rows_at_least(engine: AsyncEngine, product_id: int, count: int) -> boo
     return len(await order_rows(engine, product_id)) >= count
 
 
+async def rows_are(engine: AsyncEngine, product_id: int, count: int) -> bool:
+    """Exactly ``count`` order rows of ``product_id`` (for :func:`eventually`)."""
+    return len(await order_rows(engine, product_id)) == count
+
+
 async def inventory(engine: AsyncEngine, product_id: int) -> tuple[int, int]:
     async with engine.connect() as conn:
         row = (

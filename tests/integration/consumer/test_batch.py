@@ -11,7 +11,16 @@ from consumers.order_consumer import OrderConsumer, consuming
 from service.adapters.broker import OrderMessage, declare_topology, encode_order, queue_depth
 from service.domain.order_no import compose_order_no
 from service.domain.order_writer import OrderWriter, Outcome, apply_order
-from tests.support import eventually, inventory, message_for, order_rows, own_queues, publish_raw, running_consumer
+from tests.support import (
+    eventually,
+    inventory,
+    message_for,
+    order_rows,
+    own_queues,
+    publish_raw,
+    rows_are,
+    running_consumer,
+)
 
 A, R, D, U = Outcome.APPLIED, Outcome.REJECTED, Outcome.DUPLICATE, Outcome.UNKNOWN_PRODUCT
 
@@ -117,7 +126,7 @@ async def test_poison_messages_in_a_batch_do_not_hold_up_the_rest(
             channel = await connection.channel()
             await asyncio.gather(*(publish_raw(channel, mine, body) for body in bodies))
 
-            await eventually(lambda: _rows_are(engine, product_id, 6))
+            await eventually(lambda: rows_are(engine, product_id, 6))
             assert await inventory(engine, product_id) == (4, 6)
             # The unknown product and the two undecodable ones are dead-lettered at once.
             await eventually(lambda: _depth_is(channel, mine.amqp.dead_letter_queue, 3))
@@ -126,10 +135,6 @@ async def test_poison_messages_in_a_batch_do_not_hold_up_the_rest(
         assert consumer.counts.get("invalid") == 2
         assert consumer.counts.get("unknown_product") == 1
         assert consumer.counts.get("applied") == 6
-
-
-async def _rows_are(engine, product_id, count):
-    return len(await order_rows(engine, product_id)) == count
 
 
 async def _depth_is(channel, queue, expected):

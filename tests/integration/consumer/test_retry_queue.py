@@ -25,6 +25,7 @@ from tests.support import (
     order_rows,
     own_queues,
     publish_raw,
+    rows_are,
 )
 
 PREFETCH = 64  # the prefetch of the measured run (issue 11): fewer than the poison messages
@@ -53,7 +54,7 @@ async def test_a_poison_flood_does_not_hold_up_real_orders(
                 await asyncio.gather(
                     *(publish_raw(channel, mine, encode_order(message), message.request_id) for message in real)
                 )
-                await eventually(lambda: _rows_are(engine, product_id, len(real)), interval=0.01)
+                await eventually(lambda: rows_are(engine, product_id, len(real)), interval=0.01)
                 landed = time.monotonic() - started
                 await eventually(lambda: _is(channel, mine.amqp.dead_letter_queue, len(poison)))
             retry_depths = [await _depth(channel, queue) for queue in mine.amqp.retry_queues()]
@@ -100,7 +101,7 @@ async def test_mariadb_down_longer_than_the_delivery_limit_window_dead_letters_n
                 async with consuming(mine.amqp, consumer, prefetch=PREFETCH):
                     for message in before:
                         await publish_raw(channel, mine, encode_order(message), message.request_id)
-                    await eventually(lambda: _rows_are(engine, product_id, len(before)))
+                    await eventually(lambda: rows_are(engine, product_id, len(before)))
 
                     await mariadb.kill()  # MariaDB dies with orders on their way
                     down_at = time.monotonic()
@@ -111,7 +112,7 @@ async def test_mariadb_down_longer_than_the_delivery_limit_window_dead_letters_n
                     await mariadb.start()
                     up_at = time.monotonic()
 
-                    await eventually(lambda: _rows_are(engine, product_id, len(before) + len(during)))
+                    await eventually(lambda: rows_are(engine, product_id, len(before) + len(during)))
                     landed = time.monotonic() - up_at
                 dead = await _depth(channel, mine.amqp.dead_letter_queue)
                 waiting = [await _depth(channel, queue) for queue in mine.amqp.retry_queues()]
@@ -158,16 +159,12 @@ async def test_a_retried_delivery_carries_its_count_and_comes_back(settings, eng
 
             healthy = OrderConsumer(engine, store)
             async with consuming(mine.amqp, healthy, prefetch=8):
-                await eventually(lambda: _rows_are(engine, product_id, 1))
+                await eventually(lambda: rows_are(engine, product_id, 1))
             assert await _depth(channel, mine.amqp.dead_letter_queue) == 0
         finally:
             await connection.close()
             await broken.dispose()
     assert await inventory(engine, product_id) == (4, 1)
-
-
-async def _rows_are(engine, product_id, count):
-    return len(await order_rows(engine, product_id)) == count
 
 
 async def _is(channel, queue, expected):

@@ -14,7 +14,7 @@ import pytest
 
 from consumers.order_consumer import OrderConsumer, consuming
 from service.adapters.broker import declare_topology, encode_order, queue_depth
-from tests.support import eventually, inventory, message_for, order_rows, own_queues, publish_raw
+from tests.support import eventually, inventory, message_for, order_rows, own_queues, publish_raw, rows_are
 
 pytestmark = pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl on this host")
 
@@ -44,10 +44,6 @@ async def _publish(channel, settings, orders) -> None:
     await asyncio.gather(*(publish_raw(channel, settings, encode_order(order)) for order in orders))
 
 
-async def _rows_are(engine, product_id, count: int) -> bool:
-    return len(await order_rows(engine, product_id)) == count
-
-
 @contextlib.asynccontextmanager
 async def _consumed(settings, name: str, consumer: OrderConsumer):
     """Queues of the test's own (``name``), ``consumer`` on them: yields the queues' settings and a
@@ -70,12 +66,12 @@ async def test_a_connection_the_broker_closes_is_consumed_again(settings, engine
     consumer = OrderConsumer(engine, store)
     async with _consumed(settings, "reconnect", consumer) as (mine, publishing):
         await _publish(publishing, mine, first)
-        await eventually(lambda: _rows_are(engine, product_id, 30))
+        await eventually(lambda: rows_are(engine, product_id, 30))
         closed = await eventually(lambda: _connections_consuming(mine.amqp.queue))
         for pid in closed:
             await _ctl("close_connection", pid, "closed by test_subscription")
         await _publish(publishing, mine, after)
-        await eventually(lambda: _rows_are(engine, product_id, 60), timeout=60)
+        await eventually(lambda: rows_are(engine, product_id, 60), timeout=60)
         reconnected = await eventually(lambda: _connections_consuming(mine.amqp.queue))
         left = await queue_depth(publishing, mine.amqp.queue)
     assert set(reconnected).isdisjoint(closed)
@@ -95,11 +91,11 @@ async def test_an_order_queue_deleted_under_the_consumer_comes_back_and_is_consu
     consumer = OrderConsumer(engine, store)
     async with _consumed(settings, "deleted", consumer) as (mine, publishing):
         await _publish(publishing, mine, first)
-        await eventually(lambda: _rows_are(engine, product_id, 20))
+        await eventually(lambda: rows_are(engine, product_id, 20))
         await _ctl("delete_queue", mine.amqp.queue)
         # Declared and bound again by the consumer's reopened channel, and consumed again.
         await eventually(lambda: _connections_consuming(mine.amqp.queue), timeout=60)
         await _publish(publishing, mine, after)
-        await eventually(lambda: _rows_are(engine, product_id, 40), timeout=60)
+        await eventually(lambda: rows_are(engine, product_id, 40), timeout=60)
     assert await inventory(engine, product_id) == (0, 40)
     assert consumer.counts.get("applied") == 40

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from service.domain.order_writer import Outcome, write_orders
-from tests.support import buy, eventually, inventory, message_for, order_rows, quota_rows
+from tests.support import buy, eventually, inventory, message_for, order_rows, quota_rows, rows_are
 
 LIMIT_EXCEEDED = (7, "limit_exceeded")
 
@@ -75,14 +75,14 @@ async def test_buyers_whose_redis_quota_is_deleted_mid_sale_never_end_over_the_l
         return answers
 
     first = await buy_each(limit)  # everyone at the limit
-    await eventually(lambda: _rows_are(engine, product_id, len(first)))
+    await eventually(lambda: rows_are(engine, product_id, len(first)))
     refused = await buy(client, token(users[0]), product_id)
     assert (refused.status_code, refused.json()["code"]) == (409, "limit_exceeded")  # Redis still knows
 
     keys = store.product_keys(product_id)
     assert await redis.delete(keys.quota) == 1  # Redis loses every buyer's quota mid-sale
     extra = await buy_each(1)  # Redis lets each buyer through once more: 202
-    await eventually(lambda: _rows_are(engine, product_id, len(first) + len(extra)))
+    await eventually(lambda: rows_are(engine, product_id, len(first) + len(extra)))
 
     rows = {row.order_no: row for row in await order_rows(engine, product_id)}
     assert all((rows[a.json()["order_no"]].status, rows[a.json()["order_no"]].reason) == LIMIT_EXCEEDED for a in extra)
@@ -110,7 +110,7 @@ async def test_a_cancel_gives_the_mysql_count_back_and_the_buyer_may_buy_again(
     await put_product(product_id, stock=10, limit=1)
     first = await buy(client, token("changes-mind"), product_id)
     assert first.status_code == 202
-    await eventually(lambda: _rows_are(engine, product_id, 1))
+    await eventually(lambda: rows_are(engine, product_id, 1))
     assert await quota_rows(engine, product_id) == {"changes-mind": 1}
     cancelled = await client.post(f"/api/v1/orders/{first.json()['order_no']}/cancel", headers=token("changes-mind"))
     assert cancelled.status_code == 200, cancelled.text
@@ -118,7 +118,7 @@ async def test_a_cancel_gives_the_mysql_count_back_and_the_buyer_may_buy_again(
 
     again = await buy(client, token("changes-mind"), product_id)
     assert again.status_code == 202
-    await eventually(lambda: _rows_are(engine, product_id, 2))
+    await eventually(lambda: rows_are(engine, product_id, 2))
     statuses = {row.order_no: (row.status, row.reason) for row in await order_rows(engine, product_id)}
     assert statuses[again.json()["order_no"]] == (0, None)
     assert await quota_rows(engine, product_id) == {"changes-mind": 1}
@@ -134,7 +134,3 @@ async def test_database_mode_counts_in_the_same_table(client, token, put_product
     # A consumer-written order of the same user meets the count the database mode wrote.
     assert await write_orders(engine, [message_for(product_id, "db-buyer", 900021)]) == [Outcome.REJECTED]
     assert await inventory(engine, product_id) == (8, 2)
-
-
-async def _rows_are(engine, product_id, count):
-    return len(await order_rows(engine, product_id)) == count

@@ -35,6 +35,7 @@ from tests.support import (
     order_rows,
     own_queues,
     publish_raw,
+    rows_are,
     start_flashsale,
 )
 
@@ -180,7 +181,7 @@ async def test_a_consumer_of_partition_0_leaves_the_other_partitions_alone(
         ["consume", "--partitions", "0", "--metrics-port", "0"], {**os.environ, **environment(own)}
     )
     try:
-        await eventually(lambda: _rows_are(engine, products[0], 4))
+        await eventually(lambda: rows_are(engine, products[0], 4))
         await eventually(lambda: _depths_are(channel, own.amqp, [0, 5, 6]))
         await asyncio.sleep(1.0)  # time enough to take (wrongly) what it was not given
         assert await _depths(channel, own.amqp) == [0, 5, 6]
@@ -193,8 +194,8 @@ async def test_a_consumer_of_partition_0_leaves_the_other_partitions_alone(
 
     rest = OrderConsumer(engine, store)
     async with consuming(own.amqp, rest, prefetch=16, partitions=[1, 2]):
-        await eventually(lambda: _rows_are(engine, products[2], 6))
-        await eventually(lambda: _rows_are(engine, products[1], 5))
+        await eventually(lambda: rows_are(engine, products[2], 6))
+        await eventually(lambda: rows_are(engine, products[1], 5))
     assert _outcomes(rest) == {"applied": 11, "rejected": 0, "duplicate": 0}
     assert await _depths(channel, own.amqp) == [0, 0, 0]
 
@@ -241,7 +242,7 @@ async def test_a_retried_order_comes_back_to_its_own_partition(parted, engine, s
     await eventually(back_in_partition_1)
     healthy = OrderConsumer(engine, store)
     async with consuming(own.amqp, healthy, prefetch=8, partitions=[1]):
-        await eventually(lambda: _rows_are(engine, products[1], 1))
+        await eventually(lambda: rows_are(engine, products[1], 1))
     assert healthy.counts.get("applied") == 1
     assert await inventory(engine, products[1]) == (4, 1)
 
@@ -306,10 +307,6 @@ async def test_what_the_broker_dead_letters_from_any_partition_reaches_the_one_d
 
 async def _depths_are(channel, amqp: AMQPSettings, expected: list[int]) -> bool:
     return await _depths(channel, amqp) == expected
-
-
-async def _rows_are(engine, product_id: int, count: int) -> bool:
-    return len(await order_rows(engine, product_id)) == count
 
 
 async def _dead_are(channel, own: Settings, count: int) -> bool:
