@@ -39,6 +39,7 @@ from typing import Any
 import structlog
 from aio_pika.abc import AbstractChannel
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
+from aiormq.abc import AbstractChannel as AbstractAMQPChannel
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -312,7 +313,7 @@ class OrderConsumer:
             return
         async with self._frames:
             self._unsettled.difference_update(messages)
-            by_channel: dict[object, list[Delivery]] = defaultdict(list)
+            by_channel: dict[AbstractAMQPChannel, list[Delivery]] = defaultdict(list)
             for message in messages:
                 by_channel[message.channel].append(message)
             for channel, acked in by_channel.items():
@@ -321,7 +322,7 @@ class OrderConsumer:
                 except CONNECTION_EXCEPTIONS as exc:
                     log.warning("ack_failed", deliveries=len(acked), error=repr(exc))
 
-    async def _ack_on(self, channel: object, messages: list[Delivery]) -> None:
+    async def _ack_on(self, channel: AbstractAMQPChannel, messages: list[Delivery]) -> None:
         if len(messages) == 1:
             await messages[0].ack()
             return

@@ -45,7 +45,7 @@ class Delivery:
     def __init__(self, raw: DeliveredMessage) -> None:
         self._raw = raw
         self.body: bytes = raw.body
-        self.channel = raw.channel
+        self.channel: aiormq.abc.AbstractChannel = raw.channel
         self.delivery_tag: int = raw.delivery_tag or 0
 
     @property
