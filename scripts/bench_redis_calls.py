@@ -2,9 +2,12 @@
 
 Runs the real purchase path (service.domain.purchase.PurchaseService) in-process against the local
 Redis, MySQL and RabbitMQ under an isolated run (own database, key prefix, queue names), then
-removes everything. Counting is client-side: every ``execute_command`` and every pipeline
+removes everything. Counting is client-side, as the purchase call waits: every command the hot path queues on
+the store's :class:`~service.adapters.redis.batcher.CommandBatcher` (``call``/``call_many``: one
+round trip, shared with concurrent callers), every ``execute_command`` and every pipeline
 ``execute`` issued by the purchase calls is one round trip (background work such as the shard
-lease renewal is not counted).
+lease renewal is not counted). ``tests/integration/purchase/test_redis_calls.py`` counts the same
+on the server (MONITOR) and asserts it.
 
     .venv/bin/python scripts/bench_redis_calls.py [--requests 3000]
 """
@@ -21,6 +24,7 @@ from redis.asyncio.client import Pipeline
 
 from db.migrate import upgrade
 from db.models import StockMode
+from service.adapters.redis.batcher import Command, CommandBatcher
 from service.bootstrap import Resources
 from service.domain.catalog import ProductInput
 from service.domain.purchase import PurchaseRejected
@@ -33,6 +37,7 @@ from service.settings import Settings
 _counting: ContextVar[Counter[str] | None] = ContextVar("counting", default=None)
 _execute_command = Redis.execute_command
 _pipeline_execute = Pipeline.execute
+_batcher_call_many = CommandBatcher.call_many
 
 
 async def _counted_command(self, *args, **options):  # type: ignore[no-untyped-def]
@@ -48,6 +53,14 @@ async def _counted_pipeline(self, *args, **options):  # type: ignore[no-untyped-
         for command, _ in self.command_stack:
             counts[str(command[0]).lower()] += 1
     return await _pipeline_execute(self, *args, **options)
+
+
+async def _counted_batch(self: CommandBatcher, *commands: Command) -> list[object]:
+    if (counts := _counting.get()) is not None:
+        counts["round trips"] += 1
+        for command in commands:
+            counts[str(command[0]).lower()] += 1
+    return await _batcher_call_many(self, *commands)
 
 
 async def _run(
@@ -81,6 +94,7 @@ async def main(requests: int) -> None:
         resources = await Resources.open(settings, purchase=True)
         Redis.execute_command = _counted_command  # type: ignore[method-assign]
         Pipeline.execute = _counted_pipeline  # type: ignore[method-assign]
+        CommandBatcher.call_many = _counted_batch  # type: ignore[method-assign]
         try:
             stock = warm_up + requests
             await resources.catalog.set(1, ProductInput(stock=stock, per_user_limit=1, stock_mode=StockMode.REDIS))
@@ -93,6 +107,7 @@ async def main(requests: int) -> None:
         finally:
             Redis.execute_command = _execute_command  # type: ignore[method-assign]
             Pipeline.execute = _pipeline_execute  # type: ignore[method-assign]
+            CommandBatcher.call_many = _batcher_call_many  # type: ignore[method-assign]
             await resources.close()
     finally:
         await tear_down(settings)
