@@ -135,8 +135,9 @@ async def test_a_poison_message_is_dead_lettered_and_the_dead_letter_depth_shows
             finally:
                 await connection.close()
 
-            def dead(s: dict) -> bool:
-                return _get(s, "flashsale_queue_depth_messages", queue="dead_letter") >= 1
+            def dead(s: dict) -> bool:  # both reach the exposition within a few seconds, apart
+                depth = _get(s, "flashsale_queue_depth_messages", queue="dead_letter")
+                return depth >= 1 and _get(s, "flashsale_consumer_messages_total", outcome="dead_lettered") >= 1
 
             samples = await _until(url, dead)
     assert _get(samples, "flashsale_consumer_messages_total", outcome="dead_lettered") == 1

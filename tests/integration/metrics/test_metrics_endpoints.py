@@ -128,7 +128,11 @@ async def test_every_process_exposes_its_families_after_a_small_sale(
         workers = {path.name.rsplit("_", 1)[1] for path in directory.glob("*.db")}
         assert "999999.db" not in workers and len(workers) >= 2  # both workers wrote, the stale file went
 
-        consumer = await eventually(lambda: _scrape(f"http://127.0.0.1:{consumer_port}/metrics"), timeout=30)
+        # the consumer, too, hands its local sums to prometheus_client once a second
+        consumer_url = f"http://127.0.0.1:{consumer_port}/metrics"
+        consumer = await eventually(
+            lambda: _counted(consumer_url, "flashsale_reservation_to_row_seconds_count", 5), timeout=30
+        )
         assert (
             _value(consumer, 'flashsale_consumer_messages_total{outcome="applied"}') >= 5
         )  # earlier tests may leave some
@@ -164,6 +168,11 @@ async def _flushed(url: str) -> str | None:
         return None
     total = _value(text, 'flashsale_http_request_duration_seconds_count{method="POST",route="/api/v1/orders"')
     return text if total == 45 else None
+
+
+async def _counted(url: str, sample: str, least: float) -> str | None:
+    text = await _scrape(url)
+    return text if text is not None and _value(text, sample, 0) >= least else None
 
 
 async def _has(url: str, sample: str) -> str | None:
