@@ -52,7 +52,7 @@ from service.adapters.redis.stock_store import StockStore
 from service.adapters.subscription import Delivery, Subscription
 from service.bootstrap import Resources
 from service.domain.order_writer import InvalidOrder, OrderWriter, Outcome, parse_order
-from service.runtime import stop_signal
+from service.runtime import freeze_startup_heap, stop_signal
 from service.settings import AMQPSettings
 
 log = structlog.get_logger(__name__)
@@ -399,6 +399,7 @@ async def run_consumer(
                 observe.exposed(settings, metrics_port),
                 consuming(settings.amqp, consumer, prefetch, partitions),
             ):
+                freeze_startup_heap()
                 log.info("consuming", queues=queues, prefetch=prefetch, batch_size=settings.amqp.batch_size)
                 await stop.wait()
                 log.info("stopping", in_hand=consumer.in_hand)

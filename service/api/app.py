@@ -28,6 +28,7 @@ from service.bootstrap import BackgroundResources, Resources
 from service.domain.errors import Unavailable
 from service.domain.order_no import ShardsExhausted
 from service.log_setup import configure_logging
+from service.runtime import freeze_startup_heap
 from service.settings import Settings, get_settings
 
 
@@ -52,6 +53,7 @@ class FlashsalePlugin(InitPluginProtocol):
             except ShardsExhausted:  # stop_server was told (under flashsale serve it did not return)
                 worker.pop("resources")
                 raise
+            freeze_startup_heap()
             try:
                 yield
             finally:
