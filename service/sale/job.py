@@ -42,11 +42,13 @@ removed after a clean run and printed otherwise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -57,6 +59,7 @@ from rich.console import Console
 
 from service.adapters.broker import declare_topology
 from service.log_setup import configure_logging
+from service.runtime import stop_task, wait_or_stop
 from service.sale.errors import SetupError, stderr
 from service.sale.facts import Measured
 from service.sale.isolation import Sale, child_env, consumer_partitions, new_sale, simulator_url
@@ -114,14 +117,10 @@ async def _measure(
             raise SetupError(f"dead-letter queue {sale.settings.amqp.dead_letter_queue!r} not found: {exc!r}") from exc
         noop_skip = await open_sale(sale, processes, console, load.noop_requests)
         noop_requests = 0 if noop_skip else load.noop_requests
-        timeline: list[tuple[float, int, int]] = []
-        sampler = asyncio.create_task(_sample_queue(stores, sale, timeline))
-        try:
+        async with sampling_queue(stores, sale.product_id) as timeline:
             noop, purchase, token_seconds = await first_waves(sale, console, load, noop_requests)
             orders = accepted_orders(purchase)
             drain_seconds = await drain(stores, sale, orders, processes, console)
-        finally:
-            sampler.cancel()
         lifecycle = None
         if load.pay_share and drain_seconds is not None:
             lifecycle = await run_lifecycle(stores, sale, processes, console, load, orders)
@@ -133,15 +132,37 @@ async def _measure(
 
 
 QUEUE_SAMPLE_SECONDS = 0.1
+SAMPLER_STOP_SECONDS = 10.0
+"""How long the end of :func:`sampling_queue` waits for the sample in progress."""
 
 
-async def _sample_queue(stores: Stores, sale: Sale, timeline: list[tuple[float, int, int]]) -> None:
-    """Until cancelled: (``time.perf_counter()``, order rows in MySQL, messages ready in the order
-    queue) every :data:`QUEUE_SAMPLE_SECONDS`, for the report's queue chart."""
-    while True:
-        rows = await stores.count_orders(sale.product_id)
-        timeline.append((time.perf_counter(), rows, await stores.order_queue_depth()))
-        await asyncio.sleep(QUEUE_SAMPLE_SECONDS)
+@contextlib.asynccontextmanager
+async def sampling_queue(stores: Stores, product_id: int) -> AsyncIterator[list[tuple[float, int, int]]]:
+    """While the block runs: (``time.perf_counter()``, order rows of ``product_id`` in MySQL,
+    messages ready in the order queues) every :data:`QUEUE_SAMPLE_SECONDS`, for the report's queue
+    chart. The sampler is stopped between two samples, not cancelled in one: it asks the broker on
+    the channel the sale's own checks use, and aiormq closes a channel whose call was cancelled
+    (the broker's reply could no longer be matched), so a cancelled sample made the final count
+    of dead letters fail with ``ChannelInvalidStateError``. Only a sample that has not finished
+    within :data:`SAMPLER_STOP_SECONDS` (the broker stalled) is cancelled."""
+    timeline: list[tuple[float, int, int]] = []
+    stop = asyncio.Event()
+
+    async def sample() -> None:
+        while not stop.is_set():
+            rows = await stores.count_orders(product_id)
+            timeline.append((time.perf_counter(), rows, await stores.order_queue_depth()))
+            await wait_or_stop(stop, QUEUE_SAMPLE_SECONDS)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        yield timeline
+    finally:
+        stop.set()
+        await asyncio.wait({sampler}, timeout=SAMPLER_STOP_SECONDS)
+        # a failed sample only ends the chart early: the checks after it ask the stores again
+        with contextlib.suppress(Exception):
+            await stop_task(sampler)
 
 
 def _quiet_logs() -> None:
