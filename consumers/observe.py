@@ -25,7 +25,6 @@ _WRITTEN = (Outcome.APPLIED, Outcome.REJECTED)
 # Local sums (service.metrics), handed to prometheus_client every FLUSH_SECONDS by exposed(): a
 # drain settles ~10,000 messages a second per process, and a labelled child's inc() and a
 # histogram's observe() each take the family's lock and, in multiprocess mode, write its file.
-_MESSAGES: dict[str, metrics.LocalCounter] = {}
 _BATCH_SIZE = metrics.local_histogram(metrics.BATCH_SIZE)
 _RESERVATION_TO_ROW = metrics.local_histogram(metrics.RESERVATION_TO_ROW_SECONDS)
 
@@ -33,10 +32,7 @@ _RESERVATION_TO_ROW = metrics.local_histogram(metrics.RESERVATION_TO_ROW_SECONDS
 def count(outcome: str) -> None:
     """One message settled with ``outcome`` (an :class:`Outcome` value, ``invalid`` or ``failed``),
     or sent on (``retried``, ``dead_lettered``); exposed within ``metrics.FLUSH_SECONDS``."""
-    counter = _MESSAGES.get(outcome)
-    if counter is None:
-        counter = _MESSAGES[outcome] = metrics.local_counter(metrics.CONSUMER_MESSAGES, outcome)
-    counter.inc()
+    metrics.local_counter(metrics.CONSUMER_MESSAGES, outcome).inc()
 
 
 def written(orders: Sequence[OrderMessage], outcomes: Sequence[Outcome]) -> None:

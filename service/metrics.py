@@ -183,13 +183,18 @@ class LocalHistogram:
 
 
 _locals: list[LocalCounter | LocalHistogram] = []
-_outcomes: dict[tuple[str, str], LocalCounter] = {}
+_counters: dict[tuple[Counter, tuple[str, ...]], LocalCounter] = {}
 
 
 def local_counter(family: Counter, *labels: str) -> LocalCounter:
-    """The :class:`LocalCounter` of ``family``'s child with ``labels`` (make it once, keep it)."""
-    local = LocalCounter(family.labels(*labels) if labels else family)
-    _locals.append(local)
+    """The :class:`LocalCounter` of ``family``'s child with ``labels``: made on the first call,
+    the same one on every later call (so a label value known only at run time, such as an
+    outcome, costs one dictionary look-up per count)."""
+    key = (family, labels)
+    local = _counters.get(key)
+    if local is None:
+        local = _counters[key] = LocalCounter(family.labels(*labels) if labels else family)
+        _locals.append(local)
     return local
 
 
@@ -203,10 +208,7 @@ def local_histogram(family: Histogram, *labels: str) -> LocalHistogram:
 def purchase_outcome(code: str, answered_by: str = "redis") -> LocalCounter:
     """The local counter of purchase answers with ``code`` (``accepted`` or a domain error code),
     answered by Redis or by the process's ``sold_out_flag``."""
-    counter = _outcomes.get((code, answered_by))
-    if counter is None:
-        counter = _outcomes[code, answered_by] = local_counter(PURCHASE_OUTCOMES, code, answered_by)
-    return counter
+    return local_counter(PURCHASE_OUTCOMES, code, answered_by)
 
 
 def retries_of(work: str, *also: Callable[[], None]) -> Callable[[], None]:
