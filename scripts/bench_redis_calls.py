@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections import Counter
+from collections.abc import Iterable
 from contextvars import ContextVar
 
 from redis.asyncio import Redis
@@ -40,26 +41,26 @@ _pipeline_execute = Pipeline.execute
 _batcher_call_many = CommandBatcher.call_many
 
 
-async def _counted_command(self, *args, **options):  # type: ignore[no-untyped-def]
-    if (counts := _counting.get()) is not None:
-        counts["round trips"] += 1
-        counts[str(args[0]).lower()] += 1
-    return await _execute_command(self, *args, **options)
-
-
-async def _counted_pipeline(self, *args, **options):  # type: ignore[no-untyped-def]
-    if (counts := _counting.get()) is not None:
-        counts["round trips"] += 1
-        for command, _ in self.command_stack:
-            counts[str(command[0]).lower()] += 1
-    return await _pipeline_execute(self, *args, **options)
-
-
-async def _counted_batch(self: CommandBatcher, *commands: Command) -> list[object]:
+def _count_round_trip(commands: Iterable[Command]) -> None:
+    """One round trip carrying ``commands``, counted when a purchase call is being counted."""
     if (counts := _counting.get()) is not None:
         counts["round trips"] += 1
         for command in commands:
             counts[str(command[0]).lower()] += 1
+
+
+async def _counted_command(self, *args, **options):  # type: ignore[no-untyped-def]
+    _count_round_trip([args])
+    return await _execute_command(self, *args, **options)
+
+
+async def _counted_pipeline(self, *args, **options):  # type: ignore[no-untyped-def]
+    _count_round_trip(command for command, _ in self.command_stack)
+    return await _pipeline_execute(self, *args, **options)
+
+
+async def _counted_batch(self: CommandBatcher, *commands: Command) -> list[object]:
+    _count_round_trip(commands)
     return await _batcher_call_many(self, *commands)
 
 
