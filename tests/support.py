@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -520,8 +521,11 @@ async def payments_of(engine: AsyncEngine, order_no: str) -> list:
 @contextlib.asynccontextmanager
 async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> AsyncIterator[subprocess.Popen]:
     """``flashsale ARGS`` as a subprocess reading ``settings`` (its own process group), once
-    ``ready_url`` answers 200; SIGTERM on exit (SIGKILL after 20 s)."""
-    process = start_flashsale(list(args), {**os.environ, **environment(settings)})
+    ``ready_url`` answers 200; SIGTERM on exit (SIGKILL after 20 s). When the block fails, the
+    failure carries the last lines the process printed."""
+    with tempfile.NamedTemporaryFile(prefix="flashsale-", suffix=".log", delete=False) as log:
+        output = Path(log.name)
+    process = start_flashsale(list(args), {**os.environ, **environment(settings)}, output)
 
     async def ready():
         assert process.poll() is None, f"flashsale {' '.join(args)} exited {process.returncode}"
@@ -534,6 +538,10 @@ async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> A
     try:
         await eventually(ready, interval=0.2)
         yield process
+    except BaseException as failure:
+        lines = output.read_text(errors="replace").splitlines()[-40:]
+        failure.add_note(f"flashsale {' '.join(args)} printed (last {len(lines)} lines):\n" + "\n".join(lines))
+        raise
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -542,6 +550,7 @@ async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> A
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             await asyncio.to_thread(process.wait)
+        output.unlink(missing_ok=True)
 
 
 def start_flashsale(argv: list[str], env: dict[str, str], log=None) -> subprocess.Popen:

@@ -80,6 +80,16 @@ async def _until(url: str, check) -> dict:
     return await eventually(scraped, timeout=30, interval=0.25)
 
 
+async def _consumed(connection: aio_pika.abc.AbstractConnection, queue: str) -> bool:
+    """True once ``queue`` exists and has a consumer."""
+    try:
+        async with connection.channel() as channel:
+            declared = await channel.declare_queue(queue, passive=True)
+    except aio_pika.exceptions.ChannelClosed:
+        return False
+    return declared.declaration_result.consumer_count >= 1
+
+
 async def test_publish_failures_releases_and_release_latency_on_the_api_of_flashsale_serve(
     settings, put_product, product_id, token, tmp_path
 ):
@@ -131,6 +141,9 @@ async def test_a_poison_message_is_dead_lettered_and_the_dead_letter_depth_shows
         async with flashsale_process(mine, url, "consume", "--metrics-port", str(port)):
             connection = await aio_pika.connect(mine.amqp.url)
             try:
+                # /metrics answers before the consumer has bound its queue: a message published
+                # earlier is unroutable and gone
+                await eventually(lambda: _consumed(connection, mine.amqp.partition_queue(0)), interval=0.1)
                 await publish_raw(await connection.channel(), mine, b"{not an order", message_id="poison")
             finally:
                 await connection.close()
@@ -173,7 +186,10 @@ async def test_an_unpaid_order_swept_counts_on_the_sweep_port(settings, put_prod
     await put_product(product_id, stock=3, limit=1, stock_mode="database")
     bought = await buy(client, token("sleepy"), product_id)
     assert bought.status_code == 201, bought.text
-    await asyncio.sleep(1.2)  # past a payment window of 1 s
+    # past a payment window of 1 s: created_at and NOW() are whole seconds and the sweep wants
+    # created_at < NOW() - 1, so an order is due 2 s after its second began (a sweep that started
+    # within 0.8 s after a 1.2 s wait found nothing, and its next pass was 60 s away)
+    await asyncio.sleep(2.1)
     short = settings.model_copy(update={"payment": settings.payment.model_copy(update={"window_seconds": 1})})
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
