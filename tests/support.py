@@ -535,12 +535,12 @@ async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> A
         except httpx.HTTPError:
             return False
 
+    failure: BaseException | None = None
     try:
         await eventually(ready, interval=0.2)
         yield process
-    except BaseException as failure:
-        lines = output.read_text(errors="replace").splitlines()[-40:]
-        failure.add_note(f"flashsale {' '.join(args)} printed (last {len(lines)} lines):\n" + "\n".join(lines))
+    except BaseException as exc:
+        failure = exc
         raise
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -550,7 +550,10 @@ async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> A
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             await asyncio.to_thread(process.wait)
-        output.unlink(missing_ok=True)
+        if failure is not None:
+            lines = (await asyncio.to_thread(output.read_text, errors="replace")).splitlines()[-40:]
+            failure.add_note(f"flashsale {' '.join(args)} printed (last {len(lines)} lines):\n" + "\n".join(lines))
+        await asyncio.to_thread(output.unlink, missing_ok=True)
 
 
 def start_flashsale(argv: list[str], env: dict[str, str], log=None) -> subprocess.Popen:

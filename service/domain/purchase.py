@@ -221,7 +221,7 @@ class PurchaseService:
             if not keyed and (answer := self.standing_rejection(product_id, quantity)) is not None:
                 raise answer
             token = flags.token(product_id)
-        route = self._routes.cached(product_id) or await self._routes.refresh(product_id)
+        route = self._routes.cached(product_id) or await self._routes.load(product_id)
         ask = _Ask(user_id, product_id, quantity, request_id, order_token, client, route.buckets)
         if route.mode is StockMode.DATABASE:
             return await self._in_database(ask, route, False)

@@ -10,10 +10,14 @@ when Redis fails (a switch to ``database`` made while Redis was down left no mar
 time limit covers what neither side can say: a switch made while Redis was unreachable, seen by
 a process that had no purchase of the product meanwhile, once Redis answers again (until a
 realignment pass writes the marker).
+
+When a product's route expires under load, the purchases that find it expired share one MySQL
+read (:meth:`RouteCache.load`) instead of each sending its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -51,6 +55,7 @@ class RouteCache:
         self._engine = engine
         self._ttl = ttl_seconds
         self._routes: dict[int, tuple[Route, float]] = {}
+        self._loading: dict[int, asyncio.Task[Route]] = {}
 
     def cached(self, product_id: int) -> Route | None:
         """The product's kept route while it is fresh, or None (then :meth:`refresh`): no
@@ -61,16 +66,39 @@ class RouteCache:
         return kept[0]
 
     async def route(self, product_id: int) -> Route:
-        """The product's route, from the cache or else from MySQL (:meth:`refresh`).
+        """The product's route, from the cache or else from MySQL (:meth:`load`).
 
         Raises:
             ProductNotFound: MySQL has no such product.
         """
         cached = self.cached(product_id)
-        return cached if cached is not None else await self.refresh(product_id)
+        return cached if cached is not None else await self.load(product_id)
+
+    async def load(self, product_id: int) -> Route:
+        """The product's route read from MySQL by the read in flight for it, or by a new one
+        (:meth:`refresh`) when none is: the purchases that find the route expired at the same
+        moment wait for one query, not one each (a stampede's burst of them would otherwise
+        hold the engine's pool every ``ROUTE_TTL_SECONDS``). A caller cancelled while it waits
+        leaves the read to the others.
+
+        Raises:
+            ProductNotFound: MySQL has no such product.
+        """
+        loading = self._loading.get(product_id)
+        if loading is None:
+            loading = self._loading[product_id] = asyncio.ensure_future(self.refresh(product_id))
+            loading.add_done_callback(lambda done: self._loaded(product_id, done))
+        return await asyncio.shield(loading)
+
+    def _loaded(self, product_id: int, done: asyncio.Task[Route]) -> None:
+        if self._loading.get(product_id) is done:
+            del self._loading[product_id]
+        if not done.cancelled():
+            done.exception()  # retrieved here too, for a read whose callers were all cancelled
 
     async def refresh(self, product_id: int) -> Route:
-        """Read the product's route from MySQL and keep it. When MySQL does not answer, the
+        """Read the product's route from MySQL now and keep it (after Redis or MySQL refused the
+        kept route: a read already in flight may have started before the change). When MySQL does not answer, the
         route kept before (kept again for a while, so a lost MySQL costs one attempt per
         product every few seconds), else the ``redis`` route (not kept): Redis sells without
         MySQL, and refuses what is not its own.

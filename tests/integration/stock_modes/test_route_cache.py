@@ -1,0 +1,75 @@
+"""The route cache's expiry under a stampede, on the real MariaDB: the purchases that find a
+product's route expired together share one read (counted at the driver, every statement the
+engine sends), and what that read answers (a route, or ``ProductNotFound``) reaches each."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from db.models import StockMode
+from service.domain.errors import ProductNotFound
+from service.domain.routes import RouteCache
+
+BUYERS = 200
+
+
+@contextlib.contextmanager
+def route_reads(engine: AsyncEngine) -> Iterator[list[str]]:
+    """Every statement ``engine`` sends while the block runs that reads ``products``."""
+    sent: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:
+        if "FROM products" in statement:
+            sent.append(statement)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    try:
+        yield sent
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
+
+
+async def test_200_purchases_finding_the_route_expired_share_one_read(engine, put_product, product_id):
+    await put_product(product_id, stock=5, limit=1, stock_mode="database")
+    routes = RouteCache(engine, ttl_seconds=0.2)
+    with route_reads(engine) as sent:
+        first = await asyncio.gather(*(routes.load(product_id) for _ in range(BUYERS)))
+        assert len(sent) == 1
+        assert {route.mode for route in first} == {StockMode.DATABASE}
+        assert routes.cached(product_id) is not None
+        await asyncio.sleep(0.25)  # expired
+        assert routes.cached(product_id) is None
+        await asyncio.gather(*(routes.route(product_id) for _ in range(BUYERS)))
+    assert len(sent) == 2
+
+
+async def test_an_unknown_product_is_refused_to_every_caller_of_the_one_read(engine, new_product_id):
+    routes = RouteCache(engine)
+    unknown = new_product_id()
+    with route_reads(engine) as sent:
+        answers = await asyncio.gather(*(routes.load(unknown) for _ in range(BUYERS)), return_exceptions=True)
+        assert len(sent) == 1
+        assert all(isinstance(answer, ProductNotFound) for answer in answers)
+        with pytest.raises(ProductNotFound):  # nothing kept: the next caller asks MySQL again
+            await routes.load(unknown)
+    assert len(sent) == 2
+
+
+async def test_a_caller_cancelled_while_it_waits_leaves_the_read_to_the_others(engine, put_product, product_id):
+    await put_product(product_id, stock=5, limit=1)
+    routes = RouteCache(engine)
+    with route_reads(engine) as sent:
+        starter = asyncio.ensure_future(routes.load(product_id))  # the caller that started the read
+        others = [asyncio.ensure_future(routes.load(product_id)) for _ in range(BUYERS - 1)]
+        await asyncio.sleep(0)
+        starter.cancel()
+        answers = await asyncio.gather(*others)
+    assert starter.cancelled()
+    assert {route.mode for route in answers} == {StockMode.REDIS}
+    assert len(sent) == 1
