@@ -381,13 +381,16 @@ async def private_redis() -> AsyncIterator[str]:
 class PausableProxy:
     """A TCP proxy in front of ``upstream`` (host, port) whose forwarding can be paused: while
     :attr:`paused` is set, bytes are held back in both directions (a stalled server, as seen by
-    the client); clearing it lets them through again. It runs on an event loop of its own in a
-    thread, so it keeps serving while the test's loop is blocked (Litestar's test client runs the
-    app's lifespan synchronously)."""
+    the client); clearing it lets them through again. :meth:`stall_open_connections` holds back
+    only the connections open at the call (a stalled connection; later ones work) until
+    :meth:`release`. It runs on an event loop of its own in a thread, so it keeps serving while
+    the test's loop is blocked (Litestar's test client runs the app's lifespan synchronously)."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self._upstream = upstream
         self.paused = False
+        self._opened = 0
+        self._stalled = 0  # connections numbered below this are held back
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pausable-proxy", daemon=True)
         self._server: asyncio.Server | None = None
@@ -410,10 +413,18 @@ class PausableProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         await asyncio.to_thread(self._thread.join, 10)
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def stall_open_connections(self) -> None:
+        """Hold back the bytes of every connection open now, both ways, until :meth:`release`."""
+        self._stalled = self._opened
+
+    def release(self) -> None:
+        """Let the stalled connections' bytes through again."""
+        self._stalled = 0
+
+    async def _pipe(self, number: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
-                while self.paused:
+                while self.paused or number < self._stalled:
                     await asyncio.sleep(0.01)
                 writer.write(data)
                 await writer.drain()
@@ -423,9 +434,12 @@ class PausableProxy:
             writer.close()
 
     async def _handle(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        number, self._opened = self._opened, self._opened + 1
         server_reader, server_writer = await asyncio.open_connection(*self._upstream)
         await asyncio.gather(
-            self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer), return_exceptions=True
+            self._pipe(number, client_reader, server_writer),
+            self._pipe(number, server_reader, client_writer),
+            return_exceptions=True,
         )
 
 

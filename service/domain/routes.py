@@ -45,6 +45,10 @@ class Route:
 _REDIS = Route(StockMode.REDIS)
 ROUTE_TTL_SECONDS = 5.0
 """How long a process keeps a product's route before it reads MySQL again."""
+SHARED_READ_SECONDS = 1.0
+"""How long a product's read in flight is shared: a caller that finds one older starts a new one,
+and a caller waiting on one gives up on it at this age and joins (or starts) the next, so a
+read whose connection stalled holds its product's purchases this long, not until TCP gives up."""
 
 
 class RouteCache:
@@ -55,7 +59,7 @@ class RouteCache:
         self._engine = engine
         self._ttl = ttl_seconds
         self._routes: dict[int, tuple[Route, float]] = {}
-        self._loading: dict[int, asyncio.Task[Route]] = {}
+        self._loading: dict[int, tuple[asyncio.Task[Route], float]] = {}
 
     def cached(self, product_id: int) -> Route | None:
         """The product's kept route while it is fresh, or None (then :meth:`refresh`): no
@@ -78,23 +82,38 @@ class RouteCache:
         """The product's route read from MySQL by the read in flight for it, or by a new one
         (:meth:`refresh`) when none is: the purchases that find the route expired at the same
         moment wait for one query, not one each (a stampede's burst of them would otherwise
-        hold the engine's pool every ``ROUTE_TTL_SECONDS``). A caller cancelled while it waits
+        hold the engine's pool every ``ROUTE_TTL_SECONDS``). A read is shared for
+        :data:`SHARED_READ_SECONDS`; a caller still waiting then moves to the next read (one per
+        product at a time, on another pooled connection). A caller cancelled while it waits
         leaves the read to the others.
 
         Raises:
             ProductNotFound: MySQL has no such product.
         """
-        loading = self._loading.get(product_id)
-        if loading is None:
-            loading = self._loading[product_id] = asyncio.ensure_future(self.refresh(product_id))
-            loading.add_done_callback(lambda done: self._loaded(product_id, done))
-        return await asyncio.shield(loading)
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            loading = self._loading.get(product_id)
+            if loading is None or now >= loading[1] + SHARED_READ_SECONDS:
+                if loading is not None:
+                    log.warning("route_read_slow", product_id=product_id, seconds=SHARED_READ_SECONDS)
+                task = asyncio.ensure_future(self.refresh(product_id))
+                loading = self._loading[product_id] = (task, now)
+                task.add_done_callback(lambda done: self._loaded(product_id, done))
+            task, started = loading
+            try:
+                async with asyncio.timeout_at(started + SHARED_READ_SECONDS):
+                    return await asyncio.shield(task)
+            except TimeoutError:
+                if task.done():  # it finished as the deadline passed
+                    return task.result()
 
     def _loaded(self, product_id: int, done: asyncio.Task[Route]) -> None:
-        if self._loading.get(product_id) is done:
+        loading = self._loading.get(product_id)
+        if loading is not None and loading[0] is done:
             del self._loading[product_id]
         if not done.cancelled():
-            done.exception()  # retrieved here too, for a read whose callers were all cancelled
+            done.exception()  # retrieved here too, for a read whose callers all went
 
     async def refresh(self, product_id: int) -> Route:
         """Read the product's route from MySQL now and keep it (after Redis or MySQL refused the

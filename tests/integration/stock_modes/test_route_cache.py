@@ -1,6 +1,8 @@
 """The route cache's expiry under a stampede, on the real MariaDB: the purchases that find a
 product's route expired together share one read (counted at the driver, every statement the
-engine sends), and what that read answers (a route, or ``ProductNotFound``) reaches each."""
+engine sends), what that read answers (a route, or ``ProductNotFound``) reaches each, and a
+read whose connection stalled is shared for ``SHARED_READ_SECONDS`` only (MariaDB behind a
+proxy that holds that connection's bytes)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import event
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from db.engine import make_engine
 from db.models import StockMode
 from service.domain.errors import ProductNotFound
 from service.domain.routes import RouteCache
+from tests.support import PausableProxy
 
 BUYERS = 200
 
@@ -73,3 +78,30 @@ async def test_a_caller_cancelled_while_it_waits_leaves_the_read_to_the_others(e
     assert starter.cancelled()
     assert {route.mode for route in answers} == {StockMode.REDIS}
     assert len(sent) == 1
+
+
+async def test_a_read_whose_connection_stalled_holds_the_others_only_for_a_while(settings, put_product, product_id):
+    """The one pooled connection stalls (a dropped peer: no error, no bytes) under the shared
+    read: the 100 callers behind it move to a new read on a new connection and all get the route
+    while the stall lasts (before, each waited until TCP gave up, ~15 min)."""
+    await put_product(product_id, stock=5, limit=1, stock_mode="database")
+    url = make_url(settings.db.url)
+    proxy = PausableProxy((url.host or "127.0.0.1", url.port or 3306))
+    port = await proxy.start()
+    engine = make_engine(url.set(host="127.0.0.1", port=port).render_as_string(hide_password=False), pool_size=5)
+    routes = RouteCache(engine, ttl_seconds=0.1)
+    try:
+        await routes.load(product_id)  # the pool's one connection, through the proxy
+        await asyncio.sleep(0.15)  # expired
+        proxy.stall_open_connections()
+        first = asyncio.ensure_future(routes.load(product_id))  # its read takes the stalled connection
+        await asyncio.sleep(0.3)
+        assert not first.done()
+        others = [asyncio.ensure_future(routes.load(product_id)) for _ in range(100)]
+        done, _ = await asyncio.wait([first, *others], timeout=20)  # a bound for the old code only
+        assert len(done) == 101  # the stall is still on
+        assert {task.result().mode for task in done} == {StockMode.DATABASE}
+    finally:
+        proxy.release()
+        await engine.dispose()
+        await proxy.stop()
