@@ -31,13 +31,22 @@ BUCKETS = text("SELECT buckets FROM products WHERE id = :id")
 ROUTING = text("SELECT stock_mode, require_token, buckets FROM products WHERE id = :id")
 """How product ``:id`` sells: its stock mode, whether it needs an order token, its stock buckets."""
 
+LOCKED = text("SELECT id FROM products WHERE id = :id FOR UPDATE")
+"""Product ``:id``'s row, locked until the transaction ends: what a writer of ``products`` takes
+first, before the product's inventory row. Every transaction that writes orders holds the
+product row shared before it locks the inventory row (the consumer's ``INSERT ... JOIN
+products`` and its foreign key check, then ``UPDATE inventory``; a ``database``-mode purchase's
+:data:`PURCHASE_TERMS`): one lock order, products then inventory, so a writer of ``products``
+mid-sale waits its turn instead of deadlocking with them."""
+
 PURCHASE_TERMS = text(
     "SELECT price, per_user_limit, stock_mode, require_token,"
     " sale_starts_at <= UTC_TIMESTAMP() AND (sale_ends_at IS NULL OR UTC_TIMESTAMP() < sale_ends_at) AS active"
-    " FROM products WHERE id = :id"
+    " FROM products WHERE id = :id LOCK IN SHARE MODE"
 )
 """What a ``database``-mode purchase checks of product ``:id``, with the sale window judged by
-MySQL's clock (read after the inventory row is locked, see ``service.domain.database_purchase``)."""
+MySQL's clock; the row locked shared, before the inventory row (the lock order of
+:data:`LOCKED`), so a product set or mode switch commits before or after the purchase reads it."""
 
 SET_MODE = text("UPDATE products SET stock_mode = :mode WHERE id = :id")
 """Switch product ``:id`` to stock mode ``:mode`` (with the inventory row locked: every

@@ -115,8 +115,9 @@ async def set_product(
     }
 
     async def write(conn: AsyncConnection) -> str:
-        # The inventory row first, as every database-mode purchase takes it (one lock order:
-        # inventory, then products; a purchase's order insert reads the product row).
+        # The product row, then the inventory row: the lock order of every transaction that
+        # writes orders (products.LOCKED).
+        await conn.execute(products.LOCKED, {"id": product_id})
         await conn.execute(inventory.STOCK_LOCKED, {"p": product_id})
         await conn.execute(products.UPSERT, row)
         price, limit, starts_at, ends_at, mode, buckets = (await conn.execute(products.TERMS, row)).one()

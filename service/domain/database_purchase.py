@@ -122,10 +122,11 @@ def replay_of(earlier: tuple[str, int, int, int] | None, purchase: DatabasePurch
 
 
 async def _buy(conn: AsyncConnection, p: DatabasePurchase) -> DatabaseAnswer:
+    # The product row (shared) before the inventory row: the lock order of products.LOCKED.
+    terms = (await conn.execute(products.PURCHASE_TERMS, {"id": p.product_id})).first()
     stock = (await conn.execute(inventory.STOCK_LOCKED, {"p": p.product_id})).scalar()
-    if stock is None:
+    if terms is None or stock is None:
         raise _Refused(ReserveOutcome.NOT_LOADED)
-    terms = (await conn.execute(products.PURCHASE_TERMS, {"id": p.product_id})).one()
     if terms.stock_mode != StockMode.DATABASE:
         raise _Refused(ReserveOutcome.MOVED)
     if p.quantity > terms.per_user_limit:

@@ -59,14 +59,17 @@ _OPEN_ATTEMPTS = 5
 
 
 async def set_mode(engine: AsyncEngine, product_id: int, mode: StockMode) -> None:
-    """``products.stock_mode = mode``, written with the product's inventory row locked (the lock
-    every ``database``-mode purchase takes first), so purchases see the switch in commit order.
+    """``products.stock_mode = mode``, written with the product row and then its inventory row
+    locked (the lock order of :data:`db.queries.products.LOCKED`), so purchases see the switch
+    in commit order.
 
     Raises:
-        ProductNotFound: no inventory row.
+        ProductNotFound: no product or inventory row.
     """
 
     async def write(conn: AsyncConnection) -> None:
+        if (await conn.execute(products.LOCKED, {"id": product_id})).first() is None:
+            raise ProductNotFound(product_id)
         if (await conn.execute(inventory.STOCK_LOCKED, {"p": product_id})).first() is None:
             raise ProductNotFound(product_id)
         await conn.execute(products.SET_MODE, {"id": product_id, "mode": mode.value})
