@@ -49,8 +49,8 @@ MySQL's clock; the row locked shared, before the inventory row (the lock order o
 :data:`LOCKED`), so a product set or mode switch commits before or after the purchase reads it."""
 
 SET_MODE = text("UPDATE products SET stock_mode = :mode WHERE id = :id")
-"""Switch product ``:id`` to stock mode ``:mode`` (with the inventory row locked: every
-``database``-mode purchase reads the mode under that lock)."""
+"""Switch product ``:id`` to stock mode ``:mode`` (with the product row locked, :data:`LOCKED`:
+every ``database``-mode purchase reads the mode under a shared lock on that row)."""
 
 VIEW = text(
     "SELECT p.id, p.name, p.price, p.per_user_limit, p.sale_starts_at, p.sale_ends_at, p.stock_mode,"

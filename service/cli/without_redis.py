@@ -6,7 +6,7 @@ The normal path opens every store (:func:`service.bootstrap.opened`): Redis, Rab
 With Redis unreachable, a product set to ``--stock-mode database`` is written here on MySQL
 alone: the switch's Redis steps (the ``moved`` marker, the drain of reservations in flight)
 cannot run and are skipped (:func:`service.domain.stock_modes.switch_to_database`), the mode is
-written with the inventory row locked, and the Redis load is left to the next realignment pass.
+written with the product row locked, and the Redis load is left to the next realignment pass.
 """
 
 from __future__ import annotations

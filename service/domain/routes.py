@@ -117,10 +117,10 @@ class RouteCache:
 
     async def refresh(self, product_id: int) -> Route:
         """Read the product's route from MySQL now and keep it (after Redis or MySQL refused the
-        kept route: a read already in flight may have started before the change). When MySQL does not answer, the
-        route kept before (kept again for a while, so a lost MySQL costs one attempt per
-        product every few seconds), else the ``redis`` route (not kept): Redis sells without
-        MySQL, and refuses what is not its own.
+        kept route: a read already in flight may have started before the change). When MySQL
+        does not answer, the route kept before (kept again for a while, so a lost MySQL costs
+        one attempt per product every few seconds), else the ``redis`` route (not kept): Redis
+        sells without MySQL, and refuses what is not its own.
 
         Raises:
             ProductNotFound: MySQL has no such product.

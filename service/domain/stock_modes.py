@@ -7,8 +7,9 @@ database design": scheme 2 only "with a rollback plan"; this is that plan).
 2. The reservations already taken land: realignment passes (each drops the journal entries whose
    order row exists and re-publishes overdue ones) until the journal holds none unresolved, or
    ``drain_seconds`` have passed.
-3. ``products.stock_mode = 'database'``, written with the inventory row locked: every
-   ``database``-mode purchase reads the mode under that lock, so none sells before this commit.
+3. ``products.stock_mode = 'database'``, written with the product row locked: every
+   ``database``-mode purchase reads the mode under a shared lock on that row, so none sells
+   before this commit.
    Until then a purchase bounced by Redis finds MySQL still in ``redis`` mode and is answered
    ``503 unavailable`` (retry).
 If Redis is down (the reason to switch), steps 1-2 are skipped: nothing can be reserved there.
@@ -20,7 +21,7 @@ cannot oversell; one Redis still holds unpublished is re-published by realignmen
 answers again.
 
 ``database -> redis`` (:func:`switch_to_redis`):
-1. ``products.stock_mode = 'redis'`` with the inventory row locked: no ``database``-mode
+1. ``products.stock_mode = 'redis'`` with the product row locked: no ``database``-mode
    purchase takes stock after this commit (they answer ``moved`` and go to Redis, which still
    says ``moved`` until step 2: ``503``, retry).
 2. Replay records for the orders written in ``database`` mode within the replay window, so that
