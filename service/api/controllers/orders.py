@@ -18,7 +18,9 @@ from msgspec import Meta
 from service import metrics
 from service.api import observe
 from service.api.auth import User
-from service.api.openapi import problems
+from service.api.body import decode_body
+from service.api.media import JSON_BODY_OPT
+from service.api.openapi import REQUEST_SCHEMA_OPT, problems
 from service.api.params import CursorQuery, IdempotencyKeyHeader, OrderNoPath, OrderTokenHeader
 from service.api.problems import problem_response
 from service.bootstrap import Resources
@@ -77,23 +79,27 @@ class OrderController(Controller):
         response_headers=[
             ResponseHeader(name="Location", description="/api/v1/orders/{order_no}", documentation_only=True)
         ],
-        opt=problems(
-            "invalid_idempotency_key",
-            "product_not_found",
-            "sold_out",
-            "limit_exceeded",
-            "sale_not_active",
-            "request_in_progress",
-            "idempotency_key_reused",
-            "too_many_requests",
-            "token_invalid",
-            "token_required",
-        ),
+        opt={
+            # the body is decoded in the handler, in one strict pass (service/api/body.py)
+            JSON_BODY_OPT: True,
+            REQUEST_SCHEMA_OPT: PurchaseRequest,
+            **problems(
+                "invalid_idempotency_key",
+                "product_not_found",
+                "sold_out",
+                "limit_exceeded",
+                "sale_not_active",
+                "request_in_progress",
+                "idempotency_key_reused",
+                "too_many_requests",
+                "token_invalid",
+                "token_required",
+            ),
+        },
     )
     async def create_order(
         self,
         request: Request[User, Any, Any],
-        data: JSONBody[PurchaseRequest],
         resources: NamedDependency[Resources],
         idempotency_key: IdempotencyKeyHeader = None,
         order_token: OrderTokenHeader = None,
@@ -107,6 +113,7 @@ class OrderController(Controller):
         invalid_request / invalid_idempotency_key, 401, 404 product_not_found, 409 sold_out /
         limit_exceeded / sale_not_active / request_in_progress / token_invalid, 422
         idempotency_key_reused, 428 token_required, 429 too_many_requests, 503 unavailable."""
+        data = await decode_body(request, PurchaseRequest)
         purchases = resources.purchase_service
         if order_token is not None:
             if not is_valid_idempotency_key(order_token):
