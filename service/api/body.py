@@ -77,7 +77,11 @@ async def decode_body(request: Request[Any, Any, Any], annotation: type[T]) -> T
         Problem: 400 ``invalid_request`` for an empty body, a body that is not JSON, or one that
             does not strictly match ``annotation`` (naming the field).
     """
-    body = await request.body()
+    return decode_strict(await request.body(), annotation)
+
+
+def decode_strict(body: bytes, annotation: type[T]) -> T:
+    """:func:`decode_body`'s decode of the bytes ``body``; raises the same :class:`Problem`."""
     if not body:
         raise field_error("body", _EMPTY)
     try:
