@@ -70,7 +70,7 @@ async def decode_body(request: Request[Any, Any, Any], annotation: type[T]) -> T
     """The request's body decoded straight into ``annotation`` under the same strict rules, in one
     pass: for a hot route that reads its body itself (``opt`` ``json_body`` and
     ``request_schema``) instead of taking ``data``, which costs a generic JSON decode, Litestar's
-    lenient conversion and the strict one above (about 4 µs of the purchase route's no-op,
+    lenient conversion and the strict one above (about 5 µs of the purchase route's no-op,
     docs/BENCHMARKS.md).
 
     Raises:
