@@ -81,23 +81,29 @@ async def decode_body(request: Request[Any, Any, Any], annotation: type[T]) -> T
 
 
 def decode_strict(body: bytes, annotation: type[T]) -> T:
-    """:func:`decode_body`'s decode of the bytes ``body``; raises the same :class:`Problem`."""
+    """:func:`decode_body`'s decode of the bytes ``body``; raises the same :class:`Problem`.
+
+    Only a body the one pass accepts skips the two-pass path; a refused one is answered by it
+    (a generic decode, then the strict conversion), so every answer is what the routes taking
+    ``data`` give: a syntax error further on wins over a wrong field the typed decode met first,
+    and of a key repeated only the last value counts (the typed decode checks every one)."""
     if not body:
         raise field_error("body", _EMPTY)
+    decoder = _decoders.get(annotation) or _decoders.setdefault(annotation, msgspec.json.Decoder(annotation))
     try:
-        decoder = _decoders.get(annotation) or _decoders.setdefault(annotation, msgspec.json.Decoder(annotation))
         value: T = decoder.decode(body)
-    except msgspec.DecodeError as exc:  # ValidationError is one too
-        if isinstance(exc, msgspec.ValidationError) and _is_json(body):
-            raise validation_problem(str(exc)) from exc
-        # a typed decode stops at the first wrong field, maybe before a syntax error further on
-        raise field_error("body", "Not valid JSON") from exc
+    except msgspec.DecodeError:  # ValidationError is one too
+        return _two_pass(body, annotation)
     return value
 
 
-def _is_json(body: bytes) -> bool:
+def _two_pass(body: bytes, annotation: type[T]) -> T:
     try:
-        msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return False
-    return True
+        raw = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise field_error("body", "Not valid JSON") from exc
+    try:
+        value: T = msgspec.convert(raw, annotation, strict=True)
+    except msgspec.ValidationError as exc:
+        raise validation_problem(str(exc)) from exc
+    return value

@@ -1,7 +1,7 @@
 """The purchase route's one-pass strict decode (``service/api/body.py: decode_strict``) answers
 exactly as the two-pass path of every other route: Litestar's generic JSON decode, then
 ``msgspec.convert(strict=True)``. Compared on hand-picked bodies and on seeded random mutations
-of a valid one (deterministic)."""
+of a valid one and of one with a key repeated (deterministic)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,12 @@ PICKED = [
     b'{"quantity": "a", "product_id": ',
     b"[" * 2000,
     b'\n{"product_id": 1, "quantity": 1}\n',
+    # a key repeated: only the last value counts, as in the two-pass path
+    b'{"product_id": "x", "product_id": 111, "quantity": 1}',
+    b'{"product_id": null, "product_id": 1, "quantity": 1}',
+    b'{"product_id": 1, "product_id": "x", "quantity": 1}',
+    b'{"quantity": 1.5, "product_id": 1, "quantity": 1}',
+    b'{"product_id": 1, "quantity": 1, "coupon": 1, "coupon": 2}',
 ]
 
 
@@ -56,6 +62,20 @@ def _mutations(count: int) -> list[bytes]:
             else:
                 body[at] = rnd.randrange(256)
         bodies.append(bytes(body))
+    return bodies
+
+
+def _repeated_keys(count: int) -> list[bytes]:
+    """A valid body with one of its keys repeated, before or after, holding a value of any kind."""
+    rnd = random.Random(11)
+    values = [b'"x"', b"null", b"1.5", b"true", b"[]", b"{}", b"0", b"-3", b"7", b"2147483648"]
+    bodies = []
+    for _ in range(count):
+        key = rnd.choice([b'"product_id"', b'"quantity"', b'"coupon"'])
+        extra = key + b": " + rnd.choice(values)
+        inner = [b'"product_id": 12', b'"quantity": 1']
+        inner.insert(rnd.randrange(len(inner) + 1), extra)
+        bodies.append(b"{" + b", ".join(inner) + b"}")
     return bodies
 
 
@@ -86,7 +106,7 @@ def _answer(problem: Problem) -> tuple[int, str, object]:
     return problem.status_code, problem.detail, problem.extra
 
 
-@pytest.mark.parametrize("body", [VALID, *PICKED, *_mutations(400)])
+@pytest.mark.parametrize("body", [VALID, *PICKED, *_mutations(400), *_repeated_keys(200)])
 def test_one_pass_answers_as_the_two_pass_decode(body):
     assert _one_pass(body) == _two_pass(body)
 
