@@ -19,7 +19,7 @@ from litestar import Request
 from litestar.exceptions import SerializationException
 from litestar.handlers import HTTPRouteHandler
 
-from service.api.problems import field_error, validation_problem
+from service.api.problems import Problem, field_error, validation_problem
 
 T = TypeVar("T")
 _EMPTY = "A JSON object is required (Content-Type: application/json); the body was empty"
@@ -56,11 +56,21 @@ async def check_json_body(request: Request[Any, Any, Any], spec: BodySpec, body_
     try:
         raw = await request.json()
     except SerializationException as exc:
-        raise field_error("body", "Not valid JSON") from exc
+        raise _not_json() from exc
+    _converted(raw, spec.annotation)
+
+
+def _not_json() -> Problem:
+    return field_error("body", "Not valid JSON")
+
+
+def _converted(raw: Any, annotation: type[T]) -> T:
+    """``raw`` (generic JSON) converted strictly to ``annotation``; a 400 naming the field if not."""
     try:
-        msgspec.convert(raw, spec.annotation, strict=True)
+        value: T = msgspec.convert(raw, annotation, strict=True)
     except msgspec.ValidationError as exc:
         raise validation_problem(str(exc)) from exc
+    return value
 
 
 _decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
@@ -101,9 +111,5 @@ def _two_pass(body: bytes, annotation: type[T]) -> T:
     try:
         raw = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
-        raise field_error("body", "Not valid JSON") from exc
-    try:
-        value: T = msgspec.convert(raw, annotation, strict=True)
-    except msgspec.ValidationError as exc:
-        raise validation_problem(str(exc)) from exc
-    return value
+        raise _not_json() from exc
+    return _converted(raw, annotation)
