@@ -12,7 +12,7 @@ import structlog
 
 from service import metrics
 from service.adapters.broker import OrderMessage, connect_when_up, queue_depth
-from service.domain.order_writer import Outcome
+from service.domain.fulfilment.order_writer import Outcome
 from service.runtime import OutageLog, stop_task
 from service.settings import Settings
 

@@ -4,7 +4,7 @@ Deliveries come through :class:`service.adapters.subscription.Subscription` (aio
 without aio-pika's message objects); each is decoded as it arrives and waits in the batch being
 gathered. One writer task per consumer takes up to ``batch_size`` waiting orders (whatever
 arrived, lingering ``linger_seconds`` for more while fewer wait) and hands them to
-:class:`service.domain.order_writer.OrderWriter`: one Redis claim round trip, one MySQL
+:class:`service.domain.fulfilment.order_writer.OrderWriter`: one Redis claim round trip, one MySQL
 transaction. Each delivery then gets one :class:`Verdict`, and :meth:`OrderConsumer._settle` is
 the one place where verdicts become broker actions:
 
@@ -51,7 +51,7 @@ from service.adapters.redirect import Redirector, retries_of
 from service.adapters.redis.stock_store import StockStore
 from service.adapters.subscription import Delivery, Subscription
 from service.bootstrap import Resources
-from service.domain.order_writer import InvalidOrder, OrderWriter, Outcome, parse_order
+from service.domain.fulfilment.order_writer import InvalidOrder, OrderWriter, Outcome, parse_order
 from service.runtime import freeze_startup_heap, stop_signal
 from service.settings import AMQPSettings
 

@@ -1,6 +1,6 @@
 """``flashsale realign``: the stock realignment job (one pass, or ``--watch`` until SIGTERM).
 
-The pass itself is :class:`service.domain.realign.Realigner`; this module only opens the
+The pass itself is :class:`service.domain.stock.realign.Realigner`; this module only opens the
 connections, repeats and prints.
 """
 

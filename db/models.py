@@ -72,7 +72,7 @@ class Product(Base):
     require_token: Mapped[bool] = mapped_column(Boolean, server_default="0")
     """A purchase needs a server-issued order token (header ``Order-Token``)."""
     buckets: Mapped[int] = mapped_column(SmallInteger, server_default="1")
-    """Stock buckets K in Redis (1..64, fixed at creation): :mod:`service.domain.buckets`."""
+    """Stock buckets K in Redis (1..64, fixed at creation): :mod:`service.domain.stock.buckets`."""
 
 
 class Inventory(Base):
@@ -95,7 +95,7 @@ class Inventory(Base):
 class OrderNoGeneration(Base):
     """The order-number generation of one shard (00-99): bumped when a minter finds that Redis
     lost the shard's sequence; its last digit leads the sequence of every number minted in it
-    (:mod:`service.domain.order_no`)."""
+    (:mod:`service.domain.order_numbers.minter`)."""
 
     __tablename__ = "order_no_generations"
 
@@ -148,7 +148,7 @@ class OrderNoConflict(Base):
     """An accepted order whose order number was already taken by another request's order when the
     consumer came to write it (a minter fault; ``UNIQUE(order_no)`` stopped it). Its order row is
     written ``rejected``/``order_no_conflict`` under a number of its own
-    (:func:`service.domain.order_no_conflicts.stand_in_order_no`); this row leads its buyer from
+    (:func:`service.domain.order_numbers.conflicts.stand_in_order_no`); this row leads its buyer from
     the order number of the 202 (``order_no``) to it."""
 
     __tablename__ = "order_no_conflicts"
@@ -171,7 +171,7 @@ class OrderStatusLog(Base):
     to_status: Mapped[int] = mapped_column(TINYINT)
     reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
     actor: Mapped[str | None] = mapped_column(String(80), nullable=True)
-    """Who made the change (``service.domain.actors``); NULL on rows older than the column."""
+    """Who made the change (``service.domain.orders.actors``); NULL on rows older than the column."""
     created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())
 
 
@@ -244,7 +244,7 @@ class Refund(Base):
 
 class OrderNoSequence(Base):
     """The MySQL order-number minter's counter for one shard reserved to it (90-99, see
-    ``service.domain.order_no_mysql``): the last UTC ``yyyyMMddHHmmss`` second and sequence
+    ``service.domain.order_numbers.mysql_minter``): the last UTC ``yyyyMMddHHmmss`` second and sequence
     handed out. Only ever moves forward, so no number is handed out twice."""
 
     __tablename__ = "order_no_sequences"

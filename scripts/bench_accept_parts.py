@@ -28,8 +28,8 @@ from service.adapters.broker import OrderMessage
 from service.adapters.redis.stock_store import new_attempt
 from service.bench.run import bench_settings
 from service.bootstrap import Resources
-from service.domain.catalog import ProductInput
-from service.domain.request_id import mint_request_id
+from service.domain.purchase.request_id import mint_request_id
+from service.domain.stock.catalog import ProductInput
 from service.sale.isolation import new_run_id
 from service.sale.stores import tear_down
 from service.settings import Settings

@@ -25,9 +25,9 @@ from db.migrate import upgrade
 from db.models import StockMode
 from service.adapters.broker import OrderMessage
 from service.bootstrap import Resources
-from service.domain.catalog import ProductInput
-from service.domain.order_no import compose_order_no
-from service.domain.order_writer import apply_order
+from service.domain.fulfilment.order_writer import apply_order
+from service.domain.order_numbers.format import compose_order_no
+from service.domain.stock.catalog import ProductInput
 from service.log_setup import configure_logging
 from service.sale.isolation import free_port, isolated_settings, new_run_id
 from service.sale.stores import tear_down

@@ -1,6 +1,6 @@
 """Count the Redis round trips and commands the purchase path sends per request.
 
-Runs the real purchase path (service.domain.purchase.PurchaseService) in-process against the local
+Runs the real purchase path (service.domain.purchase.service.PurchaseService) in-process against the local
 Redis, MySQL and RabbitMQ under an isolated run (own database, key prefix, queue names), then
 removes everything. Counting is client-side, as the purchase call waits: every command the hot path queues on
 the store's :class:`~service.adapters.redis.batcher.CommandBatcher` (``call``/``call_many``: one
@@ -27,9 +27,9 @@ from db.migrate import upgrade
 from db.models import StockMode
 from service.adapters.redis.batcher import Command, CommandBatcher
 from service.bootstrap import Resources
-from service.domain.catalog import ProductInput
-from service.domain.purchase import PurchaseRejected
-from service.domain.request_id import mint_request_id
+from service.domain.purchase.request_id import mint_request_id
+from service.domain.purchase.service import PurchaseRejected
+from service.domain.stock.catalog import ProductInput
 from service.log_setup import configure_logging
 from service.sale.isolation import isolated_settings, new_run_id
 from service.sale.stores import tear_down

@@ -234,7 +234,7 @@ async def _drive(
 ) -> tuple[dict[str, int], float, float]:
     from service.adapters.redis.stock_store import StockStore, new_attempt
     from service.bootstrap import make_redis
-    from service.domain.buckets import bucket_of
+    from service.domain.stock.buckets import bucket_of
     from service.settings import Settings
 
     settings = Settings()
@@ -324,7 +324,7 @@ async def _load(url: str, products: dict[tuple[int, str], int]) -> None:
     from service.adapters.redis.results import SaleTerms
     from service.adapters.redis.stock_store import StockStore
     from service.bootstrap import make_redis
-    from service.domain.buckets import split
+    from service.domain.stock.buckets import split
     from service.settings import Settings
 
     settings = Settings()

@@ -35,19 +35,19 @@ from service.adapters.dead_letters import DeadLetterQueue
 from service.adapters.redis.client import ClusterClient, RedisClient
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stock_store import RateLimits, StockStore
-from service.domain.catalog import CatalogService
-from service.domain.checkout import Checkout
-from service.domain.dead_letters import DeadLetterService
-from service.domain.order_no import OrderNumberMinter, ShardGenerations, ShardLease, ShardsExhausted
-from service.domain.order_no_mysql import MysqlOrderNumberMinter
-from service.domain.orders import OrderService
-from service.domain.payments import PaymentService
-from service.domain.purchase import PurchaseService
-from service.domain.realign import Realigner
-from service.domain.rebalance import Rebalancer
-from service.domain.reconcile import Reconciler
-from service.domain.recovery import Recovery
-from service.domain.sold_out import SoldOutFlags
+from service.domain.fulfilment.dead_letters import DeadLetterService
+from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease, ShardsExhausted
+from service.domain.order_numbers.mysql_minter import MysqlOrderNumberMinter
+from service.domain.orders.service import OrderService
+from service.domain.payments.checkout import Checkout
+from service.domain.payments.reconcile import Reconciler
+from service.domain.payments.service import PaymentService
+from service.domain.purchase.service import PurchaseService
+from service.domain.purchase.sold_out import SoldOutFlags
+from service.domain.stock.catalog import CatalogService
+from service.domain.stock.realign import Realigner
+from service.domain.stock.rebalance import Rebalancer
+from service.domain.stock.recovery import Recovery
 from service.runtime import Backoff, OutageLog, stop_signal, stop_task, wait_or_stop
 from service.settings import ConfigError, Settings
 

@@ -219,7 +219,7 @@ class RealignSettings(BaseModel):
     """Realignment: a journal entry older than ``grace_seconds`` with no order row is re-published.
     ``auto_seconds``: every API process runs the self-healing pass (one process at a time, under a
     Redis lock) this often, and at once when a purchase finds a product's Redis state gone
-    (:mod:`service.domain.recovery`); 0 turns it off (then only ``flashsale realign`` heals)."""
+    (:mod:`service.domain.stock.recovery`); 0 turns it off (then only ``flashsale realign`` heals)."""
 
     grace_seconds: float = Field(15.0, ge=0)
     auto_seconds: float = Field(5.0, ge=0)

@@ -36,10 +36,10 @@ from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stock_store import StockStore
 from service.api.app import create_app
 from service.bootstrap import Resources
-from service.domain.order_no import compose_order_no
-from service.domain.payments import sign
-from service.domain.purchase import PurchaseRejected
-from service.domain.request_id import mint_request_id
+from service.domain.order_numbers.format import compose_order_no
+from service.domain.payments.service import sign
+from service.domain.purchase.request_id import mint_request_id
+from service.domain.purchase.service import PurchaseRejected
 from service.sale.isolation import environment, free_port
 from service.settings import Settings
 from tests.servers import PrivateMariaDB, PrivateRabbitMQ, PrivateRedis, private_server, scratch  # noqa: F401

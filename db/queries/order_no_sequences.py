@@ -1,5 +1,5 @@
 """Statements on ``order_no_sequences``: the MySQL order-number minter's counters, one row per
-shard reserved to it (``service.domain.order_no_mysql``)."""
+shard reserved to it (``service.domain.order_numbers.mysql_minter``)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ class OrderMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
 
     ``quantity`` in units; ``reserved_at_ms`` in Unix milliseconds (Redis server time);
     ``amount`` in minor currency units, priced when the stock was reserved; ``bucket`` the stock
-    bucket it was reserved in (:mod:`service.domain.buckets`; left out of the body when 0).
+    bucket it was reserved in (:mod:`service.domain.stock.buckets`; left out of the body when 0).
     """
 
     request_id: str

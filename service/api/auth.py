@@ -24,7 +24,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.middleware.authentication import AuthenticationResult
 from litestar.security.jwt import JWTAuth, JWTAuthenticationMiddleware, Token
 
-from service.domain.request_id import USER_ID
+from service.domain.purchase.request_id import USER_ID
 
 REALM = "flashsale"
 BEARER_CHALLENGE = f'Bearer realm="{REALM}"'

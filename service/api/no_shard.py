@@ -1,6 +1,6 @@
 """A granian worker that cannot lease an order-number shard stops the whole server, once.
 
-Every Redis shard (:data:`~service.domain.order_no.REDIS_SHARDS`) leased by other processes is
+Every Redis shard (:data:`~service.domain.order_numbers.minter.REDIS_SHARDS`) leased by other processes is
 not a crash to retry: a respawned worker finds them leased again (the granian crash loop of
 issue 12). So the worker says so in one log line, leaves the reason for ``flashsale serve``
 (a file named after the server's process id), asks the granian main process to stop (SIGTERM,
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import structlog
 
-from service.domain.order_no import REDIS_SHARDS, ShardsExhausted
+from service.domain.order_numbers.format import REDIS_SHARDS
+from service.domain.order_numbers.minter import ShardsExhausted
 
 EXIT_NO_SHARD = 3
 """Exit code of a worker, and of ``flashsale serve``, that found every order-number shard leased."""

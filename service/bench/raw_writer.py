@@ -1,6 +1,6 @@
 """Raw MySQL writers: the database's own ceiling for the consumer's writes, on the same tables.
 
-Each order is written as the consumer writes it (:mod:`service.domain.order_writer`): the order
+Each order is written as the consumer writes it (:mod:`service.domain.fulfilment.order_writer`): the order
 row (``pending_payment``), its ``order_status_log`` row, and ``UPDATE inventory ... WHERE stock
 >= q``. ``connections`` asyncmy connections (no pool, no ORM) take work from one shared source:
 
@@ -26,8 +26,8 @@ from asyncmy.errors import OperationalError
 from sqlalchemy.engine import make_url
 
 from db.models import OrderStatus
-from service.domain.order_no import compose_order_no
-from service.domain.request_id import mint_request_id
+from service.domain.order_numbers.format import compose_order_no
+from service.domain.purchase.request_id import mint_request_id
 
 RETRYABLE = {1205, 1213}
 _COLUMNS = "(order_no, request_id, user_id, product_id, quantity, amount, status)"

@@ -14,7 +14,7 @@ from service.settings import get_settings
 if TYPE_CHECKING:  # the connections' modules load only when a command runs
     from rich.console import Console
 
-    from service.domain.dead_letters import DeadLetterService, DeadLetterView, Purged
+    from service.domain.fulfilment.dead_letters import DeadLetterService, DeadLetterView, Purged
 
 T = TypeVar("T")
 
@@ -24,7 +24,7 @@ def _with_service(use: Callable[[DeadLetterService], Awaitable[T]]) -> T:
     An unknown id ends the command with exit status 1 and one line on stderr."""
     from service.adapters.dead_letters import DeadLetterQueue
     from service.bootstrap import opened
-    from service.domain.dead_letters import DeadLetterNotFound, DeadLetterService
+    from service.domain.fulfilment.dead_letters import DeadLetterNotFound, DeadLetterService
     from service.log_setup import configure_logging
 
     settings = get_settings()

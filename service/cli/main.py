@@ -570,8 +570,8 @@ def product_set(
     from service.bootstrap import opened
     from service.cli.render import print_reports
     from service.cli.without_redis import redis_answers, set_product_without_redis
-    from service.domain.catalog import InvalidProduct, ProductInput
-    from service.domain.realign import RealignReport
+    from service.domain.stock.catalog import InvalidProduct, ProductInput
+    from service.domain.stock.realign import RealignReport
     from service.log_setup import configure_logging
 
     async def load(data: ProductInput) -> RealignReport:

@@ -11,9 +11,9 @@ import httpx
 from consumers import observe
 from db.queries import orders
 from service.bootstrap import is_outage, opened, opened_when_reachable
-from service.domain.lifecycle import expire_unpaid
-from service.domain.order_no import is_valid_order_no
-from service.domain.payments import Notification, signed
+from service.domain.order_numbers.format import is_valid_order_no
+from service.domain.orders.lifecycle import expire_unpaid
+from service.domain.payments.service import Notification, signed
 from service.log_setup import configure_logging
 from service.runtime import watch
 from service.settings import Settings

@@ -10,13 +10,13 @@ from rich.console import Console
 from rich.table import Table
 
 from service.bootstrap import opened
-from service.domain.reconcile import ReconcileReport
+from service.domain.payments.reconcile import ReconcileReport
 from service.log_setup import configure_logging
 from service.settings import Settings
 
 
 async def run_reconcile(settings: Settings, day: date, channel: str | None, apply: bool) -> ReconcileReport:
-    """One reconciliation of UTC day ``day`` (see :class:`service.domain.reconcile.Reconciler`)."""
+    """One reconciliation of UTC day ``day`` (see :class:`service.domain.payments.reconcile.Reconciler`)."""
     configure_logging("WARNING")
     async with opened(settings, publish=False) as resources:
         return await resources.reconciler.reconcile(day, channel, apply=apply)

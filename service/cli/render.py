@@ -8,7 +8,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from service.domain.realign import RealignReport
+from service.domain.stock.realign import RealignReport
 
 
 def print_reports(reports: list[RealignReport], as_json: bool, console: Console | None = None) -> None:

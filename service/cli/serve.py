@@ -44,7 +44,8 @@ async def shards_short(settings: Settings, workers: int) -> str | None:
     """Why ``workers`` more API workers cannot start on ``settings``'s key prefix (fewer free
     order-number shards than workers, one line), or None (also when Redis does not answer)."""
     from service.bootstrap import is_outage, make_store
-    from service.domain.order_no import REDIS_SHARDS, leased_shards
+    from service.domain.order_numbers.format import REDIS_SHARDS
+    from service.domain.order_numbers.minter import leased_shards
 
     store = make_store(settings)
     try:

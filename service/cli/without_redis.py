@@ -5,7 +5,7 @@ needs MySQL only.
 The normal path opens every store (:func:`service.bootstrap.opened`): Redis, RabbitMQ, MySQL.
 With Redis unreachable, a product set to ``--stock-mode database`` is written here on MySQL
 alone: the switch's Redis steps (the ``moved`` marker, the drain of reservations in flight)
-cannot run and are skipped (:func:`service.domain.stock_modes.switch_to_database`), the mode is
+cannot run and are skipped (:func:`service.domain.stock.modes.switch_to_database`), the mode is
 written with the product row locked, and the Redis load is left to the next realignment pass.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 from redis.exceptions import RedisError
 
 from service.bootstrap import make_redis, make_store
-from service.domain.catalog import ProductInput, set_product
-from service.domain.realign import Realigner, RealignReport
+from service.domain.stock.catalog import ProductInput, set_product
+from service.domain.stock.realign import Realigner, RealignReport
 from service.settings import Settings
 
 

@@ -1,2 +1,1 @@
-"""Use cases and domain rules: purchase, order numbers, request ids, the order writer,
-realignment, lifecycle, payments, catalog, sold-out flags, errors."""
+"""Use cases and domain rules, one subpackage per subdomain (docs/ARCHITECTURE.md, code map)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.domain.realign import RealignReport
+from service.domain.stock.realign import RealignReport
 from service.sale.plan import Wave
 
 

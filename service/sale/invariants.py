@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from db.models import OrderStatus
-from service.domain.order_no import is_valid_order_no
+from service.domain.order_numbers.format import is_valid_order_no
 from service.sale.facts import LifecycleRun, Measured, SaleOrderRow, StoreFacts
 from service.sale.report import LoadSummary, Summaries, tally
 

@@ -26,9 +26,9 @@ from db.queries import inventory, orders, payments, products
 from service.adapters.broker import delete_topology, queue_depth, queue_depths
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import Resources, make_redis, opened
-from service.domain.lifecycle import expire_unpaid
-from service.domain.realign import RealignReport
-from service.domain.reconcile import ReconcileReport
+from service.domain.orders.lifecycle import expire_unpaid
+from service.domain.payments.reconcile import ReconcileReport
+from service.domain.stock.realign import RealignReport
 from service.sale.errors import SetupError, stderr, where
 from service.sale.facts import ChannelPayment, PaymentRow, SaleOrderRow, StoreFacts, UnpaidOrder
 from service.sale.isolation import Sale
@@ -120,7 +120,7 @@ class Stores:
 
     async def sweep(self, product_id: int) -> int:
         """One payment-timeout sweep of the product in this process:
-        :func:`service.domain.lifecycle.expire_unpaid` asking the channels first (what
+        :func:`service.domain.orders.lifecycle.expire_unpaid` asking the channels first (what
         ``flashsale sweep`` runs) with the run's key prefix and payment window; returns orders
         cancelled."""
         window = self.settings.payment.window_seconds

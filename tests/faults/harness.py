@@ -67,7 +67,7 @@ from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stock_store import StockStore
 from service.api.auth import issue_token
 from service.bootstrap import make_store, opened
-from service.domain.catalog import ProductInput
+from service.domain.stock.catalog import ProductInput
 from service.sale.isolation import environment, free_port, new_run_id, sale_settings
 from service.sale.plan import ACCEPTED, Answer, Job, Kind, Shot, build_plan
 from service.sale.report import summarize

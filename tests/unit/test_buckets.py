@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service.adapters.redis.keys import ProductKeys
-from service.domain.buckets import MAX_BUCKETS, bucket_of, split
+from service.domain.stock.buckets import MAX_BUCKETS, bucket_of, split
 
 
 def test_a_buyers_bucket_is_crc32_of_the_user_id_modulo_k() -> None:

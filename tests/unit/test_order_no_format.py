@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.domain.order_no import (
-    SEQUENCE_MAX,
-    check_digits,
-    compose_order_no,
-    is_valid_order_no,
-)
+from service.domain.order_numbers.format import SEQUENCE_MAX, check_digits, compose_order_no, is_valid_order_no
 
 
 def test_check_digits_match_the_iban_algorithm():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from service.domain.order_no import REDIS_SHARDS, SEQUENCE_MAX, SHARDS
-from service.domain.order_no_mysql import MYSQL_SHARDS, advance
+from service.domain.order_numbers.format import REDIS_SHARDS, SEQUENCE_MAX, SHARDS
+from service.domain.order_numbers.mysql_minter import MYSQL_SHARDS, advance
 
 
 def test_the_mysql_shards_are_the_ones_the_redis_minter_never_leases() -> None:

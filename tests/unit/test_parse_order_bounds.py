@@ -7,8 +7,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from service.domain.order_no import compose_order_no
-from service.domain.order_writer import InvalidOrder, parse_order
+from service.domain.fulfilment.order_writer import InvalidOrder, parse_order
+from service.domain.order_numbers.format import compose_order_no
 
 GOOD = {
     "request_id": "0" * 31 + "1",

@@ -18,7 +18,7 @@ from service.adapters.redis.results import (
     parse_realign_reply,
     parse_reservation,
 )
-from service.domain.realign import sale_terms
+from service.domain.stock.realign import sale_terms
 
 
 def test_a_reserved_reply_carries_time_and_integer_price():

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from service.domain.request_id import (
+from service.domain.purchase.request_id import (
     is_valid_idempotency_key,
     mint_request_id,
     reissued_request_id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from service.domain.order_no import compose_order_no
+from service.domain.order_numbers.format import compose_order_no
 from service.sale.facts import SaleOrderRow as OrderRow
 from service.sale.facts import StoreFacts
 from service.sale.invariants import check_invariants

@@ -6,8 +6,8 @@ import pytest
 
 from service.adapters.redis.results import Reservation, ReserveOutcome
 from service.domain.errors import InvalidInput
-from service.domain.purchase import PurchaseRejected, PurchaseService
-from service.domain.sold_out import SoldOutFlags, Verdict
+from service.domain.purchase.service import PurchaseRejected, PurchaseService
+from service.domain.purchase.sold_out import SoldOutFlags, Verdict
 
 
 class Clock:

@@ -1,6 +1,6 @@
 """Order numbers minted in MySQL (stock mode ``database`` sells with Redis down):
 ``order_no_sequences``, one row per reserved shard (90-99) holding the last second and sequence
-handed out (``service.domain.order_no_mysql``).
+handed out (``service.domain.order_numbers.mysql_minter``).
 
 Revision ID: 0007
 Revises: 0006

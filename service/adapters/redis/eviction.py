@@ -3,7 +3,7 @@
 Stock counters, the reservation journal, quotas and replay records live in Redis without a TTL
 or with one that must run out by itself: a Redis that evicts keys under memory pressure
 (``allkeys-*``, ``volatile-*``: anything but ``noeviction``) can drop any of them. MySQL backs
-up what it can (the stock, the per-user limit: :mod:`service.domain.user_quota`), but a lost
+up what it can (the stock, the per-user limit: :mod:`service.domain.purchase.user_quota`), but a lost
 journal entry is a lost reservation and a lost replay record a second purchase attempt. So the
 API reads the policy once at start and again at most every :data:`REFRESH_SECONDS` (when the
 readiness probe asks), and is not ready while Redis may evict.

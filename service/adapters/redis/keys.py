@@ -35,7 +35,7 @@ class ProductKeys:
     (the product's K) and, while the product sells from MySQL (stock mode ``database``),
     ``mode`` = ``database``.
 
-    ``bucket``: one of the product's stock buckets (:mod:`service.domain.buckets`), each a whole
+    ``bucket``: one of the product's stock buckets (:mod:`service.domain.stock.buckets`), each a whole
     set of these keys with its own hash tag; bucket 0's keys are those of a product of one bucket.
     The ``versions`` hash of a bucket of a product of several also holds ``pass`` (the newest
     rebalancing pass that drained it) and ``filling`` (that pass, until its share is filled in).

@@ -1,6 +1,6 @@
 """The restock channel: every script that puts stock back PUBLISHes the product id on
 ``<prefix>:restocked`` (``lua/restock.lua``, ``release.lua``, ``realign.lua``); API processes
-follow it to drop their sold-out flags (``service/domain/sold_out.py``)."""
+follow it to drop their sold-out flags (``service/domain/purchase/sold_out.py``)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ One method per script or Redis operation, each with a typed answer (:mod:`.resul
 name products, request ids, order numbers and shards; they never build KEYS/ARGV nor know a key.
 Every key of one call on a product shares the product's hash tag ``{p:ID}`` (or, for a product
 split over stock buckets, the bucket's ``{p:ID:B}``: ``bucket=`` on every per-product method,
-:mod:`service.domain.buckets`) and is passed in KEYS, so the scripts run on Redis Cluster.
+:mod:`service.domain.stock.buckets`) and is passed in KEYS, so the scripts run on Redis Cluster.
 
 Errors: every method lets ``redis.exceptions.RedisError`` (and ``OSError`` from the socket)
 through; callers decide what a Redis failure means for them (except :meth:`StockStore.follow_restocks`,

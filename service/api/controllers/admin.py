@@ -13,8 +13,8 @@ from service.api.auth import User, admin_only
 from service.api.openapi import problems
 from service.api.params import OrderNoPath, ProductIdPath
 from service.bootstrap import Resources
-from service.domain.catalog import ProductInput
-from service.domain.realign import RealignReport
+from service.domain.stock.catalog import ProductInput
+from service.domain.stock.realign import RealignReport
 
 
 class RefundBody(msgspec.Struct, forbid_unknown_fields=True):

@@ -14,7 +14,7 @@ from service.api.auth import User
 from service.api.openapi import problems
 from service.api.params import OrderNoPath
 from service.bootstrap import Resources
-from service.domain.checkout import PayParameters
+from service.domain.payments.checkout import PayParameters
 
 
 class PayRequest(msgspec.Struct, forbid_unknown_fields=True):

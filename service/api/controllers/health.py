@@ -8,7 +8,8 @@ from litestar.di import NamedDependency
 from sqlalchemy import text
 
 from service.bootstrap import BackgroundResources
-from service.domain.order_no import REDIS_SHARDS, leased_shards
+from service.domain.order_numbers.format import REDIS_SHARDS
+from service.domain.order_numbers.minter import leased_shards
 
 
 class Readiness(msgspec.Struct):
@@ -26,7 +27,7 @@ class Readiness(msgspec.Struct):
     shard: int | None
     redis_state: str = "ok"
     """``ok``, or ``being repaired`` while a product whose Redis state was lost waits for the
-    self-healing pass (:mod:`service.domain.recovery`): not ready meanwhile."""
+    self-healing pass (:mod:`service.domain.stock.recovery`): not ready meanwhile."""
     redis_may_evict: bool = False
     redis_maxmemory_policy: str | None = None
     shards_leased: int | None = None
@@ -34,7 +35,7 @@ class Readiness(msgspec.Struct):
     None when Redis did not answer. Informational: a worker that holds its shard is ready."""
     shards_free: int | None = None
     """Shards still free: how many more API worker processes can start (the fleet limit is
-    ``shards_total``, :data:`~service.domain.order_no.REDIS_SHARDS`)."""
+    ``shards_total``, :data:`~service.domain.order_numbers.minter.REDIS_SHARDS`)."""
     shards_total: int = REDIS_SHARDS
     connecting: bool = False
 

@@ -22,7 +22,7 @@ from litestar.params import QueryParameter
 from service import metrics
 from service.api.auth import admin_only, decode_admin
 from service.bootstrap import Resources
-from service.domain.realign import RealignReport
+from service.domain.stock.realign import RealignReport
 
 _PAGE = files("service.api.static").joinpath("ops.html").read_bytes()
 

@@ -24,10 +24,10 @@ from service.api.openapi import REQUEST_SCHEMA_OPT, problems
 from service.api.params import CursorQuery, IdempotencyKeyHeader, OrderNoPath, OrderTokenHeader
 from service.api.problems import problem_response
 from service.bootstrap import Resources
-from service.domain.catalog import PositiveId
 from service.domain.errors import Conflict, DomainError
-from service.domain.orders import OrderPage, OrderView
-from service.domain.request_id import is_valid_idempotency_key, request_id_for, request_id_from_key
+from service.domain.orders.service import OrderPage, OrderView
+from service.domain.purchase.request_id import is_valid_idempotency_key, request_id_for, request_id_from_key
+from service.domain.stock.catalog import PositiveId
 
 _ACCEPTED = metrics.purchase_outcome("accepted")
 

@@ -11,7 +11,7 @@ from service.api.media import JSON_BODY_OPT
 from service.api.openapi import REQUEST_SCHEMA_OPT, problems
 from service.api.params import SignatureHeader
 from service.bootstrap import Resources
-from service.domain.payments import Notification, NotifyResult
+from service.domain.payments.service import Notification, NotifyResult
 
 
 class PaymentController(Controller):

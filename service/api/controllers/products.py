@@ -8,7 +8,7 @@ from litestar.di import NamedDependency
 from service.api.openapi import problems
 from service.api.params import ProductIdPath
 from service.bootstrap import Resources
-from service.domain.catalog import ProductView
+from service.domain.stock.catalog import ProductView
 
 
 class ProductController(Controller):

@@ -24,7 +24,7 @@ from service.adapters.redis.results import (
 from service.adapters.redis.stock_store import new_attempt
 from service.api.app import create_app
 from service.bootstrap import make_store
-from service.domain.order_no import compose_order_no
+from service.domain.order_numbers.format import compose_order_no
 from service.settings import Settings
 from tests.support import PausableProxy, buy, private_redis, serving
 

@@ -23,7 +23,7 @@ import pytest
 from db.migrate import upgrade
 from service.api.auth import issue_token
 from service.bootstrap import opened
-from service.domain.catalog import ProductInput
+from service.domain.stock.catalog import ProductInput
 from service.sale.isolation import environment, free_port
 from service.settings import Settings
 from tests.support import (

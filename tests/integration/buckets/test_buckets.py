@@ -11,9 +11,9 @@ from redis.crc import key_slot
 
 from service.adapters.redis.results import ReserveOutcome
 from service.adapters.redis.stock_store import StockStore
-from service.domain import realign as realign_module
-from service.domain.buckets import bucket_of
-from service.domain.realign import Realigner
+from service.domain.stock import realign as realign_module
+from service.domain.stock.buckets import bucket_of
+from service.domain.stock.realign import Realigner
 from tests.support import buy, buy_and_settle, eventually, inventory, order_rows, quota_rows
 
 K = 3

@@ -23,10 +23,11 @@ from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stock_store import StockStore
 from service.api.auth import issue_token
 from service.bootstrap import DependencyUnreachable, _Tuned, check_dependencies, make_store
-from service.domain.lifecycle import expire_unpaid
-from service.domain.order_no import REDIS_SHARDS, OrderNumberMinter, ShardGenerations, ShardLease
-from service.domain.realign import Realigner
-from service.domain.recovery import Recovery
+from service.domain.order_numbers.format import REDIS_SHARDS
+from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
+from service.domain.orders.lifecycle import expire_unpaid
+from service.domain.stock.realign import Realigner
+from service.domain.stock.recovery import Recovery
 from service.sale.isolation import environment, free_port, isolated_settings
 from service.sale.stores import tear_down
 from service.settings import Settings
@@ -339,7 +340,7 @@ def test_a_small_sale_on_the_cluster_holds_every_invariant(cluster_url):
 async def test_recovery_reloads_products_redis_lost_on_every_master_under_its_lock(
     cluster_client, cluster_settings, cluster_redis, cluster_store, cluster_engine
 ):
-    """The API's self-healing pass (service/domain/recovery.py): its lock is one key, then one
+    """The API's self-healing pass (service/domain/stock/recovery.py): its lock is one key, then one
     product at a time; a second process's pass loses the lock meanwhile."""
     products = await _one_product_per_master(cluster_redis, cluster_store)
     for product_id in products:

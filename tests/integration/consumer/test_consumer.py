@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from service.adapters.broker import OrderMessage, encode_order, queue_depth
 from service.adapters.redis.stock_store import StockStore
-from service.domain.order_writer import Outcome, apply_order
+from service.domain.fulfilment.order_writer import Outcome, apply_order
 from service.sale.isolation import environment
 from tests.support import (
     PATIENCE,

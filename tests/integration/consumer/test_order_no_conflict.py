@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from service.adapters.broker import OrderMessage, encode_order, queue_depth
 from service.adapters.redis.stock_store import new_attempt
-from service.domain.order_no import compose_order_no
-from service.domain.order_no_conflicts import stand_in_order_no
-from service.domain.order_writer import Outcome, write_orders
-from service.domain.realign import Realigner
-from service.domain.request_id import mint_request_id
+from service.domain.fulfilment.order_writer import Outcome, write_orders
+from service.domain.order_numbers.conflicts import stand_in_order_no
+from service.domain.order_numbers.format import compose_order_no
+from service.domain.purchase.request_id import mint_request_id
+from service.domain.stock.realign import Realigner
 from tests.support import eventually, inventory, order_rows, publish_raw, quota_rows, redis_state
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from service.domain.order_writer import Outcome, write_orders
+from service.domain.fulfilment.order_writer import Outcome, write_orders
 from tests.support import buy, eventually, inventory, message_for, order_rows, quota_rows, rows_are
 
 LIMIT_EXCEEDED = (7, "limit_exceeded")

@@ -16,8 +16,8 @@ import pytest
 from service.adapters.broker import encode_order, queue_depth
 from service.adapters.dead_letters import DeadLetterQueue
 from service.bootstrap import Resources
-from service.domain.dead_letters import DeadLetterNotFound, DeadLetterService, PurgeOutcome
-from service.domain.request_id import mint_request_id
+from service.domain.fulfilment.dead_letters import DeadLetterNotFound, DeadLetterService, PurgeOutcome
+from service.domain.purchase.request_id import mint_request_id
 from service.sale.isolation import environment
 from tests.support import (
     eventually,
@@ -207,7 +207,7 @@ async def test_a_republished_order_that_lands_leaves_no_stale_copy_in_the_dead_l
 ):
     """Guards (issue 11): after MySQL was down long enough to dead-letter the orders in hand,
     realignment re-published them and they landed, but their dead copies stayed in the queue."""
-    from service.domain.realign import Realigner
+    from service.domain.stock.realign import Realigner
 
     own, resources, channel = mine
     await put_product(product_id, stock=5, limit=2)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
 from service.bootstrap import Resources
-from service.domain.order_no import compose_order_no
-from service.domain.request_id import mint_request_id
+from service.domain.order_numbers.format import compose_order_no
+from service.domain.purchase.request_id import mint_request_id
 from tests.support import (
     buy_losing_the_reserve_reply,
     eventually,

@@ -7,7 +7,7 @@ connection: the script ran in Redis, the API never heard back.
 
 from __future__ import annotations
 
-from service.domain.request_id import mint_request_id
+from service.domain.purchase.request_id import mint_request_id
 from tests.support import buy_losing_the_reserve_reply, redis_state
 
 

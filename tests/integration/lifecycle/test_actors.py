@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from db.models import OrderStatus as S
-from service.domain.lifecycle import expire_unpaid
+from service.domain.orders.lifecycle import expire_unpaid
 from tests.support import buy, buy_and_settle, eventually, notify, status_of
 
 

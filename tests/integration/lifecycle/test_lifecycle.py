@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import bindparam, text
 
 from db.models import OrderStatus as S
-from service.domain.lifecycle import IllegalTransition, expire_unpaid, transition
-from service.domain.payments import sign
-from service.domain.realign import Realigner
+from service.domain.orders.lifecycle import IllegalTransition, expire_unpaid, transition
+from service.domain.payments.service import sign
+from service.domain.stock.realign import Realigner
 from tests.support import (
     buy_and_settle,
     eventually,
@@ -304,7 +304,7 @@ async def test_order_list_is_the_callers_newest_first_in_keyset_pages(
 async def test_when_the_redis_step_of_a_cancel_is_lost_realignment_restores_stock_and_quota(
     client, token, put_product, product_id, engine, redis, store, settings, consumer
 ):
-    from service.domain.lifecycle import cancel_order, give_back_to_redis
+    from service.domain.orders.lifecycle import cancel_order, give_back_to_redis
 
     await put_product(product_id, stock=2, limit=1)
     [order_no] = await buy_and_settle(client, token, engine, product_id, ["lost-step"])

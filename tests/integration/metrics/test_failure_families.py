@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.adapters.broker import encode_order
 from service.adapters.redis.stock_store import new_attempt
-from service.domain.database_purchase import DatabasePurchase, buy_in_database
-from service.domain.order_no import compose_order_no
-from service.domain.request_id import mint_request_id
+from service.domain.order_numbers.format import compose_order_no
+from service.domain.purchase.database import DatabasePurchase, buy_in_database
+from service.domain.purchase.request_id import mint_request_id
 from service.sale.isolation import environment, free_port
 from tests.support import (
     behind_a_row_lock,

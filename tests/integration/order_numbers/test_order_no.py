@@ -12,15 +12,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from service.adapters.redis.stock_store import StockStore
-from service.domain.order_no import (
-    COUNTER_MAX,
-    REDIS_SHARDS,
-    OrderNumberMinter,
-    ShardGenerations,
-    ShardLease,
-    ShardLost,
-    is_valid_order_no,
-)
+from service.domain.order_numbers.format import COUNTER_MAX, REDIS_SHARDS, is_valid_order_no
+from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease, ShardLost
 from service.sale.isolation import environment
 
 
@@ -128,7 +121,8 @@ async def test_shards_are_exclusive(redis, settings):
 _MINT_IN_A_PROCESS = """
 import asyncio, json, sys
 from db.engine import make_engine
-from service.domain.order_no import REDIS_SHARDS, OrderNumberMinter, ShardGenerations, ShardLease
+from service.domain.order_numbers.format import REDIS_SHARDS
+from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
 from service.bootstrap import make_store
 from service.settings import Settings
 

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy import text
 
-from service.domain.order_no import is_valid_order_no
-from service.domain.order_no_mysql import MYSQL_SHARDS, MysqlOrderNumberMinter
+from service.domain.order_numbers.format import is_valid_order_no
+from service.domain.order_numbers.mysql_minter import MYSQL_SHARDS, MysqlOrderNumberMinter
 
 
 async def test_concurrent_minters_never_hand_out_a_number_twice(engine):

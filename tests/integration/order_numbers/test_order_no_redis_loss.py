@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from redis.asyncio import Redis
 
 from service.adapters.redis.stock_store import StockStore
-from service.domain.order_no import OrderNumberMinter, ShardGenerations, ShardLease, is_valid_order_no
+from service.domain.order_numbers.format import is_valid_order_no
+from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
 from tests.support import private_redis
 
 _SECOND = datetime(2026, 11, 30, 12, 0, 0, 500_000, tzinfo=UTC)

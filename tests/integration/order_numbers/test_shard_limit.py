@@ -17,7 +17,8 @@ import pytest
 
 from service.api.no_shard import EXIT_NO_SHARD
 from service.bootstrap import Resources, make_store
-from service.domain.order_no import REDIS_SHARDS, ShardsExhausted
+from service.domain.order_numbers.format import REDIS_SHARDS
+from service.domain.order_numbers.minter import ShardsExhausted
 from service.sale.isolation import free_port
 from service.settings import Settings
 from tests.support import api_ready, eventually, private_redis, start_flashsale

@@ -24,7 +24,7 @@ from db.engine import make_engine
 from service.adapters.broker import OrderMessage, declare_topology, decode_order, encode_order, queue_depth
 from service.adapters.dead_letters import DeadLetterQueue
 from service.bootstrap import Resources
-from service.domain.request_id import mint_request_id
+from service.domain.purchase.request_id import mint_request_id
 from service.sale.isolation import environment, free_port
 from service.settings import AMQPSettings, Settings
 from tests.support import (

@@ -18,7 +18,7 @@ from sqlalchemy import bindparam, text
 
 from db.models import OrderStatus as S
 from service.bootstrap import opened
-from service.domain.lifecycle import expire_unpaid
+from service.domain.orders.lifecycle import expire_unpaid
 from service.sale.isolation import environment
 from tests.support import buy_and_settle, eventually, inventory, payments_of, redis_state, status_of
 

@@ -126,7 +126,7 @@ async def test_a_payment_for_a_queued_order_is_answered_retryably_then_applied(
 
 
 async def test_an_order_nobody_accepted_is_still_404(client, settings):
-    from service.domain.order_no import compose_order_no
+    from service.domain.order_numbers.format import compose_order_no
 
     unknown = compose_order_no("FS", "20261130120000", 1, 1)
     response = await notify(client, settings, unknown, txn="nobody")
@@ -189,7 +189,7 @@ async def test_no_cancel_while_a_payment_is_open_at_a_channel(
     payment attempt is open: a start that came after the sweep's question keeps its order."""
     from sqlalchemy import text
 
-    from service.domain.lifecycle import expire_unpaid
+    from service.domain.orders.lifecycle import expire_unpaid
 
     order_no = await one_order("open-attempt")
     async with engine.begin() as conn:

@@ -14,7 +14,7 @@ import pytest
 from service.adapters.broker import declare_topology
 from service.api.app import create_app
 from service.bootstrap import Resources, opened
-from service.domain.request_id import mint_request_id
+from service.domain.purchase.request_id import mint_request_id
 from service.settings import Settings
 from tests.support import buy, eventually, inventory, order_rows, own_queues, redis_state, running_consumer, serving
 

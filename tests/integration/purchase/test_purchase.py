@@ -7,8 +7,8 @@ from collections import Counter
 
 from sqlalchemy import text
 
-from service.domain.order_no import is_valid_order_no
-from service.domain.realign import Realigner
+from service.domain.order_numbers.format import is_valid_order_no
+from service.domain.stock.realign import Realigner
 from tests.support import (
     buy,
     eventually,

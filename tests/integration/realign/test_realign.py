@@ -11,10 +11,10 @@ from sqlalchemy import text
 
 from service.adapters.broker import OrderMessage, Publisher
 from service.adapters.redis.stock_store import StockStore, new_attempt
-from service.domain.order_no import compose_order_no
-from service.domain.order_writer import apply_order
-from service.domain.realign import Realigner
-from service.domain.request_id import mint_request_id
+from service.domain.fulfilment.order_writer import apply_order
+from service.domain.order_numbers.format import compose_order_no
+from service.domain.purchase.request_id import mint_request_id
+from service.domain.stock.realign import Realigner
 from tests.support import (
     RunsAfterJournalRead,
     buy,
@@ -186,7 +186,7 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     engine, redis, store, settings, put_product, product_id
 ):
     from service.adapters.broker import OrderMessage
-    from service.domain.order_writer import apply_order
+    from service.domain.fulfilment.order_writer import apply_order
 
     await put_product(product_id, stock=10, limit=1)
     keys = store.product_keys(product_id)

@@ -9,11 +9,11 @@ import pytest
 
 from service.adapters.broker import OrderMessage, Publisher
 from service.adapters.redis.stock_store import new_attempt
-from service.domain import realign as realign_module
-from service.domain.order_no import compose_order_no
-from service.domain.order_writer import apply_order
-from service.domain.realign import FULL_PASS_MAX_ENTRIES, Realigner
-from service.domain.request_id import mint_request_id
+from service.domain.fulfilment.order_writer import apply_order
+from service.domain.order_numbers.format import compose_order_no
+from service.domain.purchase.request_id import mint_request_id
+from service.domain.stock import realign as realign_module
+from service.domain.stock.realign import FULL_PASS_MAX_ENTRIES, Realigner
 from tests.support import inventory
 
 

@@ -11,8 +11,8 @@ import random
 
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import make_redis
-from service.domain.realign import Realigner
-from service.domain.recovery import Recovery
+from service.domain.stock.realign import Realigner
+from service.domain.stock.recovery import Recovery
 from tests.support import private_redis
 
 

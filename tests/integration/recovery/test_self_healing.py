@@ -14,9 +14,9 @@ from collections import Counter
 from service.adapters.redis.stock_store import StockStore, new_attempt
 from service.api.app import create_app
 from service.bootstrap import make_redis
-from service.domain.order_no import compose_order_no
-from service.domain.recovery import LOCK_SECONDS
-from service.domain.request_id import mint_request_id
+from service.domain.order_numbers.format import compose_order_no
+from service.domain.purchase.request_id import mint_request_id
+from service.domain.stock.recovery import LOCK_SECONDS
 from tests.support import (
     PATIENCE,
     buy,

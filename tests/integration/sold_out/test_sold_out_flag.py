@@ -22,9 +22,9 @@ import pytest
 from sqlalchemy import text
 
 from service.api.app import create_app
-from service.domain.lifecycle import expire_unpaid
-from service.domain.realign import Realigner
-from service.domain.sold_out import SoldOutFlags, Verdict
+from service.domain.orders.lifecycle import expire_unpaid
+from service.domain.purchase.sold_out import SoldOutFlags, Verdict
+from service.domain.stock.realign import Realigner
 from tests.support import buy, eventually, inventory, order_rows, rows_at_least, running_consumer, serving
 
 LONG_TTL = 60.0

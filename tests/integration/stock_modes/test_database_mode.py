@@ -11,9 +11,9 @@ from sqlalchemy import text
 
 from db.models import OrderStatus
 from service.adapters.redis.results import ReserveOutcome
-from service.domain.database_purchase import DatabasePurchase, buy_in_database
-from service.domain.order_no import compose_order_no, is_valid_order_no
-from service.domain.request_id import mint_request_id
+from service.domain.order_numbers.format import compose_order_no, is_valid_order_no
+from service.domain.purchase.database import DatabasePurchase, buy_in_database
+from service.domain.purchase.request_id import mint_request_id
 from tests.support import api_in_loop, behind_a_row_lock, buy, inventory, order_rows, redis_state
 
 

@@ -16,9 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders
 from service import metrics
-from service.domain.order_no import compose_order_no
-from service.domain.request_id import mint_request_id
-from service.domain.stock_modes import set_mode
+from service.domain.order_numbers.format import compose_order_no
+from service.domain.purchase.request_id import mint_request_id
+from service.domain.stock.modes import set_mode
 
 WAIT = 0.5
 """Long enough for the writer to reach its lock wait (it would be blocked for good otherwise)."""

@@ -8,7 +8,7 @@ import asyncio
 from collections import Counter
 
 from db.models import OrderStatus
-from service.domain.realign import Realigner
+from service.domain.stock.realign import Realigner
 from tests.support import api_in_loop, buy, eventually, inventory, order_rows, rows_at_least
 
 STOCK = 200

@@ -19,8 +19,8 @@ from redis.exceptions import RedisError
 from db.models import OrderStatus
 from service.adapters.redis.stock_store import StockStore
 from service.bootstrap import make_redis
-from service.domain.order_no import is_valid_order_no
-from service.domain.order_no_mysql import MYSQL_SHARDS
+from service.domain.order_numbers.format import is_valid_order_no
+from service.domain.order_numbers.mysql_minter import MYSQL_SHARDS
 from service.sale.isolation import environment
 from tests.support import (
     api_in_loop,

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.engine import make_engine
 from db.models import StockMode
 from service.domain.errors import ProductNotFound
-from service.domain.routes import RouteCache
+from service.domain.purchase.routes import RouteCache
 from tests.support import PausableProxy
 
 BUYERS = 200

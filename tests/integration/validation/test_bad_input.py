@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import text
 
 from service.adapters.broker import OrderMessage, encode_order, queue_depth
-from service.domain.order_no import compose_order_no
-from service.domain.request_id import mint_request_id
+from service.domain.order_numbers.format import compose_order_no
+from service.domain.purchase.request_id import mint_request_id
 from tests.support import eventually, publish_raw, redis_state, rows_at_least
 
 CASES = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import structlog
 
 import service.api.problems as problems
-import service.domain.realign as realign_module
+import service.domain.stock.realign as realign_module
 
 
 async def test_a_key_error_inside_a_realignment_pass_is_a_500_not_a_404(

@@ -13,15 +13,15 @@ found missing first, then releases the lock. So, with one pass at a time across 
   readiness says ``redis_state: "being repaired"``.
 - **Stranded reservations** (the API died between reserve and publish, so the buyer never saw a
   202): the pass publishes every journal entry older than the grace period again (once per
-  back-off period, :mod:`service.domain.realign`), so the row appears at most
+  back-off period, :mod:`service.domain.stock.realign`), so the row appears at most
   ``grace + every_seconds`` + one pass after the reservation, without anyone running
   ``flashsale realign``.
 - ``after_pass`` (when given) runs after a pass this process won, at most once a minute: the
   composition root drops dead-lettered copies of orders that have landed since
-  (:meth:`service.domain.dead_letters.DeadLetterService.drop_landed`).
+  (:meth:`service.domain.fulfilment.dead_letters.DeadLetterService.drop_landed`).
 
 The lock only keeps the passes from piling up: two concurrent passes are still exact
-(:mod:`service.domain.realign`), so a lock that lapses during a long pass costs work, not
+(:mod:`service.domain.stock.realign`), so a lock that lapses during a long pass costs work, not
 correctness.
 """
 
@@ -36,7 +36,7 @@ import structlog
 
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import ProductNotFound
-from service.domain.realign import Realigner
+from service.domain.stock.realign import Realigner
 from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)

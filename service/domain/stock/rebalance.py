@@ -1,6 +1,6 @@
 """Rebalancing on demand: a buyer whose stock bucket ran dry while others hold units.
 
-A product of several stock buckets (:mod:`service.domain.buckets`) is sold out only when every
+A product of several stock buckets (:mod:`service.domain.stock.buckets`) is sold out only when every
 bucket is. When a buyer's bucket answers ``sold_out`` and the others still hold units, the API
 process runs a realignment pass of the product (:meth:`Realigner.realign`), which drains every
 bucket and fills each with its share of what is left, and the purchase asks once more.
@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
 from service.domain.errors import DomainError
-from service.domain.realign import Realigner
+from service.domain.stock.realign import Realigner
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +43,7 @@ class Rebalancer:
 
     async def __call__(self, product_id: int, favour: tuple[int, int]) -> None:
         """Rebalance ``product_id``'s buckets, ``favour`` = (bucket, units) getting at least those
-        units where the stock allows (:func:`service.domain.buckets.split`), or wait for the pass
+        units where the stock allows (:func:`service.domain.stock.buckets.split`), or wait for the pass
         already running (which may favour another bucket: its buyer's retry starts the next); returns
         within :data:`WAIT_SECONDS` (the pass goes on) and never raises (a failed pass is
         logged; the buyer is answered from what Redis holds)."""

@@ -19,7 +19,7 @@ The brief's per-message rules ("Consumer (authoritative write)"), applied to a b
    - the ``order_status_log`` rows of the batch (one multi-row insert);
    - per product, in product id order (one lock order for every consumer), one
      ``UPDATE inventory ... WHERE stock >= <batch total>``, then the per-user limit in MySQL
-     (:mod:`service.domain.user_quota`): one multi-row upsert of the batch's units per user into
+     (:mod:`service.domain.purchase.user_quota`): one multi-row upsert of the batch's units per user into
      ``user_quota`` and one read of the users it took over the product's limit. When both pass
      (the common case: three statements per product), done. Else the orders are decided one by
      one in delivery order: an order that would take its user over the limit is recorded
@@ -29,7 +29,7 @@ The brief's per-message rules ("Consumer (authoritative write)"), applied to a b
      quota counts and the stock are set to exactly what the kept orders take;
    - an order whose order number another request's order already has (a minter fault) is
      recorded ``rejected``/``order_no_conflict`` under a stand-in number, and the buyer's number
-     leads to it (:mod:`service.domain.order_no_conflicts`): never a dead letter, never a 202
+     leads to it (:mod:`service.domain.order_numbers.conflicts`): never a dead letter, never a 202
      without a row the buyer can read;
    - deadlock (1213) or lock wait timeout (1205): the whole transaction is retried, bounded,
      with backoff.
@@ -59,11 +59,11 @@ from service import metrics
 from service.adapters.broker import OrderMessage, decode_order
 from service.adapters.redis.results import ClaimOutcome
 from service.adapters.redis.stock_store import StockStore
-from service.domain import user_quota
-from service.domain.actors import CONSUMER
-from service.domain.order_no import is_valid_order_no
-from service.domain.order_no_conflicts import stand_in_order_no
-from service.domain.request_id import USER_ID, reissued_request_id
+from service.domain.order_numbers.conflicts import stand_in_order_no
+from service.domain.order_numbers.format import is_valid_order_no
+from service.domain.orders.actors import CONSUMER
+from service.domain.purchase import user_quota
+from service.domain.purchase.request_id import USER_ID, reissued_request_id
 
 _WRITE_RETRIED = metrics.retries_of("write_orders", metrics.TRANSACTION_RETRIES.inc)
 
@@ -408,7 +408,7 @@ def _units_by_user(rows: list[_Row]) -> dict[str, int]:
 
 
 async def _reject(conn: AsyncConnection, rows: list[_Row], reason: str) -> None:
-    """``pending_payment -> rejected`` (a whitelisted change, :data:`service.domain.lifecycle.ALLOWED`)
+    """``pending_payment -> rejected`` (a whitelisted change, :data:`service.domain.orders.lifecycle.ALLOWED`)
     for ``rows`` written in this transaction, with their history rows."""
     params = {
         "from_": OrderStatus.PENDING_PAYMENT,

@@ -2,7 +2,7 @@
 
 - ``redis`` (scheme 2): reserve in Redis (one Lua call), publish with confirm, or give it back
   (publish mode ``confirm``); or reserve, mark queued and publish in the background (``async``).
-- ``database`` (scheme 1): one MySQL transaction (:mod:`service.domain.database_purchase`).
+- ``database`` (scheme 1): one MySQL transaction (:mod:`service.domain.purchase.database`).
 
 ``PurchaseService.purchase`` is the whole hot path; the HTTP controller only authenticates,
 validates and maps the outcome to a status code.
@@ -40,19 +40,19 @@ from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
 from service.adapters.redis.stock_store import TOKEN_INVALID, TOKEN_USED, StockStore, new_attempt
-from service.domain.buckets import bucket_of
-from service.domain.database_purchase import (
+from service.domain.errors import DomainError, InvalidInput, ProductNotFound
+from service.domain.order_numbers.minter import OrderNumberMinter, ShardLost
+from service.domain.order_numbers.mysql_minter import MysqlOrderNumberMinter
+from service.domain.purchase.database import (
     DatabaseAnswer,
     DatabasePurchase,
     buy_in_database,
     earlier_order,
     replay_of,
 )
-from service.domain.errors import DomainError, InvalidInput, ProductNotFound
-from service.domain.order_no import OrderNumberMinter, ShardLost
-from service.domain.order_no_mysql import MysqlOrderNumberMinter
-from service.domain.routes import Route, RouteCache
-from service.domain.sold_out import SoldOutFlags, Token, Verdict
+from service.domain.purchase.routes import Route, RouteCache
+from service.domain.purchase.sold_out import SoldOutFlags, Token, Verdict
+from service.domain.stock.buckets import bucket_of
 
 log = structlog.get_logger(__name__)
 
@@ -129,7 +129,7 @@ class _Ask:
 
     @property
     def bucket(self) -> int:
-        """The buyer's stock bucket (:func:`~service.domain.buckets.bucket_of`)."""
+        """The buyer's stock bucket (:func:`~service.domain.stock.buckets.bucket_of`)."""
         return bucket_of(self.user_id, self.buckets)
 
 
@@ -146,10 +146,10 @@ class PurchaseService:
     ``database_minter``: order numbers of stock mode ``database`` (from MySQL, no Redis); None:
     ``minter``'s (Redis).
     ``not_loaded(product_id)``: told when Redis does not know a product that MySQL sells through
-    Redis (Redis lost its state; :meth:`service.domain.recovery.Recovery.not_loaded`).
+    Redis (Redis lost its state; :meth:`service.domain.stock.recovery.Recovery.not_loaded`).
     ``rebalance(product_id, (bucket, quantity))``: spreads a product's stock over its buckets again,
     that bucket getting at least that quantity where the stock allows
-    (:class:`service.domain.rebalance.Rebalancer`), awaited when a buyer's bucket ran dry while
+    (:class:`service.domain.stock.rebalance.Rebalancer`), awaited when a buyer's bucket ran dry while
     others hold units; None: such a buyer is answered ``unavailable``.
     """
 
@@ -326,7 +326,7 @@ class PurchaseService:
         order_no = reservation.order_no
         if order_no != candidate and reservation.outcome is not ReserveOutcome.NOT_LOADED:
             # A definite answer that did not use the candidate. Not after 'not loaded': Redis
-            # lost data, and a number is never reused around a loss (service/domain/order_no.py).
+            # lost data, and a number is never reused around a loss (service/domain/order_numbers/minter.py).
             self._minter.give_back(candidate)
         accepted = Accepted(order_no, request_id, product_id, quantity)
         outcome = reservation.outcome

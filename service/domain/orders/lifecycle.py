@@ -21,9 +21,10 @@ from db.queries import attempts, inventory, orders
 from service import metrics
 from service.adapters.redis.results import RestockOutcome
 from service.adapters.redis.stock_store import StockStore
-from service.domain import actors, user_quota
-from service.domain.buckets import bucket_of
 from service.domain.errors import OrderNotFound
+from service.domain.orders import actors
+from service.domain.purchase import user_quota
+from service.domain.stock.buckets import bucket_of
 
 log = structlog.get_logger(__name__)
 
@@ -39,7 +40,7 @@ rejected are final; ``refunding -> paid`` when the channel fails or rejects the 
 
 class PaymentOpen(Exception):
     """The order has a payment attempt still open at a channel: it may be paid there, so it is
-    not cancelled (the channel must close it first; see :mod:`service.domain.checkout`)."""
+    not cancelled (the channel must close it first; see :mod:`service.domain.payments.checkout`)."""
 
     def __init__(self, order_no: str) -> None:
         super().__init__(f"order {order_no} has a payment open at a channel")
@@ -101,7 +102,7 @@ async def transition(
     conn: AsyncConnection, order_no: str, from_: S, to: S, reason: str | None = None, *, actor: str
 ) -> None:
     """Change ``order_no`` from ``from_`` to ``to`` inside the caller's transaction and log it with
-    ``reason`` and ``actor`` (who: :mod:`service.domain.actors`).
+    ``reason`` and ``actor`` (who: :mod:`service.domain.orders.actors`).
 
     Raises:
         IllegalTransition: ``to`` is not allowed after ``from_``.
@@ -125,7 +126,7 @@ async def transition(
 async def return_stock(conn: AsyncConnection, order: OrderRow, *, release_quota: bool) -> ReturnedUnits:
     """``stock + q, sold - q`` for the order's product inside the caller's transaction; with
     ``release_quota`` (a cancel) the buyer's count against the per-user limit in MySQL goes down
-    by ``q`` too (after the inventory row: :mod:`service.domain.user_quota`'s lock order)."""
+    by ``q`` too (after the inventory row: :mod:`service.domain.purchase.user_quota`'s lock order)."""
     await conn.execute(
         inventory.GIVE_BACK,
         {"q": order.quantity, "p": order.product_id},

@@ -24,9 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.queries import payments
 from service.adapters.channel_client import BillLine, ChannelClient, ChannelUnavailable
-from service.domain import actors
 from service.domain.errors import DomainError, InvalidInput
-from service.domain.payments import Notification, PaymentService
+from service.domain.orders import actors
+from service.domain.payments.service import Notification, PaymentService
 
 log = structlog.get_logger(__name__)
 

@@ -16,10 +16,10 @@ from db.models import MAX_AMOUNT, StockMode
 from db.queries import inventory, products
 from service import metrics
 from service.adapters.redis.stock_store import StockStore
-from service.domain.buckets import MAX_BUCKETS
 from service.domain.errors import InvalidInput, ProductNotFound
-from service.domain.realign import Realigner, RealignReport
-from service.domain.stock_modes import switch_to_database, switch_to_redis
+from service.domain.stock.buckets import MAX_BUCKETS
+from service.domain.stock.modes import switch_to_database, switch_to_redis
+from service.domain.stock.realign import Realigner, RealignReport
 
 _SET_RETRIED = metrics.retries_of("set_product")
 
@@ -42,9 +42,9 @@ class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
     times are UTC). ``stock_mode`` (seed "order system database design": ``database``, scheme 1,
     or ``redis``, scheme 2; new products default to ``database``) and ``require_token`` (a
     purchase needs an ``Order-Token``; default false) left out keep their values; a new
-    ``stock_mode`` switches the product safely mid-sale (:mod:`service.domain.stock_modes`).
+    ``stock_mode`` switches the product safely mid-sale (:mod:`service.domain.stock.modes`).
     ``buckets`` (1..64, default 1): how many Redis key sets the stock is split over, for a product
-    hotter than one Redis Cluster slot (:mod:`service.domain.buckets`); fixed at creation."""
+    hotter than one Redis Cluster slot (:mod:`service.domain.stock.buckets`); fixed at creation."""
 
     stock: Annotated[int, Meta(ge=0, le=2**31 - 1)]
     price: Annotated[int, Meta(ge=0, le=2**62)] | None = None
@@ -82,7 +82,7 @@ async def set_product(
     engine: AsyncEngine, store: StockStore, realigner: Realigner, product_id: int, data: ProductInput
 ) -> RealignReport:
     """Upsert the product and its MySQL stock (``stock - sold``), switch its stock mode when
-    ``stock_mode`` names another one (:mod:`service.domain.stock_modes`), then load Redis (sale
+    ``stock_mode`` names another one (:mod:`service.domain.stock.modes`), then load Redis (sale
     window, per-user limit, stock, mode marker) by a realignment pass: exact against
     reservations in flight, never a blind overwrite of live stock.
 

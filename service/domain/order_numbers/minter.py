@@ -1,9 +1,4 @@
-"""Order numbers (seed "Payment Order Number Design").
-
-Layout, 26 characters: prefix (2 letters) + UTC ``yyyyMMddHHmmss`` (14) + shard (2 digits)
-+ sequence (6 digits) + check (2 digits). The check digits are ISO 7064 MOD 97-10 over the first
-24 characters with letters counted A=10 ... Z=35 as in IBAN (ISO 13616), so an order number is
-valid when ``int(digits(all 26)) % 97 == 1``.
+"""Minting order numbers from Redis (the format is :mod:`service.domain.order_numbers.format`).
 
 The 6-digit sequence is the shard's generation digit followed by a 5-digit counter. The counter
 comes from Redis, one per shard and second (with an expiry), taken in blocks: one ``INCRBY n``
@@ -11,7 +6,7 @@ hands the process ``n`` numbers, given out locally until the block is used or th
 (a block's unused rest is a gap, never reused). The shard is a number 00-99 that one running
 process holds exclusively through a lease in Redis (:class:`ShardLease`); shards 00-89 are
 leased here, 90-99 are reserved for the MySQL minter of stock mode ``database``
-(:mod:`service.domain.order_no_mysql`), so the two never hand out the same number. The counter still
+(:mod:`service.domain.order_numbers.mysql_minter`), so the two never hand out the same number. The counter still
 guards uniqueness when a shard changes hands within a second. Past 99,999 in one second the
 minter waits for the next second: the counter never wraps.
 
@@ -32,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import re
 import secrets
 import time
 from collections import deque
@@ -45,59 +39,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.queries import order_no as generations_sql
 from service.adapters.redis.stock_store import StockStore
-from service.domain.errors import InvalidInput
+from service.domain.order_numbers.format import COUNTER_MAX, REDIS_SHARDS, compose_in_range
 from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)
 
-ORDER_NO_LENGTH = 26
-SEQUENCE_MAX = 999_999
-COUNTER_MAX = 99_999
-"""Order numbers one shard mints in one second (the sequence's last five digits)."""
-SHARDS = 100
-REDIS_SHARDS = 90
-"""Shards 00-89 are leased in Redis; 90-99 belong to :mod:`service.domain.order_no_mysql`."""
-_ORDER_NO = re.compile(r"[A-Z]{2}[0-9]{24}")
 _SPARE_MAX_AGE_SECONDS = 5.0
 _ESTABLISH_TRIES = 40
 """How often one mint tries to establish its shard's epoch (0.05 s apart) before it gives up."""
-
-
-_IBAN_LETTERS = str.maketrans({chr(ord("A") + i): str(10 + i) for i in range(26)})
-
-
-def _digits(text: str) -> str:
-    """Letters to numbers as in IBAN (A=10 ... Z=35); digits stay (``text`` is ``[A-Z0-9]*``)."""
-    return text.translate(_IBAN_LETTERS)
-
-
-def check_digits(body: str) -> str:
-    """ISO 7064 MOD 97-10 check digits (2 characters) for ``body`` (the first 24 characters)."""
-    return f"{98 - int(_digits(body + '00')) % 97:02d}"
-
-
-def is_valid_order_no(value: str) -> bool:
-    """True when ``value`` has the length, charset and check digits of an order number."""
-    return bool(_ORDER_NO.fullmatch(value)) and int(_digits(value)) % 97 == 1
-
-
-def compose_order_no(prefix: str, second: str, shard: int, sequence: int) -> str:
-    """Build an order number from its parts (``second`` is UTC ``yyyyMMddHHmmss``).
-
-    Raises:
-        ValueError: a part is out of range.
-    """
-    if not re.fullmatch(r"[A-Z]{2}", prefix) or not re.fullmatch(r"[0-9]{14}", second):
-        raise ValueError("prefix must be 2 capital letters and second 14 digits")
-    if not 0 <= shard < SHARDS or not 0 <= sequence <= SEQUENCE_MAX:
-        raise ValueError("shard or sequence out of range")
-    return _compose(prefix, second, shard, sequence)
-
-
-def _compose(prefix: str, second: str, shard: int, sequence: int) -> str:
-    """:func:`compose_order_no` for parts already known to be in range (the minter's block)."""
-    body = f"{prefix}{second}{shard:02d}{sequence:06d}"
-    return body + check_digits(body)
 
 
 class ShardLost(RuntimeError):
@@ -257,7 +206,7 @@ class OrderNumberMinter:
         if block_shard != shard or block_second != second or counter > last:
             return None
         self._block = (shard, second, digit, counter + 1, last)
-        return _compose(self._order_prefix, second, shard, digit * (COUNTER_MAX + 1) + counter)
+        return compose_in_range(self._order_prefix, second, shard, digit * (COUNTER_MAX + 1) + counter)
 
     async def _generation(self, shard: int) -> int:
         """The generation ``shard`` mints in on this Redis server, moving it on in MySQL and
@@ -360,14 +309,3 @@ class OrderNumberMinter:
         """Keep an order number that a reserve call answered without using (a definite
         rejection; never after an unknown outcome) for the next purchase of this process."""
         self._spares.append((time.monotonic(), order_no))
-
-
-def require_valid_order_no(order_no: str) -> None:
-    """Order numbers coming back in are validated before any look-up (length, charset, ISO 7064
-    MOD 97-10 check digits).
-
-    Raises:
-        InvalidInput: ``invalid_order_no`` naming the field ``order_no``.
-    """
-    if not is_valid_order_no(order_no):
-        raise InvalidInput("order_no", "not a valid order number (length, charset or check digits)", "invalid_order_no")

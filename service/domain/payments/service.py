@@ -38,9 +38,10 @@ from db.models import OrderStatus as S
 from db.queries import attempts, payments, refunds
 from service.adapters.channel_client import ChannelClient, ChannelUnavailable
 from service.adapters.redis.stock_store import StockStore
-from service.domain import actors
 from service.domain.errors import Conflict, DomainError, InvalidInput, OrderNotFound, Unavailable
-from service.domain.lifecycle import (
+from service.domain.order_numbers.format import require_valid_order_no
+from service.domain.orders import actors
+from service.domain.orders.lifecycle import (
     OrderRow,
     ReturnedUnits,
     TransitionLost,
@@ -49,7 +50,6 @@ from service.domain.lifecycle import (
     return_stock,
     transition,
 )
-from service.domain.order_no import require_valid_order_no
 
 log = structlog.get_logger(__name__)
 
@@ -201,7 +201,7 @@ async def handle_notification(
     """Apply a verified notification (see the module docstring), one transaction.
 
     ``currency`` is the shop's currency (orders carry amounts in its minor units). ``actor``
-    (:mod:`service.domain.actors`) is logged with each status change: by default the channel
+    (:mod:`service.domain.orders.actors`) is logged with each status change: by default the channel
     (``channel:<name>``), ``system:reconciliation`` when a bill line is applied.
 
     Raises:

@@ -55,9 +55,9 @@ from service import metrics
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
 from service.adapters.redis.results import JournalEntry, RealignResult, SaleTerms
 from service.adapters.redis.stock_store import StockStore
-from service.domain.buckets import bucket_of, split
 from service.domain.errors import ProductNotFound, Unavailable
-from service.domain.request_id import reissued_request_id
+from service.domain.purchase.request_id import reissued_request_id
+from service.domain.stock.buckets import bucket_of, split
 from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)
@@ -156,7 +156,7 @@ async def _resolved(conn: AsyncConnection, journal: list[JournalEntry]) -> dict[
     (entry, rejected)."""
     by_key = {(entry.order_no, entry.request_id): entry for entry in journal}
     # An order whose request id an older order holds (a key reused after its replay
-    # window) is written under a reissued request id (service.domain.order_writer).
+    # window) is written under a reissued request id (service.domain.fulfilment.order_writer).
     by_key.update({(e.order_no, reissued_request_id(e.request_id, e.order_no)): e for e in journal})
     order_nos = sorted({entry.order_no for entry in journal})
     resolved: dict[str, tuple[JournalEntry, bool]] = {}
@@ -246,7 +246,7 @@ class Realigner:
         A product of several stock buckets is rebalanced by a writing pass: under the product's
         realignment lock (one pass at a time, whichever process), every bucket is drained and
         then filled with its share of MySQL stock - units in flight in all buckets
-        (:func:`~service.domain.buckets.split`; ``favour`` = (bucket, units): a rebalancing pass
+        (:func:`~service.domain.stock.buckets.split`; ``favour`` = (bucket, units): a rebalancing pass
         for a buyer of that bucket who asked for that many); a pass made stale by a newer MySQL state is run
         again with a new snapshot, up to :data:`STALE_RETRIES` times.
 

@@ -35,7 +35,7 @@ log = structlog.get_logger(__name__)
 @dataclass(frozen=True, slots=True)
 class Route:
     """How a product sells: its stock mode, whether a purchase needs an order token, and its
-    stock buckets K in Redis (:mod:`service.domain.buckets`)."""
+    stock buckets K in Redis (:mod:`service.domain.stock.buckets`)."""
 
     mode: StockMode
     require_token: bool = False

@@ -14,7 +14,7 @@ One MySQL transaction per purchase (:func:`buy_in_database`), in this order:
    (or ``KEY_REUSED`` when it differs).
 4. Sale window, per-user limit (quantity alone first), stock, order token, then the user's
    units counted in ``user_quota`` and refused past the limit: the consumer's rule
-   (:mod:`service.domain.user_quota`), so both stock modes keep one count in MySQL.
+   (:mod:`service.domain.purchase.user_quota`), so both stock modes keep one count in MySQL.
 5. The conditional ``UPDATE inventory SET stock = stock - ?, sold = sold + ? WHERE product_id
    = ? AND stock >= ?`` and the order's first ``order_status_log`` row.
 
@@ -36,7 +36,8 @@ from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
 from service import metrics
 from service.adapters.redis.results import ReserveOutcome
-from service.domain import actors, user_quota
+from service.domain.orders import actors
+from service.domain.purchase import user_quota
 
 _BUY_RETRIED = metrics.retries_of("buy_in_database")
 _rows_encoder = msgspec.json.Encoder()

@@ -16,10 +16,10 @@ from db.models import OrderStatus
 from db.queries import orders as queries
 from db.queries import quota
 from service.adapters.redis.stock_store import StockStore
-from service.domain import actors
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound
-from service.domain.lifecycle import PaymentOpen, TransitionLost, cancel_order, give_back_to_redis
-from service.domain.order_no import require_valid_order_no
+from service.domain.order_numbers.format import require_valid_order_no
+from service.domain.orders import actors
+from service.domain.orders.lifecycle import PaymentOpen, TransitionLost, cancel_order, give_back_to_redis
 
 
 class StatusChange(msgspec.Struct):
@@ -86,7 +86,7 @@ async def find_order(engine: AsyncEngine, store: StockStore, user_id: str, order
     """The caller's order ``order_no`` with its status history, or None when unknown or someone
     else's. An order of the caller that was given a number another request's order had already
     taken is answered under that number (rejected, ``order_no_conflict``;
-    :mod:`service.domain.order_no_conflicts`)."""
+    :mod:`service.domain.order_numbers.conflicts`)."""
     async with engine.connect() as conn:
         row = (await conn.execute(queries.VIEW_BY_ORDER_NO, {"o": order_no})).first()
         if row is not None and row.user_id != user_id:

@@ -2,7 +2,7 @@
 plan of the seed "order system database design": when Redis is down, the hot product is switched
 to ``database`` and keeps selling).
 
-Same 26-character layout and ISO 7064 MOD 97-10 check digits as :mod:`service.domain.order_no`
+Same 26-character layout and ISO 7064 MOD 97-10 check digits as :mod:`service.domain.order_numbers.minter`
 (:func:`compose_order_no`). Uniqueness against the Redis minter: shards 90-99 are reserved to
 this minter (the Redis minter leases 00-89 only, ``REDIS_SHARDS``). Uniqueness within: one row
 of ``order_no_sequences`` per reserved shard holds the last (second, sequence) handed out, and a
@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.engine import in_transaction
 from db.queries import order_no_sequences as queries
 from service import metrics
-from service.domain.order_no import REDIS_SHARDS, SEQUENCE_MAX, SHARDS, compose_order_no
+from service.domain.order_numbers.format import REDIS_SHARDS, SEQUENCE_MAX, SHARDS, compose_order_no
 
 _MINT_RETRIED = metrics.retries_of("mint_order_no")
 
@@ -66,7 +66,7 @@ def advance(stored_second: str, stored_sequence: int, now_second: str, count: in
 
 class MysqlOrderNumberMinter:
     """Mints order numbers from ``order_no_sequences`` (see the module docstring). ``take()`` and
-    ``give_back()`` as :class:`service.domain.order_no.OrderNumberMinter`: a number never handed
+    ``give_back()`` as :class:`service.domain.order_numbers.minter.OrderNumberMinter`: a number never handed
     to a client (a rejected purchase) serves the next purchase of this process. ``block`` is how
     many numbers one transaction takes; ``clock`` returns the current UTC time (tests move it).
     """

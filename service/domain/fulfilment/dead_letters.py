@@ -27,8 +27,8 @@ from service.adapters.broker import OrderMessage
 from service.adapters.dead_letters import DEFAULT_LIMIT, DeadLetter, DeadLetterQueue
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import ProductNotFound
-from service.domain.order_writer import InvalidOrder, parse_order
-from service.domain.realign import Realigner, RealignReport
+from service.domain.fulfilment.order_writer import InvalidOrder, parse_order
+from service.domain.stock.realign import Realigner, RealignReport
 
 log = structlog.get_logger(__name__)
 

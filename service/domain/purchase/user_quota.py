@@ -6,15 +6,15 @@ Redis again. So the transaction that writes an order that takes stock also count
 ``user_quota`` (per product and user) and refuses the order when the count would pass
 ``products.per_user_limit``:
 
-- the consumer's batch (:mod:`service.domain.order_writer`): the extra order is written
+- the consumer's batch (:mod:`service.domain.fulfilment.order_writer`): the extra order is written
   ``rejected``/``limit_exceeded`` (its buyer reads it at ``GET /orders/{order_no}``), takes no
   stock, and realignment gives its Redis reservation back as for every rejected order;
-- the ``database``-mode purchase (:mod:`service.domain.database_purchase`): ``409
+- the ``database``-mode purchase (:mod:`service.domain.purchase.database`): ``409
   limit_exceeded``, the transaction rolls back.
 
 What counts is what realignment counts (``UNITS_HELD``): every order but ``cancelled`` and
 ``rejected`` ones. A cancel (buyer or payment timeout) gives the units back
-(:func:`service.domain.lifecycle.return_stock`); a refund does not (the buyer did buy).
+(:func:`service.domain.orders.lifecycle.return_stock`); a refund does not (the buyer did buy).
 
 Lock order: every caller holds the product's inventory row lock before it touches the product's
 quota rows (see :mod:`db.queries.quota`).

@@ -14,7 +14,7 @@ database design": scheme 2 only "with a rollback plan"; this is that plan).
    ``503 unavailable`` (retry).
 If Redis is down (the reason to switch), steps 1-2 are skipped: nothing can be reserved there.
 API processes that still route the product to Redis follow at their next purchase (a failed
-Redis call makes them read the mode from MySQL again, :mod:`service.domain.purchase`). A
+Redis call makes them read the mode from MySQL again, :mod:`service.domain.purchase.service`). A
 reservation still in flight after ``drain_seconds`` (or when Redis was down) lands later through
 the consumer's conditional UPDATE, which needs no Redis: it may be rejected ``sold_out``, it
 cannot oversell; one Redis still holds unpublished is re-published by realignment once Redis
@@ -45,9 +45,9 @@ from db.models import StockMode
 from db.queries import inventory, orders, products
 from service import metrics
 from service.adapters.redis.stock_store import StockStore
-from service.domain.buckets import bucket_of
 from service.domain.errors import ProductNotFound
-from service.domain.realign import Realigner, RealignReport
+from service.domain.stock.buckets import bucket_of
+from service.domain.stock.realign import Realigner, RealignReport
 
 _SWITCH_RETRIED = metrics.retries_of("set_stock_mode")
 

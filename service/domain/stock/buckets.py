@@ -9,7 +9,7 @@ exact inside one atomic script, because everything about one buyer lives in one 
 K is fixed when the product is created: moving a buyer to another bucket would leave their quota
 and replay records behind. Realignment splits the sellable stock over the buckets
 (:func:`split`); a buyer whose bucket ran dry while others hold units has the buckets
-rebalanced (:mod:`service.domain.rebalance`).
+rebalanced (:mod:`service.domain.stock.rebalance`).
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ from db.queries import attempts
 from service.adapters.channel_client import ChannelClient, ChannelPayment, ChannelUnavailable
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound
-from service.domain.lifecycle import load_order
-from service.domain.order_no import require_valid_order_no
-from service.domain.payments import ChannelDown, Notification, NotifyResult, OrderQueued, PaymentService
+from service.domain.order_numbers.format import require_valid_order_no
+from service.domain.orders.lifecycle import load_order
+from service.domain.payments.service import ChannelDown, Notification, NotifyResult, OrderQueued, PaymentService
 
 log = structlog.get_logger(__name__)
 

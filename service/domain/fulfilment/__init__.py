@@ -1,0 +1,1 @@
+"""The authoritative write of queued orders into MySQL, and dead-lettered orders."""

@@ -1,0 +1,1 @@
+"""Orders after the purchase: reading them back, the status machine, cancellation, actors."""

@@ -1,0 +1,1 @@
+"""Payments: paying at a channel, the channel's notifications, refunds and reconciliation."""
