@@ -3,6 +3,7 @@
 # make test-fast  - the same without the slow tests (those that start server processes or a whole sale)
 # make lint       - ruff (lint + format check) and mypy only
 # make bench      - set up (wrk included) and measure each hop side by side: flashsale bench
+# make docs       - write docs/CONFIGURATION.md from the settings model (python -m service.config_doc)
 # make faults     - the fault suite on private Redis, MariaDB and RabbitMQ servers (tests/faults, ~15 min):
 #                   prints the table and writes it to $(FAULTS_OUT) (docs/RELIABILITY.md keeps a run)
 # make faults-ci  - the fault cases CI runs (.ci/run; a few minutes)
@@ -10,7 +11,7 @@ VENV ?= .venv
 PYTHON ?= python3
 FAULTS_OUT ?= faults-report.md
 
-.PHONY: install services tools lint test test-fast sale bench faults faults-ci
+.PHONY: install services tools lint test test-fast sale bench docs faults faults-ci
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +43,10 @@ sale: install services
 
 bench: install services tools
 	$(VENV)/bin/flashsale bench
+
+docs: install
+	$(VENV)/bin/python -m service.config_doc > docs/CONFIGURATION.md.tmp
+	mv docs/CONFIGURATION.md.tmp docs/CONFIGURATION.md
 
 faults: install
 	FLASHSALE_FAULTS_OUT=$(FAULTS_OUT) $(VENV)/bin/pytest -q -m faults tests/faults

@@ -1,7 +1,8 @@
 """Configuration, read once per process from the environment (prefix ``FLASHSALE_``) and ``.env``.
 
 Nested groups use ``__``: ``FLASHSALE_DB__URL``, ``FLASHSALE_REDIS__URL``, ``FLASHSALE_AMQP__URL``,
-``FLASHSALE_AUTH__JWT_SECRET`` and so on. Every name is listed in the README.
+``FLASHSALE_AUTH__JWT_SECRET`` and so on. docs/CONFIGURATION.md lists every name; it is generated
+from this module (``python -m service.config_doc``), from the docstring under each field.
 """
 
 from __future__ import annotations
@@ -66,15 +67,21 @@ class DBSettings(BaseModel):
     url: Annotated[str, _url_scheme("mysql+asyncmy")] = "mysql+asyncmy://root@127.0.0.1:3306/flashsale"
     """SQLAlchemy URL; only the asyncmy driver is installed and supported (``mysql+asyncmy://``)."""
     pool_size: int = Field(20, ge=1)
+    """Connections each process keeps open to MySQL."""
     max_overflow: int = Field(10, ge=0)
+    """Connections a process may open beyond ``pool_size`` under load."""
 
 
 class RedisSettings(BaseModel):
     """Redis: stock pre-decrement, reservation journal, quotas, replay records, order-number sequences."""
 
     url: Annotated[str, _url_scheme("redis", "rediss", "unix")] = "redis://127.0.0.1:6379/0"
+    """Redis 7 (``redis://``, ``rediss://``, ``unix://``); with ``cluster``, any node of the cluster (database 0)."""
     key_prefix: str = Field("fs", pattern=r"^[A-Za-z0-9_.-]{1,40}$")
+    """Prefix of every key: isolates deployments and test runs sharing one Redis."""
     max_connections: int = Field(200, ge=1)
+    """Connection pool size per process; a full pool waits up to 5 s (on a cluster: per node, and a full pool fails at
+    once: 503)."""
     socket_timeout: float = Field(2.0, gt=0)
     """Seconds one command may wait for Redis's reply before it fails (the request answers 503)."""
     connect_timeout: float = Field(2.0, gt=0)
@@ -91,14 +98,23 @@ class AMQPSettings(BaseModel):
     """RabbitMQ topology and publishing (seconds for timeouts)."""
 
     url: Annotated[str, _url_scheme("amqp", "amqps")] = "amqp://guest:guest@127.0.0.1:5672/"
+    """RabbitMQ 3.10+ (``amqp://``, ``amqps://``)."""
     exchange: str = "flashsale.orders"
+    """Direct exchange the order messages are published to."""
     queue: str = "flashsale.orders"
+    """Quorum queue of the orders (the base name of the partitions and retry queues)."""
     dead_letter_exchange: str = "flashsale.orders.dlx"
+    """Exchange undeliverable orders are dead-lettered to."""
     dead_letter_queue: str = "flashsale.orders.dead"
+    """Queue of the dead-lettered orders (``flashsale dlq``); one for every partition."""
     confirm_timeout: float = Field(5.0, gt=0)
+    """Seconds a publish waits for the broker's confirm (reconnecting included)."""
     delivery_limit: int = Field(5, ge=1)
+    """Redeliveries before the broker dead-letters a message (a consumer dying with it in hand)."""
     prefetch: int = Field(256, ge=1)
-    batch_size: int = Field(100, ge=1)  # orders one consumer writes in one MySQL transaction, at most
+    """Default ``consume --prefetch``: deliveries in hand per consumer and order queue it takes."""
+    batch_size: int = Field(100, ge=1)
+    """Orders one consumer writes in one MySQL transaction, at most."""
     publish_channels: int = Field(4, ge=1, le=64)
     """Confirming channels of the API's publisher (used in turn)."""
     retry_delays: list[Annotated[float, Field(gt=0, le=3600)]] = Field([1.0, 2.0, 5.0, 10.0, 30.0], min_length=1)
@@ -173,6 +189,7 @@ class AuthSettings(BaseModel):
     jwt_secret: str = Field(DEV_JWT_SECRET, min_length=32)
     """HS256 secret. The default is refused outside development mode (``FLASHSALE_ENV=development``)."""
     token_ttl_seconds: int = Field(3600, ge=1)
+    """Default lifetime of the tokens ``flashsale token`` prints."""
     leeway_seconds: float = Field(5.0, ge=0, le=300)
     """Clock skew allowed on a token's ``exp``, ``nbf`` and ``iat`` (issuer and API clocks differ)."""
     audience: str = ""
@@ -182,24 +199,25 @@ class AuthSettings(BaseModel):
 
 
 class OrderSettings(BaseModel):
-    """Order numbers, replay records and the API's sold-out flags.
-
-    ``sold_out_flag_seconds``: the longest a per-process sold-out flag answers requests without
-    an Idempotency-Key before Redis is asked again (the bound when a restock announcement is
-    lost); 0 turns the flags off.
-    """
+    """Order numbers, replay records, order tokens, the publish mode and the API's sold-out flags."""
 
     order_no_prefix: str = Field("FS", pattern=r"^[A-Z]{2}$")
+    """The two capital letters every order number starts with."""
     replay_ttl_seconds: int = Field(86_400, ge=60)
+    """How long a replay record (Idempotency-Key) and a queued order's Redis view live."""
     token_ttl_seconds: int = Field(300, ge=1)
-    """How long an order token lives (seed "order system database design": ``SET token EX 300``)."""
+    """How long an order token (``POST /orders/tokens``) lives."""
     shard_lease_seconds: int = Field(30, ge=3)
+    """Lease of an API worker's order-number shard, renewed every third of it; a killed worker's shard is free again
+    after this."""
     sequence_block: int = Field(100, ge=1, le=99_999)
     """Order-number counter values one Redis call takes (per shard and second)."""
     publish_mode: Literal["confirm", "async"] = "confirm"
     """``confirm``: 202 only after the broker confirmed the order message. ``async``: 202 once
-    the reservation is in Redis; published in the background (see the README for the guarantee)."""
+    the reservation is in Redis; published in the background (docs/ARCHITECTURE.md, "Publish modes")."""
     sold_out_flag_seconds: float = Field(1.0, ge=0, le=60)
+    """The longest a per-process sold-out flag answers requests without an Idempotency-Key before Redis is asked
+    again (the bound when a restock announcement is lost); 0 turns the flags off."""
 
 
 class RateLimitSettings(BaseModel):
@@ -210,9 +228,13 @@ class RateLimitSettings(BaseModel):
     The address limit is high by default because buyers behind one NAT or proxy share an address."""
 
     user_per_second: float = Field(5.0, ge=0)
+    """Purchase requests per user and product per second, sustained (0: no limit)."""
     user_burst: int = Field(10, ge=1)
+    """Purchase requests per user and product allowed at once."""
     address_per_second: float = Field(200.0, ge=0)
+    """Purchase requests per client address and product per second, sustained (0: no limit)."""
     address_burst: int = Field(400, ge=1)
+    """Purchase requests per client address and product allowed at once."""
 
 
 class RealignSettings(BaseModel):
@@ -222,7 +244,10 @@ class RealignSettings(BaseModel):
     (:mod:`service.domain.stock.recovery`); 0 turns it off (then only ``flashsale realign`` heals)."""
 
     grace_seconds: float = Field(15.0, ge=0)
+    """A reservation this old with no order row is published again (then after twice that, four times, ..., at most
+    every 5 min)."""
     auto_seconds: float = Field(5.0, ge=0)
+    """How often every API process runs the self-healing realignment pass; 0 turns it off."""
 
 
 class PaymentSettings(BaseModel):
@@ -234,8 +259,12 @@ class PaymentSettings(BaseModel):
     """
 
     channel_secrets: dict[str, str] = DEV_CHANNEL_SECRETS
+    """Channel -> HMAC-SHA256 secret (JSON); the simulator signs with the same. The default is refused outside
+    development mode."""
     window_seconds: int = Field(900, ge=1)
+    """An order unpaid this long is cancelled by ``flashsale sweep``."""
     currency: str = Field("CNY", pattern=r"^[A-Z]{3}$")
+    """The shop's currency (ISO 4217); notifications in another are flagged."""
     channel_urls: dict[str, str] = {
         "mockpay": "http://127.0.0.1:8100/mockpay",
         "altpay": "http://127.0.0.1:8100/altpay",
@@ -254,8 +283,11 @@ class MetricsSettings(BaseModel):
     expose theirs unless ``--metrics-port`` says otherwise, on ``host``."""
 
     enabled: bool = True
+    """``GET /metrics`` and the request observations on the API (false: neither)."""
     port: int = Field(0, ge=0, le=65535)
+    """Where ``consume``, ``realign --watch`` and ``sweep --watch`` serve ``/metrics`` (0: not served)."""
     host: str = "127.0.0.1"
+    """Address those processes serve ``/metrics`` on."""
 
 
 class Settings(BaseSettings):
@@ -280,10 +312,13 @@ class Settings(BaseSettings):
         Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
         BeforeValidator(lambda value: value.upper() if isinstance(value, str) else value),
     ] = "INFO"
+    """Level of the JSON log lines on stderr (structlog; the standard library's and granian's too)."""
     bench_routes: bool = False
+    """Mounts ``POST /api/v1/bench/noop``, the product's no-op (``flashsale sale`` and ``flashsale bench`` turn it on
+    for their own API)."""
     env: Literal["production", "development"] = "production"
     """``development`` is the only mode in which the built-in development secrets are accepted
-    (../shared/DESIGN.md, contract additions); never in production."""
+    (JWT, payment channels); outside it ``serve``, ``token`` and ``pay`` refuse them."""
 
     @property
     def dev_mode(self) -> bool:
