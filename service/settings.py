@@ -280,7 +280,6 @@ class Settings(BaseSettings):
         Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
         BeforeValidator(lambda value: value.upper() if isinstance(value, str) else value),
     ] = "INFO"
-    bench_routes: bool = False
     env: Literal["production", "development"] = "production"
     """``development`` is the only mode in which the built-in development secrets are accepted
     (../shared/DESIGN.md, contract additions); never in production."""

@@ -14,7 +14,6 @@ from litestar.plugins import InitPluginProtocol
 from service.api import observe
 from service.api.auth import make_jwt_auth
 from service.api.controllers.admin import AdminController
-from service.api.controllers.bench import BenchController
 from service.api.controllers.checkout import CheckoutController
 from service.api.controllers.health import HealthController
 from service.api.controllers.orders import OrderController
@@ -77,8 +76,6 @@ class FlashsalePlugin(InitPluginProtocol):
             HealthController,
             PaymentController,
         ]
-        if settings.bench_routes:
-            controllers.append(BenchController)
         app_config.route_handlers.append(Router("/api/v1", route_handlers=controllers))
         app_config.lifespan.append(lifespan)
         app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)

@@ -85,17 +85,13 @@ def serve(host: str, port: int, workers: int) -> None:
     503 unavailable until each worker has connected (it keeps trying with back-off). Fewer free
     order-number shards than WORKERS (at most 90 worker processes per key prefix), before or
     while the workers start, ends it with one line and exit code 3."""
-    from service.cli.serve import metrics_directory, serve_app, shards_short
+    from service.api.serving import serve_api
 
     settings = get_settings()
     settings.require_secrets()
-    # The multiprocess directory first: the check imports prometheus_client, which reads it once.
-    with metrics_directory(settings.metrics.enabled):
-        from service.bootstrap import report_dependencies
-
-        for away in _run(report_dependencies(settings)):
-            click.echo(f"flashsale: {away}; starting anyway, not ready until it answers", err=True)
-        problem = _run(shards_short(settings, workers)) or serve_app("service.api.app:create_app", host, port, workers)
+    problem = serve_api(
+        settings, "service.api.app:create_app", host, port, workers, lambda line: click.echo(line, err=True)
+    )
     if problem:
         from service.api.no_shard import EXIT_NO_SHARD  # not earlier: it imports prometheus_client
 
@@ -407,7 +403,7 @@ def channel() -> None:
 )
 def channel_serve(host: str, port: int) -> None:
     """Serve the simulated channels over HTTP (one process: the books live in memory)."""
-    from service.cli.serve import serve_app
+    from service.api.serving import serve_app
 
     serve_app("service.channel.app:create_channel_app", host, port, 1)
 
