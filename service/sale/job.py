@@ -271,8 +271,10 @@ async def run_sale(
     else:
         report["logs"] = str(processes.log_dir)
     if report_dir is not None:
-        from service.sale.charts import write_report
+        from service.sale.charts import CHARTS_SKIPPED, charts_available, write_report
 
+        if not charts_available():
+            stderr.print(CHARTS_SKIPPED, soft_wrap=True, markup=False)  # one line, --json or not
         console.print(f"report: {write_report(report_dir, report, measured)}")
     if as_json:
         print(msgspec.json.encode(report).decode())
