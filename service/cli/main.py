@@ -386,7 +386,7 @@ def pay(
 def sweep(product_id: int | None, watch: float | None, as_json: bool, metrics_port: int | None) -> None:
     """Cancel orders unpaid after the payment window (FLASHSALE_PAYMENT__WINDOW_SECONDS); units go
     back on sale. With --watch it waits out store outages as realign --watch does."""
-    from service.cli.pay import run_sweep
+    from consumers.sweep import run_sweep
 
     _run(run_sweep(get_settings(), product_id, watch, as_json, metrics_port))
 
@@ -562,9 +562,9 @@ def product_set(
     """Create or update PRODUCT_ID: STOCK is the sale's units in all (sold ones included), and
     Redis is loaded safely (never over live stock). With Redis down, --stock-mode database is
     written on MySQL alone (the rollback plan; the Redis load waits for the next realignment)."""
+    from consumers.realign import print_reports
     from db.models import StockMode
     from service.bootstrap import opened
-    from service.cli.render import print_reports
     from service.cli.without_redis import redis_answers, set_product_without_redis
     from service.domain.catalog import InvalidProduct, ProductInput
     from service.domain.realign import RealignReport
