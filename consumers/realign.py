@@ -13,7 +13,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from consumers import observe
+from consumers import worker_metrics
 from service.bootstrap import is_outage, opened, opened_when_reachable
 from service.domain.errors import ProductNotFound
 from service.domain.realign import RealignReport
@@ -50,7 +50,7 @@ async def run_realign(
             print_reports(await realigner.realign_pass(product_id, dry_run), as_json)
 
         try:
-            async with observe.exposed(settings, metrics_port if every else 0, sample_queues=False):
+            async with worker_metrics.exposed(settings, metrics_port if every else 0, sample_queues=False):
                 await watch(every, one_pass, survive=is_outage, event="realign_pass")
         except ProductNotFound as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from consumers import observe
+from consumers import worker_metrics
 from service.bootstrap import is_outage, opened, opened_when_reachable
 from service.domain.lifecycle import expire_unpaid
 from service.log_setup import configure_logging
@@ -50,5 +50,5 @@ async def run_sweep(
                 line = f"cancelled {cancelled} unpaid order(s) past {window}s"
             print(line, flush=True)
 
-        async with observe.exposed(settings, metrics_port if every else 0, sample_queues=False):
+        async with worker_metrics.exposed(settings, metrics_port if every else 0, sample_queues=False):
             await watch(every, one_pass, survive=is_outage, event="sweep_pass")

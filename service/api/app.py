@@ -11,7 +11,7 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.plugins import InitPluginProtocol
 
-from service.api import observe
+from service.api import request_telemetry
 from service.api.auth import make_jwt_auth
 from service.api.controllers.admin import AdminController
 from service.api.controllers.checkout import CheckoutController
@@ -82,7 +82,7 @@ class FlashsalePlugin(InitPluginProtocol):
         app_config.dependencies["worker_resources"] = Provide(provide_worker_resources, sync_to_thread=False)
         app_config.exception_handlers.update(ERROR_HANDLERS)
         app_config.before_request = before_request  # OPTIONS, 415 for non-JSON bodies, strict bodies
-        observe.install(app_config, settings)
+        request_telemetry.install(app_config, settings)
         auth = settings.auth
         jwt_auth = make_jwt_auth(
             auth.jwt_secret,

@@ -8,7 +8,7 @@ import click
 import pytest
 from pydantic import ValidationError
 
-from service.cli.main import parse_partitions
+from service.cli.processes import parse_partitions
 from service.sale.isolation import consumer_partitions
 from service.settings import AMQPSettings, Settings
 

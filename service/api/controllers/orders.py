@@ -16,7 +16,7 @@ from litestar.params import (
 from msgspec import Meta
 
 from service import metrics
-from service.api import observe
+from service.api import request_telemetry
 from service.api.auth import User
 from service.api.body import decode_body
 from service.api.media import JSON_BODY_OPT
@@ -141,7 +141,7 @@ class OrderController(Controller):
             metrics.purchase_outcome(exc.code).inc()
             raise
         _ACCEPTED.inc()
-        observe.note_order(request.scope, accepted.request_id, accepted.order_no)
+        request_telemetry.note_order(request.scope, accepted.request_id, accepted.order_no)
         status = accepted.status or "queued"
         body = OrderAccepted(accepted.order_no, accepted.request_id, status, accepted.product_id, accepted.quantity)
         return Response(
