@@ -192,7 +192,7 @@ class OrderSettings(BaseModel):
     order_no_prefix: str = Field("FS", pattern=r"^[A-Z]{2}$")
     replay_ttl_seconds: int = Field(86_400, ge=60)
     token_ttl_seconds: int = Field(300, ge=1)
-    """How long an order token lives (seed "order system database design": ``SET token EX 300``)."""
+    """How long an order token lives (``SET token EX 300``: issued when the order page opens)."""
     shard_lease_seconds: int = Field(30, ge=3)
     sequence_block: int = Field(100, ge=1, le=99_999)
     """Order-number counter values one Redis call takes (per shard and second)."""
@@ -282,7 +282,7 @@ class Settings(BaseSettings):
     ] = "INFO"
     env: Literal["production", "development"] = "production"
     """``development`` is the only mode in which the built-in development secrets are accepted
-    (../shared/DESIGN.md, contract additions); never in production."""
+    (anyone can read them in the source); never in production."""
 
     @property
     def dev_mode(self) -> bool:

@@ -159,8 +159,8 @@ class OrderController(Controller):
     async def create_token(
         self, request: Request[User, Any, Any], data: JSONBody[TokenRequest], resources: NamedDependency[Resources]
     ) -> OrderToken:
-        """``{"product_id"}`` -> 201 ``{"token", "expires_in"}`` (seconds; seed "order system
-        database design": issued when the order page opens, ``SET token EX 300``, deleted
+        """``{"product_id"}`` -> 201 ``{"token", "expires_in"}`` (seconds; the anti-duplicate
+        token: issued when the order page opens, ``SET token EX 300``, deleted
         atomically by the purchase that sends it as ``Order-Token``). Errors: 400
         invalid_request, 401, 404 product_not_found, 503 unavailable."""
         purchases = resources.purchase_service
