@@ -1,4 +1,5 @@
-# make sale       - set up and run a whole flash sale end to end (flashsale sale, defaults)
+# make sale       - set up and run a whole flash sale end to end (flashsale sale, defaults; with the
+#                   charts extra, so flashsale sale --report draws its charts)
 # make test       - set up, then lint (ruff), type-check (mypy) and run the whole test suite on the real services
 # make test-fast  - the same without the slow tests (those that start server processes or a whole sale)
 # make lint       - ruff (lint + format check) and mypy only
@@ -16,7 +17,7 @@ FAULTS_OUT ?= faults-report.md
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test]'
+	$(VENV)/bin/pip install --quiet -e '.[test,charts]'
 	touch $@
 
 install: $(VENV)/.installed

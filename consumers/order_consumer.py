@@ -5,8 +5,8 @@ without aio-pika's message objects); each is decoded as it arrives and waits in 
 gathered. One writer task per consumer takes up to ``batch_size`` waiting orders (whatever
 arrived, lingering ``linger_seconds`` for more while fewer wait) and hands them to
 :class:`service.domain.fulfilment.order_writer.OrderWriter`: one Redis claim round trip, one MySQL
-transaction. Each delivery then gets one :class:`Verdict`, and :meth:`OrderConsumer._settle` is
-the one place where verdicts become broker actions:
+transaction. Each delivery then gets one :class:`Settlement`, and :meth:`OrderConsumer._settle` is
+the one place where settlements become broker actions:
 
 - ``ACK``: written (applied or rejected), a duplicate, or released by the API: acked (one
   ``multiple`` ack where the window allows).
@@ -44,7 +44,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers import observe
+from consumers import worker_metrics
 from db.engine import is_retryable, is_unreachable
 from service.adapters.broker import OrderMessage, connect_when_up, declare_topology
 from service.adapters.redirect import Redirector, retries_of
@@ -73,7 +73,7 @@ class Action(Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class Settlement:
     """What becomes of one delivery: ``action``, and for ``RETRY``/``DEAD`` why (``reason``: the
     dead-letter reason; ``detail``: the error)."""
 
@@ -82,7 +82,7 @@ class Verdict:
     detail: str = ""
 
 
-ACK = Verdict(Action.ACK)
+ACK = Settlement(Action.ACK)
 _DEAD_OUTCOMES = {Outcome.UNKNOWN_PRODUCT: "unknown_product", Outcome.CONFLICT: "order_no_conflict"}
 
 
@@ -147,7 +147,7 @@ class OrderConsumer:
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
-        observe.count(what)
+        worker_metrics.count(what)
 
     def handle(self, message: Delivery) -> None:
         """Take one delivery (the subscription's callback; returns at once): it waits in the next
@@ -159,11 +159,11 @@ class OrderConsumer:
         except Exception as exc:  # never leave a delivery unsettled: it would stall the prefetch window
             if isinstance(exc, InvalidOrder):
                 self._count("invalid")
-                verdict = Verdict(Action.DEAD, "invalid_order", str(exc))
+                settlement = Settlement(Action.DEAD, "invalid_order", str(exc))
             else:
                 log.exception("handler_failed", message_id=message.message_id, error=repr(exc))
-                verdict = self._failed(message, exc)
-            self._aside(self._settle_alone(message, verdict))
+                settlement = self._failed(message, exc)
+            self._aside(self._settle_alone(message, settlement))
             return
         self._waiting.append(_Waiting(message, order))
         if len(self._waiting) >= self._batch_size:
@@ -177,14 +177,14 @@ class OrderConsumer:
         self._alone.add(task)
         task.add_done_callback(self._alone.discard)
 
-    async def _settle_alone(self, message: Delivery, verdict: Verdict) -> None:
+    async def _settle_alone(self, message: Delivery, settlement: Settlement) -> None:
         try:
-            left = await self._settle([message], [verdict])
+            left = await self._settle([message], [settlement])
         except Exception as exc:  # a bug in settling: back to the queue, later
             log.exception("settle_failed", message_id=message.message_id, error=repr(exc))
-            left = {message: verdict}
+            left = {message: settlement}
         if left:
-            await self._requeue_later(message, verdict)
+            await self._requeue_later(message, settlement)
 
     async def _write_batches(self) -> None:
         """Write what waits, one batch at a time, until nothing waits. A short batch lingers
@@ -202,12 +202,12 @@ class OrderConsumer:
                 left = await self._settle(messages, await self._write(batch))
             except Exception as exc:  # a bug in writing or settling: back to the queue, later
                 log.exception("batch_settle_failed", orders=len(batch), error=repr(exc))
-                left = {m: Verdict(Action.RETRY, "failed", repr(exc)) for m in messages if m in self._unsettled}
-            for message, verdict in left.items():
-                self._aside(self._requeue_later(message, verdict))
+                left = {m: Settlement(Action.RETRY, "failed", repr(exc)) for m in messages if m in self._unsettled}
+            for message, settlement in left.items():
+                self._aside(self._requeue_later(message, settlement))
 
-    async def _write(self, batch: list[_Waiting]) -> list[Verdict]:
-        """One verdict per delivery of ``batch``: the batch written in one transaction; when that
+    async def _write(self, batch: list[_Waiting]) -> list[Settlement]:
+        """One settlement per delivery of ``batch``: the batch written in one transaction; when that
         fails with an error not known to be transient, order by order."""
         orders = [waiting.order for waiting in batch]
         try:
@@ -219,8 +219,8 @@ class OrderConsumer:
                     self._count("failed")
                 return [self._failed(waiting.message, exc) for waiting in batch]
             log.warning("batch_failed_writing_one_by_one", orders=len(batch), error=repr(exc))
-            return [verdict for waiting in batch for verdict in await self._write([waiting])]
-        observe.written(orders, outcomes)
+            return [settlement for waiting in batch for settlement in await self._write([waiting])]
+        worker_metrics.written(orders, outcomes)
         log.info(
             "orders_written",
             orders=[
@@ -233,7 +233,7 @@ class OrderConsumer:
                 for waiting, outcome in zip(batch, outcomes, strict=True)
             ],
         )
-        verdicts = []
+        settlements = []
         for waiting, outcome in zip(batch, outcomes, strict=True):
             self._count(outcome.value)
             if outcome in _DEAD_OUTCOMES:
@@ -241,32 +241,34 @@ class OrderConsumer:
                 log.error(
                     outcome.value, request_id=order.request_id, product_id=order.product_id, order_no=order.order_no
                 )
-                verdicts.append(Verdict(Action.DEAD, _DEAD_OUTCOMES[outcome], f"{outcome.value}: nothing written"))
+                settlements.append(
+                    Settlement(Action.DEAD, _DEAD_OUTCOMES[outcome], f"{outcome.value}: nothing written")
+                )
             else:
-                verdicts.append(ACK)
-        return verdicts
+                settlements.append(ACK)
+        return settlements
 
-    def _failed(self, message: Delivery, exc: BaseException) -> Verdict:
-        """The verdict for ``message`` after ``exc``: retried, or dead-lettered when the error is
+    def _failed(self, message: Delivery, exc: BaseException) -> Settlement:
+        """The settlement for ``message`` after ``exc``: retried, or dead-lettered when the error is
         not known to be transient and it has been retried :data:`MAX_FAILED_WRITES` times."""
         if not is_transient(exc) and retries_of(message) >= MAX_FAILED_WRITES:
-            return Verdict(Action.DEAD, "write_failed", repr(exc))
-        return Verdict(Action.RETRY, "transient" if is_transient(exc) else "failed", repr(exc))
+            return Settlement(Action.DEAD, "write_failed", repr(exc))
+        return Settlement(Action.RETRY, "transient" if is_transient(exc) else "failed", repr(exc))
 
-    async def _settle(self, messages: list[Delivery], verdicts: list[Verdict]) -> dict[Delivery, Verdict]:
-        """The one place where verdicts become broker actions. Retry and dead-letter copies are
+    async def _settle(self, messages: list[Delivery], settlements: list[Settlement]) -> dict[Delivery, Settlement]:
+        """The one place where settlements become broker actions. Retry and dead-letter copies are
         published (confirmed, side by side), then every delivery settled so is acked together
         with the written ones. Returns the deliveries whose copy could not be published (the
-        broker is failing too, or no redirector), with their verdicts: still unsettled, for
+        broker is failing too, or no redirector), with their settlements: still unsettled, for
         their own tasks to requeue (:meth:`_requeue_later`)."""
-        redirected = [(m, v) for m, v in zip(messages, verdicts, strict=True) if v.action is not Action.ACK]
-        sent = await asyncio.gather(*(self._redirect(message, verdict) for message, verdict in redirected))
-        to_ack = [m for m, v in zip(messages, verdicts, strict=True) if v.action is Action.ACK]
+        redirected = [(m, v) for m, v in zip(messages, settlements, strict=True) if v.action is not Action.ACK]
+        sent = await asyncio.gather(*(self._redirect(message, settlement) for message, settlement in redirected))
+        to_ack = [m for m, v in zip(messages, settlements, strict=True) if v.action is Action.ACK]
         to_ack += [message for (message, _), done in zip(redirected, sent, strict=True) if done]
         await self._ack(to_ack)
-        return {message: verdict for (message, verdict), done in zip(redirected, sent, strict=True) if not done}
+        return {message: settlement for (message, settlement), done in zip(redirected, sent, strict=True) if not done}
 
-    async def _requeue_later(self, message: Delivery, verdict: Verdict) -> None:
+    async def _requeue_later(self, message: Delivery, settlement: Settlement) -> None:
         """The fallback when no copy could be published: after :data:`FALLBACK_SECONDS` (cut
         short by a shutdown) the delivery goes back to the order queue (nack), or, for a dead
         letter without a redirector, is rejected to the queue's dead-letter exchange."""
@@ -275,26 +277,28 @@ class OrderConsumer:
         async with self._frames:
             self._unsettled.discard(message)
             try:
-                if self._redirector is None and verdict.action is Action.DEAD:
+                if self._redirector is None and settlement.action is Action.DEAD:
                     await message.reject(requeue=False)
                 else:
                     await message.nack(requeue=True)
             except CONNECTION_EXCEPTIONS as exc:
                 log.warning("requeue_failed", message_id=message.message_id, error=repr(exc))
 
-    async def _redirect(self, message: Delivery, verdict: Verdict) -> bool:
+    async def _redirect(self, message: Delivery, settlement: Settlement) -> bool:
         """Publish ``message``'s copy to a retry queue or the dead-letter queue; True once the
         broker confirmed it (the delivery may then be acked)."""
         if self._redirector is None:
             return False
         try:
-            if verdict.action is Action.DEAD:
-                await self._redirector.dead_letter(message, verdict.reason, verdict.detail)
-                log.error("dead_lettered", message_id=message.message_id, reason=verdict.reason, error=verdict.detail)
+            if settlement.action is Action.DEAD:
+                await self._redirector.dead_letter(message, settlement.reason, settlement.detail)
+                log.error(
+                    "dead_lettered", message_id=message.message_id, reason=settlement.reason, error=settlement.detail
+                )
                 self._count("dead_lettered")
             else:
-                delay = await self._redirector.retry(message, verdict.detail)
-                log.info("retry_later", message_id=message.message_id, seconds=delay, why=verdict.reason)
+                delay = await self._redirector.retry(message, settlement.detail)
+                log.info("retry_later", message_id=message.message_id, seconds=delay, why=settlement.reason)
                 self._count("retried")
         except Exception as exc:  # the broker is failing too: requeue instead
             log.warning("redirect_failed", message_id=message.message_id, error=repr(exc))
@@ -396,7 +400,7 @@ async def run_consumer(
     try:
         with stop_signal() as stop:
             async with (
-                observe.exposed(settings, metrics_port),
+                worker_metrics.exposed(settings, metrics_port),
                 consuming(settings.amqp, consumer, prefetch, partitions),
             ):
                 freeze_startup_heap()

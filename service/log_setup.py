@@ -2,7 +2,7 @@
 (libraries, granian) alike, each line carrying the HTTP request id of the request it belongs to.
 
 ``HTTP_REQUEST_ID`` holds the request id of the HTTP request being served (the ``X-Request-ID``
-it came with, or one minted for it; see :mod:`service.api.observe`); log lines written while it
+it came with, or one minted for it; see :mod:`service.api.request_telemetry`); log lines written while it
 is set carry it as ``http_request_id``, and the publisher sends it with the order message (AMQP
 ``correlation_id``), so the consumer's lines name it too. ``request_id`` in log lines is the
 order's request id (its idempotency key), as everywhere else in flashsale.

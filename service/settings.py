@@ -206,7 +206,7 @@ class OrderSettings(BaseModel):
     replay_ttl_seconds: int = Field(86_400, ge=60)
     """How long a replay record (Idempotency-Key) and a queued order's Redis view live."""
     token_ttl_seconds: int = Field(300, ge=1)
-    """How long an order token (``POST /orders/tokens``) lives."""
+    """How long an order token (``POST /orders/tokens``, issued when the order page opens) lives."""
     shard_lease_seconds: int = Field(30, ge=3)
     """Lease of an API worker's order-number shard, renewed every third of it; a killed worker's shard is free again
     after this."""
@@ -313,12 +313,10 @@ class Settings(BaseSettings):
         BeforeValidator(lambda value: value.upper() if isinstance(value, str) else value),
     ] = "INFO"
     """Level of the JSON log lines on stderr (structlog; the standard library's and granian's too)."""
-    bench_routes: bool = False
-    """Mounts ``POST /api/v1/bench/noop``, the product's no-op (``flashsale sale`` and ``flashsale bench`` turn it on
-    for their own API)."""
     env: Literal["production", "development"] = "production"
     """``development`` is the only mode in which the built-in development secrets are accepted
-    (JWT, payment channels); outside it ``serve``, ``token`` and ``pay`` refuse them."""
+    (JWT, payment channels; anyone can read them in the source); outside it ``serve``, ``token``
+    and ``pay`` refuse them."""
 
     @property
     def dev_mode(self) -> bool:

@@ -11,10 +11,9 @@ from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.plugins import InitPluginProtocol
 
-from service.api import observe
+from service.api import request_telemetry
 from service.api.auth import make_jwt_auth
 from service.api.controllers.admin import AdminController
-from service.api.controllers.bench import BenchController
 from service.api.controllers.checkout import CheckoutController
 from service.api.controllers.health import HealthController
 from service.api.controllers.orders import OrderController
@@ -77,15 +76,13 @@ class FlashsalePlugin(InitPluginProtocol):
             HealthController,
             PaymentController,
         ]
-        if settings.bench_routes:
-            controllers.append(BenchController)
         app_config.route_handlers.append(Router("/api/v1", route_handlers=controllers))
         app_config.lifespan.append(lifespan)
         app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)
         app_config.dependencies["worker_resources"] = Provide(provide_worker_resources, sync_to_thread=False)
         app_config.exception_handlers.update(ERROR_HANDLERS)
         app_config.before_request = before_request  # OPTIONS, 415 for non-JSON bodies, strict bodies
-        observe.install(app_config, settings)
+        request_telemetry.install(app_config, settings)
         auth = settings.auth
         jwt_auth = make_jwt_auth(
             auth.jwt_secret,

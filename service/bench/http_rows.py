@@ -29,7 +29,7 @@ from service.bench.context import (
 )
 from service.bench.procstat import CpuSample
 from service.bench.rows import HTTP_ROWS, SERVERS, HttpRow, Row, merge_rounds, round_groups
-from service.bench.server import Child, flashsale_argv, granian_argv
+from service.bench.server import PRODUCT_APP, Child, granian_argv
 from service.bench.wrk import run_wrk, write_script
 from service.sale.isolation import free_port
 
@@ -54,7 +54,7 @@ async def _start_server(ctx: Context, kind: str, name: str, env: dict[str, str])
         child = Child(name, argv, {**os.environ}, ctx.log_dir)
         await child.wait_ready("POST", f"http://127.0.0.1:{port}/noop", 202, b'{"product_id":1,"quantity":1}')
     else:
-        argv = flashsale_argv("serve", "--port", str(port), "--workers", str(ctx.options.workers))
+        argv = granian_argv(PRODUCT_APP, port, ctx.options.workers, api=True)  # as flashsale serve, + no-op
         child = Child(name, argv, {**ctx.env, **env}, ctx.log_dir)
         await child.wait_ready("GET", f"http://127.0.0.1:{port}/api/v1/health/ready", 200)
     return child, port

@@ -1,18 +1,18 @@
 """What ``flashsale bench`` measures: the rows, their references and the targets (docs/BENCHMARKS.md).
 
 A row is identified by a key. HTTP rows (:data:`HTTP_ROWS`) name the server they run on
-(:data:`SERVERS`); adding a row is adding a spec. ``accept async`` runs the same accept load on
-an API in publish mode ``async`` (202 once reserved; published in the background). The
-``db_*`` rows run the accept and sold-out loads on products in stock mode ``database`` (seed
-"order system database design", scheme 1), each against the ``redis``-mode row (scheme 2) as
-reference, so one run puts numbers on the seed's advice. The ``*_metrics_off`` rows run the
-no-op and sold-out loads on an API with ``FLASHSALE_METRICS__ENABLED=false`` (no ``/metrics``,
-no request observations), each at the same time as a ``*_paired`` row, the same load on the
-metrics-on API, one wrk per server (:func:`round_groups`): whatever else runs on the machine hits
-both sides alike, and the two servers share the CPU, so the cost of observing the hot path is one
-ratio: metrics on / off. The pairs are rows of their own: the ``product_noop`` and ``sold_out``
-rows, which the other targets divide by, run alone as every other row does (a row measured beside
-its twin gets about half the CPU, which once halved the no-op's rate in the targets).
+(:data:`SERVERS`); adding a row is adding a spec. ``accept async`` runs the same accept load on an
+API in publish mode ``async`` (202 once reserved; published in the background). The ``db_*`` rows
+run the accept and sold-out loads on products in stock mode ``database`` (one MySQL transaction per
+purchase), each against the ``redis``-mode row (Redis pre-decrement and the queue) as reference, so
+one run shows what each stock mode costs (docs/BENCHMARKS.md). The ``*_metrics_off`` rows run the
+no-op and sold-out loads on an API with ``FLASHSALE_METRICS__ENABLED=false`` (no ``/metrics``, no
+request observations), each at the same time as a ``*_paired`` row, the same load on the metrics-on
+API, one wrk per server (:func:`round_groups`): whatever else runs on the machine hits both sides
+alike, and the two servers share the CPU, so the cost of observing the hot path is one ratio:
+metrics on / off. The pairs are rows of their own: the ``product_noop`` and ``sold_out`` rows,
+which the other targets divide by, run alone as every other row does (a row measured beside its
+twin gets about half the CPU, which once halved the no-op's rate in the targets).
 """
 
 from __future__ import annotations

@@ -51,18 +51,18 @@ from service.settings import Settings
 
 
 def bench_settings(base: Settings, run_id: str) -> Settings:
-    """``base`` isolated under ``run_id`` with secrets of its own, the bench routes on, no
+    """``base`` isolated under ``run_id`` with secrets of its own, no
     purchase rate limits (wrk sends every request from one address, the sold-out row from one
     user: the limits would measure themselves) and no self-healing pass in the servers
     (``realign.auto_seconds`` 0). No consumer runs during the HTTP rows, so the accept rows'
     reservations stay unresolved: every pass over that growing journal (and, after the grace
     period, its republishing) would land in whichever row runs next on the ``api`` server, and
     only there (its metrics-off twin never sells). The pass is not a hop; its cost over a large
-    journal is ``scripts/bench_realign_journal.py``'s."""
+    journal is measured by ``tools/bench_realign_journal.py`` (docs/BENCHMARKS.md)."""
     isolated = with_own_secrets(isolated_settings(base, run_id))
     limits = isolated.rate_limit.model_copy(update={"user_per_second": 0.0, "address_per_second": 0.0})
     realign = isolated.realign.model_copy(update={"auto_seconds": 0.0})
-    return isolated.model_copy(update={"bench_routes": True, "rate_limit": limits, "realign": realign})
+    return isolated.model_copy(update={"rate_limit": limits, "realign": realign})
 
 
 async def _versions(settings: Settings, engine: AsyncEngine) -> dict[str, str]:

@@ -1,7 +1,9 @@
 """Servers under test: started as subprocesses, each in its own session, measured from ``/proc``.
 
-Every HTTP server runs on granian through :func:`service.cli.serve.serve_app`, as ``flashsale serve``
-does, so the bare app and the product differ only in the app.
+Every HTTP server runs on granian through :func:`service.api.serving.serve_app`, as ``flashsale serve``
+does, so the bare app and the product differ only in the app; the product (with the no-op route,
+:mod:`service.bench.product_app`) is served through :func:`service.api.serving.serve_api`, the
+start-up of ``flashsale serve`` itself.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from service.api.serving import serve_api, serve_app
 from service.bench.procstat import process_tree
-from service.cli.serve import serve_app
 
 READY_TIMEOUT = 60.0  # seconds for a server to answer its readiness probe
 STOP_TIMEOUT = 15.0  # seconds after SIGTERM before SIGKILL
@@ -85,20 +87,45 @@ def flashsale_argv(*args: str) -> list[str]:
     return [str(Path(sys.executable).with_name("flashsale")), *args]
 
 
-def granian_argv(target: str, port: int, workers: int) -> list[str]:
-    """Run ``target`` (``module:factory``) on granian as ``flashsale serve`` does (:func:`main`)."""
-    return [sys.executable, "-m", "service.bench.server", target, "--port", str(port), "--workers", str(workers)]
+PRODUCT_APP = "service.bench.product_app:create_app"
+"""The product API with the no-op route."""
+
+
+def granian_argv(target: str, port: int, workers: int, *, api: bool = False, host: str = "127.0.0.1") -> list[str]:
+    """Run ``target`` (``module:factory``) on granian as ``flashsale serve`` does (:func:`main`);
+    ``api``: with ``flashsale serve``'s start-up too (a purchase API such as :data:`PRODUCT_APP`)."""
+    argv = [sys.executable, "-m", "service.bench.server", target, "--host", host, "--port", str(port)]
+    return [*argv, "--workers", str(workers), *(["--api"] if api else [])]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m service.bench.server MODULE:FACTORY --port N --workers N``."""
+    """``python -m service.bench.server MODULE:FACTORY --port N --workers N [--api]``; with
+    ``--api`` started as ``flashsale serve`` starts the product (one line per store away, exit
+    code 3 when the order-number shards run out)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("target")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--api", action="store_true")
     args = parser.parse_args(argv)
-    serve_app(args.target, args.host, args.port, args.workers)
+    if not args.api:
+        serve_app(args.target, args.host, args.port, args.workers)
+        return
+    from service.settings import get_settings
+
+    settings = get_settings()
+    settings.require_secrets()
+    problem = serve_api(settings, args.target, args.host, args.port, args.workers, _warn)
+    if problem:
+        from service.api.no_shard import EXIT_NO_SHARD  # not earlier: it imports prometheus_client
+
+        print(f"flashsale serve: {problem}", file=sys.stderr)
+        sys.exit(EXIT_NO_SHARD)
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from service.runtime import run_async
-from service.settings import get_settings
+from service.cli.common import load_settings, run
 
 if TYPE_CHECKING:  # the connections' modules load only when a command runs
     from rich.console import Console
@@ -27,7 +26,7 @@ def _with_service(use: Callable[[DeadLetterService], Awaitable[T]]) -> T:
     from service.domain.fulfilment.dead_letters import DeadLetterNotFound, DeadLetterService
     from service.log_setup import configure_logging
 
-    settings = get_settings()
+    settings = load_settings()
 
     async def go() -> T:
         configure_logging("WARNING")
@@ -38,7 +37,7 @@ def _with_service(use: Callable[[DeadLetterService], Awaitable[T]]) -> T:
             return await use(service)
 
     try:
-        return run_async(go())
+        return run(go())
     except DeadLetterNotFound as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

@@ -1,21 +1,17 @@
-"""``flashsale pay`` (sign and send a notification like a channel), ``flashsale sweep`` and
-``flashsale payments sync``."""
+"""``flashsale pay`` (sign and send a notification like a channel) and ``flashsale payments
+sync``."""
 
 from __future__ import annotations
 
-import json
 import secrets
 
 import httpx
 
-from consumers import observe
 from db.queries import orders
-from service.bootstrap import is_outage, opened, opened_when_reachable
+from service.bootstrap import opened
 from service.domain.order_numbers.format import is_valid_order_no
-from service.domain.orders.lifecycle import expire_unpaid
 from service.domain.payments.service import Notification, signed
 from service.log_setup import configure_logging
-from service.runtime import watch
 from service.settings import Settings
 
 
@@ -63,44 +59,6 @@ async def send_notification(
     if not response.is_success:
         raise SystemExit(f"error: {response.status_code} {response.text}")
     return response
-
-
-async def run_sweep(
-    settings: Settings,
-    product_id: int | None,
-    every: float | None,
-    as_json: bool = False,
-    metrics_port: int | None = None,
-) -> None:
-    """``flashsale sweep``: cancel unpaid orders past the payment window; one pass, or repeated
-    every ``every`` seconds until SIGTERM/SIGINT (then ``/metrics`` on ``metrics_port``, default
-    ``FLASHSALE_METRICS__PORT``, 0: not served). Each pass prints one line (a JSON object
-    ``{"cancelled", "window_seconds", "product_id"}`` with ``as_json``). With ``every`` it
-    outlives store outages as ``realign --watch`` does (:func:`service.runtime.watch`)."""
-    configure_logging(settings.log_level)
-    window = settings.payment.window_seconds
-    opening = opened(settings, publish=False) if every is None else opened_when_reachable(settings, publish=False)
-    async with opening as resources:
-        if resources is None:  # stopped while waiting for a store
-            return
-        opened_resources = resources
-
-        async def one_pass() -> None:
-            cancelled = await expire_unpaid(
-                opened_resources.engine,
-                opened_resources.store,
-                window,
-                product_id=product_id,
-                may_cancel=opened_resources.checkout.may_cancel,
-            )
-            if as_json:
-                line = json.dumps({"cancelled": cancelled, "window_seconds": window, "product_id": product_id})
-            else:
-                line = f"cancelled {cancelled} unpaid order(s) past {window}s"
-            print(line, flush=True)
-
-        async with observe.exposed(settings, metrics_port if every else 0, sample_queues=False):
-            await watch(every, one_pass, survive=is_outage, event="sweep_pass")
 
 
 async def run_sync(settings: Settings, order_no: str) -> list[dict[str, str | None]]:

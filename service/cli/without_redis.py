@@ -1,6 +1,6 @@
-"""``flashsale product set`` when Redis does not answer: the rollback plan of the seed "order
-system database design" (switch the hot product to stock mode ``database`` and keep selling)
-needs MySQL only.
+"""``flashsale product set`` when Redis does not answer: the rollback plan for Redis-backed stock
+(switch the hot product to stock mode ``database`` and keep selling; docs/OPERATIONS.md) needs
+MySQL only.
 
 The normal path opens every store (:func:`service.bootstrap.opened`): Redis, RabbitMQ, MySQL.
 With Redis unreachable, a product set to ``--stock-mode database`` is written here on MySQL

@@ -12,13 +12,16 @@ charts beside it as PNG files (``timeline.png``, ``latency.png``, ``outcomes.png
 - outcomes: the purchase wave's answers by code.
 
 Then the invariant table and the report's numbers. matplotlib draws off screen (Agg); only the
-sale's process imports it, after the sale is over.
+sale's process imports it, after the sale is over. It is an optional extra (``flashsale[charts]``,
+which ``make sale`` and the test extra install): without it the page is written without charts,
+and :data:`CHARTS_SKIPPED` says why in one line.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import importlib.util
 import math
 from collections import Counter
 from pathlib import Path
@@ -35,6 +38,19 @@ _PHASE_COLOURS = {
     "payments": "#2ca02c",
     "resale": "#9467bd",
 }
+
+
+CHARTS_SKIPPED = (
+    "charts skipped: matplotlib is not installed (pip install 'flashsale[charts]', or make sale in a checkout)"
+)
+
+
+def charts_available() -> bool:
+    """True when matplotlib can be imported (the ``charts`` extra is installed)."""
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except ImportError:  # a parent package that does not import
+        return False
 
 
 def _waves(measured: Measured) -> dict[str, Wave]:
@@ -94,11 +110,17 @@ def _timeline(measured: Measured, path: Path) -> None:
     plt.close(figure)
 
 
-def _latency(measured: Measured, path: Path) -> dict[str, float]:
+def _marks(measured: Measured) -> dict[str, float]:
+    """p50, p95 and p99 of the purchase wave's latencies, in ms."""
+    latencies = sorted(answer.latency * 1000 for answer in measured.purchase.outcomes)
+    return {f"p{round(q * 100)}": _percentile(latencies, q) for q in (0.5, 0.95, 0.99)}
+
+
+def _latency(measured: Measured, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     latencies = sorted(answer.latency * 1000 for answer in measured.purchase.outcomes)
-    marks = {f"p{round(q * 100)}": _percentile(latencies, q) for q in (0.5, 0.95, 0.99)}
+    marks = _marks(measured)
     figure, axes = plt.subplots(figsize=(10, 4))
     low, high = max(min(latencies), 0.01), max(latencies)
     edges = [low * (high / low) ** (i / 60) for i in range(61)] if high > low else 30
@@ -117,7 +139,6 @@ def _latency(measured: Measured, path: Path) -> dict[str, float]:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
-    return marks
 
 
 def _outcomes(measured: Measured, path: Path) -> None:
@@ -173,22 +194,29 @@ img { max-width: 100%; }
 """
 
 
-def write_report(directory: Path, report: dict[str, Any], measured: Measured) -> Path:
-    """Write ``report.html`` and its PNG charts to ``directory`` (created if missing); returns the
-    HTML file's path. ``report`` is :func:`service.sale.render.build_report`'s document."""
+def _charts(directory: Path, measured: Measured) -> str:
+    """Draw the PNG charts into ``directory``; their HTML, each embedded as a data URI."""
     import matplotlib
 
     matplotlib.use("Agg")
-    directory.mkdir(parents=True, exist_ok=True)
     charts = {name: directory / f"{name}.png" for name in ("timeline", "latency", "outcomes")}
     _timeline(measured, charts["timeline"])
-    marks = _latency(measured, charts["latency"])
+    _latency(measured, charts["latency"])
     _outcomes(measured, charts["outcomes"])
-    images = "".join(
+    return "".join(
         f'<h2>{name}</h2><img id="{name}" alt="{name}" src="data:image/png;base64,'
         f'{base64.b64encode(path.read_bytes()).decode()}">'
         for name, path in charts.items()
     )
+
+
+def write_report(directory: Path, report: dict[str, Any], measured: Measured) -> Path:
+    """Write ``report.html`` and its PNG charts to ``directory`` (created if missing); returns the
+    HTML file's path. ``report`` is :func:`service.sale.render.build_report`'s document. Without
+    matplotlib (:func:`charts_available`) the page has :data:`CHARTS_SKIPPED` in their place."""
+    directory.mkdir(parents=True, exist_ok=True)
+    marks = _marks(measured)
+    images = _charts(directory, measured) if charts_available() else f"<p>{html.escape(CHARTS_SKIPPED)}</p>"
     run = report["run"]
     verdict = "every invariant holds" if report["ok"] else "an invariant FAILED"
     page = f"""<!doctype html>

@@ -1,6 +1,8 @@
-"""The invariants ``flashsale sale`` proves: the five of the design brief
-(:func:`check_invariants`) and three more for the order lifecycle (:func:`check_lifecycle`), each a
-:class:`Check` with the numbers behind it; :func:`check_all` picks what applies to a run.
+"""The invariants ``flashsale sale`` proves: the five every flash sale must keep (no oversell,
+one order per accepted request, the per-user limit, Redis realigned with MySQL, rejections leave
+no trace: :func:`check_invariants`, docs/ARCHITECTURE.md) and three more for the order lifecycle
+(:func:`check_lifecycle`), each a :class:`Check` with the numbers behind it; :func:`check_all`
+picks what applies to a run.
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ def _check_no_trace(summary: LoadSummary, facts: StoreFacts) -> Check:
 def check_invariants(
     summary: LoadSummary, facts: StoreFacts, stock: int, limit: int, drained: bool, demand_exceeded: bool
 ) -> dict[str, Check]:
-    """The five invariants of the brief (the first keys of :data:`INVARIANT_TITLES`) over every
+    """The five invariants of every sale (the first keys of :data:`INVARIANT_TITLES`) over every
     wave's answers; ``stock`` and ``limit`` in units; ``demand_exceeded``: the last wave was told
     ``sold_out``."""
     return {

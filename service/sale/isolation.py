@@ -182,5 +182,5 @@ def simulator_url(settings: Settings) -> str:
 
 def child_env(settings: Settings) -> dict[str, str]:
     """This process's environment plus the ``FLASHSALE_*`` variables of ``settings``
-    (:func:`environment`); the API also mounts the no-op benchmark route."""
-    return {**os.environ, **environment(settings.model_copy(update={"bench_routes": True}))}
+    (:func:`environment`)."""
+    return {**os.environ, **environment(settings)}

@@ -78,6 +78,15 @@ from service.sale.stores import Stores, isolate
 from service.settings import Settings
 
 
+def api_argv(port: str, workers: int) -> list[str]:
+    """The sale's API: the product as ``flashsale serve`` starts it, plus the no-op route of the
+    framework ceiling (``service.bench.product_app``, served by ``service.bench.server --api``).
+    Named by module, not imported: the bench builds on the sale's isolation, not the reverse."""
+    target = "service.bench.product_app:create_app"
+    argv = [sys.executable, "-m", "service.bench.server", target, "--host", "127.0.0.1", "--port", port]
+    return [*argv, "--workers", str(workers), "--api"]
+
+
 async def _start(
     stack: AsyncExitStack, sale: Sale, processes: Processes, workers: int, consumers: int, with_channels: bool
 ) -> Stores:
@@ -95,7 +104,7 @@ async def _start(
     stack.push_async_callback(processes.stop)
     if sale.isolated:
         port = str(httpx.URL(sale.url).port)
-        await processes.start("api", "serve", "--host", "127.0.0.1", "--port", port, "--workers", str(workers))
+        await processes.start_argv("api", api_argv(port, workers))
         if with_channels:
             channel_port = str(httpx.URL(simulator_url(sale.settings)).port)
             await processes.start("channel", "channel", "serve", "--host", "127.0.0.1", "--port", channel_port)
@@ -262,8 +271,10 @@ async def run_sale(
     else:
         report["logs"] = str(processes.log_dir)
     if report_dir is not None:
-        from service.sale.charts import write_report
+        from service.sale.charts import CHARTS_SKIPPED, charts_available, write_report
 
+        if not charts_available():
+            stderr.print(CHARTS_SKIPPED, soft_wrap=True, markup=False)  # one line, --json or not
         console.print(f"report: {write_report(report_dir, report, measured)}")
     if as_json:
         print(msgspec.json.encode(report).decode())

@@ -3,11 +3,11 @@ no-op route probed), the first waves (no-op ceiling and purchase load), drain, a
 lifecycle (pay, let the window lapse, sweep, resell, drain again).
 
 Framework ceiling (``--noop-requests N``, 0 = off). Before the purchase load, ``POST
-/api/v1/bench/noop`` (``FLASHSALE_BENCH_ROUTES=true``: JWT auth and body decoding, nothing else)
+/api/v1/bench/noop`` (:mod:`service.bench.product_app`: JWT auth and body decoding, nothing else)
 gets N requests built like the purchases (same JWTs, bodies, mix, concurrency and clients, one
 code path: :func:`service.sale.load.send_wave`). The report puts its throughput and latency next
-to the purchase load's, with the ratios. When the route answers 404 (an API started without the
-bench routes, ``--url``) the wave is skipped and the report says so.
+to the purchase load's, with the ratios. When the route answers 404 (an API without the
+no-op route: ``--url``) the wave is skipped and the report says so.
 
 Order lifecycle (``--pay-share S``, isolated runs only). The API and the consumers get
 ``FLASHSALE_PAYMENT__WINDOW_SECONDS`` = ``--payment-window``, and the sale starts the payment

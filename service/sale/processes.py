@@ -1,5 +1,5 @@
-"""The subprocesses of ``flashsale sale`` (``flashsale serve`` / ``consume``) and the API's
-readiness."""
+"""The subprocesses of ``flashsale sale`` (the API, ``flashsale consume``, the channel simulator)
+and the API's readiness."""
 
 from __future__ import annotations
 
@@ -39,11 +39,14 @@ class Processes:
         script = Path(sys.executable).with_name("flashsale")
         if not script.exists():
             raise SetupError(f"console script {script} not found (install the project into this environment)")
+        await self.start_argv(name, [str(script), *args])
+
+    async def start_argv(self, name: str, argv: list[str]) -> None:
+        """Start the program ``argv`` (e.g. ``python -m MODULE ...`` with this interpreter)."""
         log = await asyncio.to_thread((self.log_dir / f"{name}.log").open, "wb")
         with log:
             self._running[name] = await asyncio.create_subprocess_exec(
-                str(script),
-                *args,
+                *argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

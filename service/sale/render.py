@@ -10,7 +10,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from service.cli.render import print_reports
+from consumers.realign import print_reports
 from service.domain.stock.realign import RealignReport
 from service.sale.facts import Measured
 from service.sale.invariants import INVARIANT_TITLES, check_all

@@ -1,9 +1,9 @@
-"""The fault suite (issue 11): one small sale per fault, on private servers, with the project's
+"""The fault suite (docs/RELIABILITY.md): one small sale per fault, on private servers, with the project's
 own processes; the invariants after each (tests/faults/harness.py says what each column
 means). ``make faults`` runs them all (about 15 minutes on 2 cores) and writes the table;
 ``-m faults_ci`` is the subset CI runs (a few minutes).
 
-Each case asserts exactly what issue 11's "Done when" asks of its row: 0 lost, 0 duplicate, 0
+Each case asserts exactly what a fault may never cost (docs/RELIABILITY.md): 0 lost, 0 duplicate, 0
 without a 202, 0 oversold, 0 over the limit, nothing stranded past the bound, recovered by
 itself.
 """
@@ -114,7 +114,8 @@ async def test_redis_down_when_serve_and_consume_start(servers, log_root, record
 async def test_redis_flushall_mid_sale(servers, log_root, record, realign_watch):
     """Redis loses everything mid-sale (FLUSHALL, as a failover to an empty replica would).
     With realign --watch running, no order number may go to two buyers; without any realign
-    process, the service must notice the loss and repair it itself (issue 11, item 3). Either
+    process, the service must notice the loss and repair it itself (no operator runs realign in a failover).
+    Either
     way readiness must say so while purchases cannot succeed."""
     how = "realign --watch running" if realign_watch else "no realign process"
     async with FaultSale(servers, f"Redis FLUSHALL mid-sale ({how})", log_root) as sale:
@@ -227,7 +228,8 @@ async def test_api_killed_between_reserve_and_publish(servers, log_root, record)
     """The broker freezes (SIGSTOP) mid-sale, so purchases wait for their publisher confirms
     after reserving; then the whole API is killed with SIGKILL, the broker resumes and the API
     comes back (as compose restarts it). No realign process runs: the mechanism that recovers
-    stranded reservations must run wherever the API runs (issue 11, item 8). The reservations
+    stranded reservations must run wherever the API runs (a deployment may run no realign
+    process). The reservations
     the dead API left must become orders within the bound, and buyers retrying their key must
     learn them."""
     async with FaultSale(servers, "API killed -9 between reserve and publish (broker frozen)", log_root) as sale:

@@ -201,4 +201,32 @@ def test_the_bench_servers_run_no_self_healing_pass_over_the_accept_rows_journal
     # and a pass over them would be billed to the next row on the api server alone
     assert settings.realign.auto_seconds == 0
     assert (settings.rate_limit.user_per_second, settings.rate_limit.address_per_second) == (0.0, 0.0)
-    assert settings.bench_routes
+
+
+async def test_the_no_op_route_is_the_benchs_not_the_products(monkeypatch):
+    """The product API mounts no benchmark route; the bench's app is the product plus
+    ``POST /api/v1/bench/noop``, behind the purchase route's JWT auth and strict body decoding."""
+    import httpx
+
+    from service.api.app import create_app
+    from service.api.auth import issue_token
+    from service.bench.product_app import create_app as create_bench_app
+
+    monkeypatch.setenv("FLASHSALE_ENV", "development")
+    get_settings.cache_clear()
+    try:
+        settings = get_settings()
+        product = {route.path for route in create_app(settings).routes}
+        bench_app = create_bench_app(settings)
+    finally:
+        get_settings.cache_clear()
+    assert "/api/v1/orders" in product and not any("/bench" in path for path in product)
+    assert {route.path for route in bench_app.routes} == product | {"/api/v1/bench/noop"}
+    buyer = {"Authorization": f"Bearer {issue_token(settings.auth.jwt_secret, 'bench-user')}"}
+    transport = httpx.ASGITransport(app=bench_app)  # no lifespan: the route needs no store
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+        ok = await client.post("/api/v1/bench/noop", json={"product_id": 1, "quantity": 1}, headers=buyer)
+        anonymous = await client.post("/api/v1/bench/noop", json={"product_id": 1, "quantity": 1})
+        bad = await client.post("/api/v1/bench/noop", json={"product_id": "x", "quantity": 1}, headers=buyer)
+    assert (ok.status_code, ok.json()) == (202, {"status": "noop"})
+    assert (anonymous.status_code, bad.status_code) == (401, 400)

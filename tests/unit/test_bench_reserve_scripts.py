@@ -1,4 +1,4 @@
-"""scripts/bench_reserve_scripts.py: its pure parts (options, where buckets land, the report's
+"""tools/bench_reserve_scripts.py: its pure parts (options, where buckets land, the report's
 arithmetic); the measurement itself needs a cluster and is run by hand (docs/SCALING.md)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from redis.crc import key_slot
 
 from service.adapters.redis.keys import ProductKeys
 
-_PATH = Path(__file__).resolve().parents[2] / "scripts" / "bench_reserve_scripts.py"
+_PATH = Path(__file__).resolve().parents[2] / "tools" / "bench_reserve_scripts.py"
 _spec = importlib.util.spec_from_file_location("bench_reserve_scripts", _PATH)
 assert _spec is not None and _spec.loader is not None
 bench = importlib.util.module_from_spec(_spec)

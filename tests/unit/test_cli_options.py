@@ -7,7 +7,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from service.cli.main import _run, main
+from service.cli.common import run as _run
+from service.cli.main import main
 
 
 def _commands(command: click.Command, path: tuple[str, ...] = ("flashsale",)):

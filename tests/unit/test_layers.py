@@ -1,7 +1,10 @@
 """The import graph: edge -> composition root -> use cases -> adapters -> base, one way, no cycles.
 
 Read from the source with ``ast`` (imports inside functions count too), so a new module that
-imports upwards fails here before anyone has to draw the graph again.
+imports upwards fails here before anyone has to draw the graph again. Within a layer, the
+packages import one another one way too (e.g. ``service.cli`` may use ``consumers``, then
+``consumers`` may not use ``service.cli``): no cycle in the graph of packages, where a module
+cycle need not exist for two packages to be tangled.
 """
 
 from __future__ import annotations
@@ -56,6 +59,49 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
+def _package(module: str) -> str:
+    """The node of ``module`` in the package graph: the longest prefix of :data:`LAYERS` that it
+    is or lies under (``service.cli.main`` -> ``service.cli``), else the module itself (a base
+    module such as ``service.metrics``, caught only by the catch-all ``service``)."""
+    prefixes = [p for _, group in LAYERS for p in group if p != "service"]
+    found = [p for p in prefixes if module == p or module.startswith(p + ".")]
+    return max(found, key=len) if found else module
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` (module -> modules it imports) collapsed to packages (:func:`_package`); a
+    package's imports of itself are left out."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        node = _package(module)
+        packages.setdefault(node, set()).update(_package(t) for t in targets)
+        packages[node].discard(node)
+    for targets in list(packages.values()):
+        for target in targets:
+            packages.setdefault(target, set())
+    return packages
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle a depth-first walk of ``graph`` meets, each as ``[a, b, ..., a]``."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    found: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                found.append(path[path.index(target) :] + [target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
 def test_imports_flow_downwards_only() -> None:
     upward = [
         f"{module} -> {target}"
@@ -84,20 +130,28 @@ def test_db_never_reads_the_service_settings() -> None:
 
 
 def test_no_import_cycles() -> None:
-    graph = _graph()
-    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-    cycles: list[list[str]] = []
+    assert cycles(_graph()) == []
 
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for target in sorted(graph[node]):
-            if state.get(target) == 1:
-                cycles.append(path[path.index(target) :] + [target])
-            elif target not in state:
-                visit(target, [*path, target])
-        state[node] = 2
 
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [node])
-    assert cycles == []
+def test_no_cycles_between_packages() -> None:
+    """Upward imports are refused above, so a package cycle can only join packages of one
+    layer: e.g. ``service.cli`` <-> ``consumers``, ``service.cli`` <-> ``service.bench``."""
+    assert cycles(package_graph(_graph())) == []
+
+
+def test_a_planted_same_layer_package_cycle_is_caught() -> None:
+    """Two edge packages tangled through different modules: no module cycle, one package cycle."""
+    planted = {
+        "service.cli.main": {"consumers.realign"},  # the CLI runs the realign job
+        "consumers.realign": {"service.cli.render", "service.settings"},  # which prints with the CLI's helper
+        "service.cli.render": {"service.domain.stock.realign"},
+        "service.domain.stock.realign": set(),
+        "service.settings": set(),
+    }
+    assert cycles(planted) == []
+    packages = package_graph(planted)
+    assert packages["service.cli"] == {"consumers", "service.domain"}
+    assert packages["consumers"] == {"service.cli", "service.settings"}
+    assert cycles(packages) == [["consumers", "service.cli", "consumers"]]
+    del planted["consumers.realign"]  # and without the way back, none
+    assert cycles(package_graph(planted)) == []

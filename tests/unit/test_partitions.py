@@ -1,4 +1,4 @@
-"""Partitioned order queues (issue 12, item 3) without any server: a product's partition is stable
+"""Partitioned order queues (docs/ARCHITECTURE.md) without any server: a product's partition is stable
 and every partition gets products, one partition keeps the names of a single queue, the
 setting's bounds, the consumers' choice of partitions and the sale's share-out."""
 
@@ -8,7 +8,7 @@ import click
 import pytest
 from pydantic import ValidationError
 
-from service.cli.main import parse_partitions
+from service.cli.processes import parse_partitions
 from service.sale.isolation import consumer_partitions
 from service.settings import AMQPSettings, Settings
 

@@ -93,7 +93,6 @@ def _unlike_the_defaults() -> Settings:
         metrics=MetricsSettings(enabled=False, port=9109, host="0.0.0.0"),
         access_log=False,
         log_level="DEBUG",
-        bench_routes=True,
         env="development",
     )
 

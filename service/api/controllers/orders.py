@@ -16,7 +16,7 @@ from litestar.params import (
 from msgspec import Meta
 
 from service import metrics
-from service.api import observe
+from service.api import request_telemetry
 from service.api.auth import User
 from service.api.body import decode_body
 from service.api.media import JSON_BODY_OPT
@@ -141,7 +141,7 @@ class OrderController(Controller):
             metrics.purchase_outcome(exc.code).inc()
             raise
         _ACCEPTED.inc()
-        observe.note_order(request.scope, accepted.request_id, accepted.order_no)
+        request_telemetry.note_order(request.scope, accepted.request_id, accepted.order_no)
         status = accepted.status or "queued"
         body = OrderAccepted(accepted.order_no, accepted.request_id, status, accepted.product_id, accepted.quantity)
         return Response(
@@ -159,8 +159,8 @@ class OrderController(Controller):
     async def create_token(
         self, request: Request[User, Any, Any], data: JSONBody[TokenRequest], resources: NamedDependency[Resources]
     ) -> OrderToken:
-        """``{"product_id"}`` -> 201 ``{"token", "expires_in"}`` (seconds; seed "order system
-        database design": issued when the order page opens, ``SET token EX 300``, deleted
+        """``{"product_id"}`` -> 201 ``{"token", "expires_in"}`` (seconds; the anti-duplicate
+        token: issued when the order page opens, ``SET token EX 300``, deleted
         atomically by the purchase that sends it as ``Order-Token``). Errors: 400
         invalid_request, 401, 404 product_not_found, 503 unavailable."""
         purchases = resources.purchase_service

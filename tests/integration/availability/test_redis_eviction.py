@@ -1,4 +1,5 @@
-"""Readiness reports a Redis that may evict keys (issue 11, item 7): ``maxmemory-policy`` other
+"""Readiness reports a Redis that may evict keys (an evicted quota or journal loses data):
+``maxmemory-policy`` other
 than ``noeviction``, read at start and again when the probe finds the last read old; a Redis
 whose CONFIG is denied is tolerated. On a private Redis (its configuration is changed)."""
 

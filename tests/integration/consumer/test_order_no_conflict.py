@@ -1,8 +1,8 @@
-"""An order number the consumer finds taken by another request's order (issue 11, item 2, the
-consumer's side): the second order is resolved, not retried into the dead-letter queue. It is a
-final ``rejected``/``order_no_conflict`` row its buyer reads at ``GET /orders/{order_no}`` with the
-number of the 202, and its stock is not taken. On the real Redis, RabbitMQ, MariaDB and
-consumer."""
+"""An order number the consumer finds taken by another request's order (the consumer's side of
+order numbers staying unique when Redis forgets its counters): the second order is resolved, not
+retried into the dead-letter queue. It is a final ``rejected``/``order_no_conflict`` row its
+buyer reads at ``GET /orders/{order_no}`` with the number of the 202, and its stock is not taken.
+On the real Redis, RabbitMQ, MariaDB and consumer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Retries that do not hold the prefetch window (issue 11, item 5), on the real RabbitMQ, Redis and
+"""Retries that do not hold the prefetch window (docs/ARCHITECTURE.md), on the real RabbitMQ, Redis and
 MariaDB: a permanent failure is dead-lettered at once with its reason, a transient one waits in a
 retry queue (TTL, then back to the order queue) instead of in the consumer's hands, and a MySQL
 outage never spends the delivery limit meant for poison."""
@@ -28,7 +28,7 @@ from tests.support import (
     rows_are,
 )
 
-PREFETCH = 64  # the prefetch of the measured run (issue 11): fewer than the poison messages
+PREFETCH = 64  # the prefetch of the fault suite's run (docs/RELIABILITY.md): fewer than the poison messages
 
 
 async def _depth(channel, queue: str) -> int:

@@ -1,4 +1,4 @@
-"""The per-user limit backed in MySQL (issue 11, item 7): Redis forgetting a buyer's quota
+"""The per-user limit backed in MySQL (Redis alone may forget it): Redis forgetting a buyer's quota
 (eviction, failover, FLUSHALL) never lets an order over the limit into MySQL; the extra order is a
 final ``rejected``/``limit_exceeded`` row its buyer can read. On the real Redis, RabbitMQ,
 MariaDB and consumer."""

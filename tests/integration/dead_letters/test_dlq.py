@@ -205,8 +205,9 @@ async def test_cli_lists_shows_and_refuses_unknown_ids(mine, engine, store):
 async def test_a_republished_order_that_lands_leaves_no_stale_copy_in_the_dead_letter_queue(
     mine, engine, store, put_product, product_id
 ):
-    """Guards (issue 11): after MySQL was down long enough to dead-letter the orders in hand,
-    realignment re-published them and they landed, but their dead copies stayed in the queue."""
+    """Guards a bug the fault suite found (docs/RELIABILITY.md): after MySQL was down long enough
+    to dead-letter the orders in hand, realignment re-published them and they landed, but their
+    dead copies stayed in the queue."""
     from service.domain.stock.realign import Realigner
 
     own, resources, channel = mine

@@ -1,4 +1,4 @@
-"""Who made each status change (seed "order system database design": time, operator, reason):
+"""Who made each status change (an order's audit trail: time, operator, reason):
 ``order_status_log.actor``, shown in the order's ``history``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Order numbers stay unique whatever Redis forgets (issue 11, item 2): FLUSHALL mid-minting, and
+"""Order numbers stay unique whatever Redis forgets (docs/ARCHITECTURE.md): FLUSHALL mid-minting, and
 a failover to a replica whose counters lag behind, on a Redis server of the test's own; the
 generations live in the run's MySQL."""
 

@@ -1,4 +1,4 @@
-"""Partitioned order queues (issue 12, item 3) on the real RabbitMQ, Redis and MariaDB, with
+"""Partitioned order queues (docs/ARCHITECTURE.md) on the real RabbitMQ, Redis and MariaDB, with
 ``FLASHSALE_AMQP__PARTITIONS=3``: a product's orders always land in its own partition's queue,
 consumers take any subset of the partitions (and leave the others' messages alone), a retried
 order comes back to the partition it came from, and the one dead-letter queue serves every

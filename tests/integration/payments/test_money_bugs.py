@@ -1,4 +1,5 @@
-"""The money bugs of issue 8, each as the case that failed and the kind it stands for.
+"""The money bugs once found in the payment path, each as the case that failed and the kind it
+stands for.
 
 Every settlement is matched by channel + channel transaction id + order; the price of an order
 is fixed at reservation; a notification for a queued order is answered retryably; unknown

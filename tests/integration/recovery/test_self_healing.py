@@ -1,4 +1,4 @@
-"""The service heals by itself (issue 11, items 3 and 8): Redis data loss mid-sale and stranded
+"""The service heals by itself (docs/RELIABILITY.md): Redis data loss mid-sale and stranded
 reservations are repaired by the API's own recovery task, nobody runs ``flashsale realign``.
 
 Each test runs the real API (in process, its lifespan and recovery task included), the real

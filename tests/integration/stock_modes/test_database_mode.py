@@ -1,4 +1,4 @@
-"""Stock mode ``database`` (seed "order system database design", scheme 1): one MySQL
+"""Stock mode ``database`` (docs/ARCHITECTURE.md, stock modes): one MySQL
 transaction per purchase, ``201`` with the order ``pending_payment``; exact under concurrency."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Switching a product's stock mode mid-sale, under load, in both directions: never an oversell,
-every 201/202 exactly one order row, no user above the limit, all the stock sold (the seed's
-"rollback plan" for scheme 2)."""
+every 201/202 exactly one order row, no user above the limit, all the stock sold (the
+rollback plan of stock mode ``redis``, docs/OPERATIONS.md)."""
 
 from __future__ import annotations
 

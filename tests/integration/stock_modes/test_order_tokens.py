@@ -1,4 +1,4 @@
-"""Server-issued order tokens (seed "order system database design": the anti-duplicate token,
+"""Server-issued order tokens (the anti-duplicate token,
 ``SET token EX 300`` when the order page opens, deleted atomically on submit)."""
 
 from __future__ import annotations

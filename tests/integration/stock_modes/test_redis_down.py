@@ -1,4 +1,4 @@
-"""The rollback plan of scheme 2 (seed "order system database design"): Redis is lost, the hot
+"""The rollback plan of stock mode ``redis`` (docs/OPERATIONS.md): Redis is lost, the hot
 product is switched to stock mode ``database`` and keeps selling, exactly.
 
 The API runs on a Redis server of the test's own (``private_redis``), shut down mid-test: from

@@ -1,6 +1,8 @@
-"""How every HTTP server of flashsale runs on granian: ``flashsale serve`` (the product) and the
-bench's servers (:mod:`service.bench.server`: the bare app and the product) share
-:func:`serve_app`, so what they compare differs only in the app."""
+"""How every HTTP server of flashsale runs on granian: ``flashsale serve`` (the product), the
+servers of the bench and of ``flashsale sale`` (:mod:`service.bench.server`: the bare app;
+:mod:`service.bench.product_app`: the product with the no-op route) and the channel simulator
+share :func:`serve_app`, and the two product servers share :func:`serve_api`, so what the bench
+compares differs only in the app."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from service.runtime import run_async
 from service.settings import Settings
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus_client when it is first imported
@@ -100,3 +103,24 @@ def serve_app(target: str, host: str, port: int, workers: int) -> str | None:
             raise
         return reason
     return stopped_for(os.getpid())
+
+
+def serve_api(
+    settings: Settings, target: str, host: str, port: int, workers: int, warn: Callable[[str], None]
+) -> str | None:
+    """Serve the purchase API factory ``target`` as ``flashsale serve`` does: inside one
+    multiprocess metrics directory, after asking Redis, RabbitMQ and MySQL once (``warn`` gets
+    one line per store that does not answer: the API starts all the same, not ready until it
+    answers) and checking that ``workers`` order-number shards are free. Returns None, or why
+    the server did not start or stopped (:func:`shards_short`, :func:`serve_app`).
+
+    Raises:
+        DependencyUnreachable: a store refuses as configured (wrong credentials, unknown database).
+    """
+    # The multiprocess directory first: the check imports prometheus_client, which reads it once.
+    with metrics_directory(settings.metrics.enabled):
+        from service.bootstrap import report_dependencies
+
+        for away in run_async(report_dependencies(settings)):
+            warn(f"flashsale: {away}; starting anyway, not ready until it answers")
+        return run_async(shards_short(settings, workers)) or serve_app(target, host, port, workers)

@@ -8,12 +8,12 @@ It measures whatever code is first on the path: to compare two commits, check th
 in a worktree and run the script from it, alternately, e.g.
 
     git worktree add /tmp/before <rev>
-    PYTHONPATH=/tmp/before .venv/bin/python scripts/bench_accept_inproc.py
-    .venv/bin/python scripts/bench_accept_inproc.py
+    PYTHONPATH=/tmp/before .venv/bin/python tools/bench_accept_inproc.py
+    .venv/bin/python tools/bench_accept_inproc.py
 
 Run it with the machine otherwise idle (it is no test: nothing is asserted about time).
 
-    .venv/bin/python scripts/bench_accept_inproc.py [--requests 3000] [--repeats 2] [--concurrency 64]
+    .venv/bin/python tools/bench_accept_inproc.py [--requests 3000] [--repeats 2] [--concurrency 64]
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from typing import Any
 
 from litestar import Litestar
 
-import service.api.app as api_app
+import service.bench.product_app as bench_app
 from db.migrate import upgrade
 from service.api.auth import issue_token
-from service.bench.asgi import json_scope
 from service.bench.run import bench_settings
 from service.sale.isolation import new_run_id
 from service.sale.stores import tear_down
 from service.settings import Settings
+from tools.asgi_scope import json_scope
 
 PRODUCT = 7
 BUYERS = 1000
@@ -82,7 +82,7 @@ async def main(requests: int, repeats: int, concurrency: int) -> None:
     os.environ.setdefault("FLASHSALE_ENV", "development")
     settings = bench_settings(Settings(), new_run_id("inproc"))
     await upgrade(settings.db.url)
-    app = api_app.create_app(settings)
+    app = bench_app.create_app(settings)  # the product API and the no-op route
     secret = settings.auth.jwt_secret
     buyers = [issue_token(secret, f"buyer-{i}") for i in range(BUYERS)]
     product = {"stock": 100_000_000, "price": 100, "per_user_limit": 1_000_000, "name": "inproc", "stock_mode": "redis"}

@@ -1,4 +1,5 @@
-"""A Redis Cluster of the test's own: three masters (``redis-server --cluster-enabled yes`` on
+"""A private Redis Cluster, for the cluster tests (tests/integration/cluster) and
+tools/bench_reserve_scripts.py: three masters (``redis-server --cluster-enabled yes`` on
 free ports, nothing saved) joined by ``redis-cli --cluster create``, every slot covered."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Measure how long realignment blocks Redis with a big journal: the longest single Redis
 command (Lua call, HSCAN, ...) of one dry run and one writing pass over a product whose journal
-holds ``--entries`` reservations (issue 11: one Lua call over 200k entries blocked Redis 1.04 s).
+holds ``--entries`` reservations (a pass once made one Lua call over the whole journal: 200k entries
+blocked Redis 1.04 s; see docs/BENCHMARKS.md).
 
 Starts a Redis server of its own on a free port (it turns SLOWLOG on for every command, which the
 shared server must not be asked to do) and uses an isolated run on the configured MySQL (own
@@ -8,7 +9,7 @@ database, removed at the end). ``--resolved`` of the entries get an order row fi
 a consumer would), so the pass has entries to drop. Durations are Redis's own (SLOWLOG, in
 microseconds of server time), not the client's.
 
-    .venv/bin/python scripts/bench_realign_journal.py [--entries 200000] [--resolved 1000]
+    .venv/bin/python tools/bench_realign_journal.py [--entries 200000] [--resolved 1000]
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""An HTTP request as an ASGI scope, for the in-process benchmarks (``scripts/bench_*_inproc.py``,
-``scripts/bench_noop_layers.py``) that call the app directly, without a server."""
+"""An HTTP request as an ASGI scope, for the in-process benchmarks (``bench_accept_inproc.py``,
+``bench_noop_layers.py``) that call the app directly, without a server."""
 
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
-"""What each layer of the API costs the product no-op (issue 7's ``product no-op >= 0.75 x bare``),
-measured in process: the ASGI app called directly, no network and no granian, so only the
-Python work per request counts.
+"""What each layer of the API costs the product no-op (the bench's target ``product no-op >= 0.75 x
+bare no-op``, docs/BENCHMARKS.md), measured in process: the ASGI app called directly, no network
+and no granian, so only the Python work per request counts.
 
-Rows: the bare app (:mod:`service.bench.bare_app`); the product no-op (``POST
-/api/v1/bench/noop``: JWT auth, the ``before_request`` hook, request observation, body decode);
-and the product no-op with one layer taken out each time (metrics and access log off; the hook
-replaced by one that does nothing; no JWT middleware). Each row's figure is the best of
-``--repeats`` timed loops of ``--requests`` requests, in microseconds per request. The lifespan
+Rows: the bare app (:mod:`service.bench.bare_app`); the product no-op (``POST /api/v1/bench/noop``
+of :mod:`service.bench.product_app`: JWT auth, the ``before_request`` hook, request observation,
+body decode); and the product no-op with one layer taken out each time (metrics and access log
+off; the hook replaced by one that does nothing; no JWT middleware). Each row's figure is the best
+of ``--repeats`` timed loops of ``--requests`` requests, in microseconds per request. The lifespan
 does not run: the no-op touches no store, so nothing here needs Redis, MySQL or RabbitMQ.
 
-    .venv/bin/python scripts/bench_noop_layers.py [--requests 3000] [--repeats 5]
+    .venv/bin/python tools/bench_noop_layers.py [--requests 3000] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from typing import Any
 from litestar import Litestar
 
 import service.api.app as api_app
+import service.bench.product_app as bench_app
 from service.api.auth import issue_token
-from service.bench.asgi import json_scope
 from service.bench.bare_app import create_app as create_bare_app
 from service.sale.isolation import with_own_secrets
 from service.settings import Settings
+from tools.asgi_scope import json_scope
 
 BODY = b'{"product_id": 1, "quantity": 1}'
 
@@ -87,7 +88,7 @@ async def _no_hook(request: object) -> None:
 
 async def main(requests: int, repeats: int) -> None:
     os.environ.setdefault("FLASHSALE_ENV", "development")
-    settings = with_own_secrets(Settings()).model_copy(update={"bench_routes": True})
+    settings = with_own_secrets(Settings())
     quiet = settings.model_copy(
         update={"metrics": settings.metrics.model_copy(update={"enabled": False}), "access_log": False}
     )
@@ -96,13 +97,13 @@ async def main(requests: int, repeats: int) -> None:
 
     def build(name: str, value: object) -> Litestar:
         with _replaced(name, value):
-            return api_app.create_app(settings)
+            return bench_app.create_app(settings)
 
     noop = "/api/v1/bench/noop"
     rows: list[tuple[str, Callable[[], Litestar], str, str | None]] = [
         ("bare app", create_bare_app, "/noop", None),
-        ("product no-op", lambda: api_app.create_app(settings), noop, token),
-        ("  without metrics and access log", lambda: api_app.create_app(quiet), noop, token),
+        ("product no-op", lambda: bench_app.create_app(settings), noop, token),
+        ("  without metrics and access log", lambda: bench_app.create_app(quiet), noop, token),
         ("  without the before_request hook", lambda: build("before_request", _no_hook), noop, token),
         ("  without JWT auth", lambda: build("make_jwt_auth", _NoJWT), noop, None),
     ]

@@ -1,7 +1,7 @@
 """The reserve script on a 3-master Redis Cluster: one hot product with K=1 vs K=3 stock buckets,
-in the same run (issue 12 item 2), and the per-master cost of one call (docs/SCALING.md).
+in the same run (does spreading a hot product over masters pay?), and the per-master cost of one call (docs/SCALING.md).
 
-Starts a private cluster (:func:`tests.redis_cluster.private_redis_cluster`: three masters on
+Starts a private cluster (:func:`tools.redis_cluster.private_redis_cluster`: three masters on
 free ports, stopped at the end), loads four products through the service's own
 :class:`~service.adapters.redis.stock_store.StockStore` (realign, as ``product set`` does): an
 accept product and a sold-out product (stock 0) for K=1 and for K=3, the K=3 ones picked so that
@@ -19,7 +19,7 @@ master's CPU share. On a 2-core box three masters and the Python clients share t
 client saturates first and K=3/K=1 in calls/s says little; capacity per master (1 s of CPU / CPU
 per call) is the figure that carries over to a fleet with a core per master.
 
-    .venv/bin/python scripts/bench_reserve_scripts.py [--duration 5] [--rounds 2] [--processes 2]
+    .venv/bin/python tools/bench_reserve_scripts.py [--duration 5] [--rounds 2] [--processes 2]
         [--concurrency 128] [--json]
 """
 
@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.redis_cluster, run as a file
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tools.redis_cluster, run as a file
 
 from redis import Redis
 from redis.crc import key_slot
@@ -349,7 +349,7 @@ async def _load(url: str, products: dict[tuple[int, str], int]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tests.redis_cluster import private_redis_cluster
+    from tools.redis_cluster import private_redis_cluster
 
     args = parse_args(argv)
     low, high = args.buckets

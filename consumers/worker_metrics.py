@@ -1,4 +1,6 @@
-"""Metrics of the consumer, realignment and sweep processes (families in :mod:`service.metrics`)."""
+"""Metrics of the long-running workers (the consumer, the realign and sweep jobs): counts of
+settled messages, batch sizes, the queue depths sampled, and the ``/metrics`` server each serves
+(families in :mod:`service.metrics`)."""
 
 from __future__ import annotations
 

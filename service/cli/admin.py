@@ -1,0 +1,166 @@
+"""The operator's set-up commands: ``migrate`` (the schema), ``product set`` (a product and its
+stock) and ``token`` (a JWT for a user)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import click
+
+from service.cli.common import load_settings, run
+
+
+@click.command()
+@click.option("--current", "show_current", is_flag=True, help="Print the current revision and change nothing.")
+@click.option("--downgrade", "down_to", default=None, metavar="REV", help="Downgrade to REV (base, -1, 0001...).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def migrate(show_current: bool, down_to: str | None, as_json: bool) -> None:
+    """Create the database if missing and upgrade the schema to head (Alembic); or show the
+    current revision, or downgrade to one."""
+    from alembic.util.exc import CommandError
+
+    from db import migrate as migrations
+
+    url = load_settings().db.url
+    database = url.split("@")[-1]
+    try:
+        if show_current:
+            action, revision = "current", run(migrations.current(url))
+        elif down_to is not None:
+            action, revision = "downgraded", run(migrations.downgrade(url, down_to))
+        else:
+            action, revision = "migrated", run(migrations.upgrade(url))
+    except CommandError as exc:
+        raise click.BadParameter(str(exc), param_hint="--downgrade") from None
+    if as_json:
+        click.echo(json.dumps({"action": action, "database": database, "revision": revision}))
+    else:
+        click.echo(f"{action} {database}: revision {revision or 'none'}")
+
+
+@click.group()
+def product() -> None:
+    """Products and their stock."""
+
+
+@product.command("set")
+@click.argument("product_id", type=click.IntRange(1))
+@click.option("--stock", required=True, type=click.IntRange(0), help="The sale's units in all, sold ones included.")
+@click.option(
+    "--price", default=None, type=click.IntRange(0), help="Minor currency units (kept when left out; 0 on creation)."
+)
+@click.option(
+    "--limit",
+    "per_user_limit",
+    default=None,
+    type=click.IntRange(1),
+    help="Per-user limit in units (kept when left out; 1 on creation).",
+)
+@click.option("--name", default=None, help="Kept when left out.")
+@click.option(
+    "--starts",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]),
+    default=None,
+    help="Sale opens (ISO 8601, naive = UTC; on creation default: now; on update kept).",
+)
+@click.option(
+    "--ends",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]),
+    default=None,
+    help="Sale ends (ISO 8601, naive = UTC; on creation default: no end; on update kept).",
+)
+@click.option(
+    "--stock-mode",
+    type=click.Choice(["database", "redis"]),
+    default=None,
+    help="database: a MySQL transaction per purchase (201); redis: Redis pre-decrement and the queue (202). "
+    "Kept when left out (database on creation); a change switches safely mid-sale.",
+)
+@click.option(
+    "--require-token/--no-require-token",
+    default=None,
+    help="A purchase needs an Order-Token from POST /api/v1/orders/tokens (kept when left out; off on creation).",
+)
+@click.option(
+    "--buckets",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Redis stock buckets: the stock split over K hash tags, for a product hotter than one Redis Cluster "
+    "slot (on creation only, default 1; fixed from then on).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the load report as JSON.")
+def product_set(
+    product_id: int,
+    stock: int,
+    price: int | None,
+    per_user_limit: int | None,
+    name: str | None,
+    starts: datetime | None,
+    ends: datetime | None,
+    stock_mode: str | None,
+    require_token: bool | None,
+    buckets: int | None,
+    as_json: bool,
+) -> None:
+    """Create or update PRODUCT_ID: STOCK is the sale's units in all (sold ones included), and
+    Redis is loaded safely (never over live stock). With Redis down, --stock-mode database is
+    written on MySQL alone (the rollback plan; the Redis load waits for the next realignment)."""
+    import msgspec
+
+    from consumers.realign import print_reports
+    from db.models import StockMode
+    from service.bootstrap import opened
+    from service.cli.without_redis import redis_answers, set_product_without_redis
+    from service.domain.stock.catalog import InvalidProduct, ProductInput
+    from service.domain.stock.realign import RealignReport
+    from service.log_setup import configure_logging
+
+    async def load(data: ProductInput) -> RealignReport:
+        configure_logging("WARNING")
+        settings = load_settings()
+        if data.stock_mode is StockMode.DATABASE and not await redis_answers(settings):
+            # The rollback plan: Redis is lost, the product sells from MySQL alone.
+            return await set_product_without_redis(settings, product_id, data)
+        async with opened(settings) as resources:
+            return await resources.catalog.set(product_id, data)
+
+    fields = {
+        "stock": stock,
+        "price": price,
+        "per_user_limit": per_user_limit,
+        "name": name,
+        "sale_starts_at": starts,
+        "sale_ends_at": ends,
+        "stock_mode": stock_mode,
+        "require_token": require_token,
+        "buckets": buckets,
+    }
+    try:
+        data = msgspec.convert({k: v for k, v in fields.items() if v is not None}, ProductInput)
+        report = run(load(data))
+    except (msgspec.ValidationError, InvalidProduct) as exc:
+        raise click.BadParameter(str(exc)) from None
+    print_reports([report], as_json)
+
+
+@click.command()
+@click.option("--user", "user_id", required=True, help="The user id (JWT sub): 1-64 of A-Za-z0-9_.:@-.")
+@click.option("--admin", is_flag=True, help="Add role: admin (admin routes).")
+@click.option("--ttl", default=None, type=click.IntRange(1), help="Seconds (default from settings).")
+def token(user_id: str, admin: bool, ttl: int | None) -> None:
+    """Print a JWT for USER (HS256 with FLASHSALE_AUTH__JWT_SECRET)."""
+    from service.api.auth import issue_token
+
+    settings = load_settings()
+    settings.require_secrets()
+    try:
+        auth = settings.auth
+        ttl_seconds = ttl or auth.token_ttl_seconds
+        click.echo(
+            issue_token(
+                auth.jwt_secret, user_id, admin, ttl_seconds, audience=auth.audience or None, issuer=auth.issuer or None
+            )
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--user") from None

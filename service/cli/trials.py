@@ -1,0 +1,174 @@
+"""The commands that try the whole service on the real servers: ``sale`` (a flash sale end to
+end, every invariant checked) and ``bench`` (each hop measured side by side)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from service.cli.common import load_settings, run
+
+
+@click.command()
+@click.option("--stock", default=1000, show_default=True, type=click.IntRange(1), help="Units on sale.")
+@click.option(
+    "--requests", "requests_", default=50_000, show_default=True, type=click.IntRange(1), help="Purchase requests."
+)
+@click.option("--users", default=20_000, show_default=True, type=click.IntRange(1), help="Distinct buyers (JWTs).")
+@click.option(
+    "--concurrency", default=256, show_default=True, type=click.IntRange(1), help="Requests in flight at once."
+)
+@click.option("--limit", "per_user_limit", default=2, show_default=True, type=click.IntRange(1), help="Per-user limit.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1), help="API workers to start.")
+@click.option("--consumers", default=2, show_default=True, type=click.IntRange(1), help="Consumer processes to start.")
+@click.option(
+    "--buckets",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Redis stock buckets of the sale's product (a product hotter than one Redis Cluster slot).",
+)
+@click.option(
+    "--partitions",
+    default=None,
+    type=click.IntRange(1, 64),
+    help="Order-queue partitions of the run (default FLASHSALE_AMQP__PARTITIONS; with --url, the running API's); "
+    "consumer i takes partitions j with j mod consumers = i (with more consumers than partitions, partition "
+    "i mod N), so every partition has a consumer.",
+)
+@click.option("--url", default=None, help="Target a running API instead of starting one (admin token from settings).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--noop-requests",
+    default=10_000,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Requests to the no-op route before the load: the ceiling of the sale's own client (0: none).",
+)
+@click.option(
+    "--pay-share",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="Share of the orders to pay after the drain; the rest time out, are swept and resold (0: off).",
+)
+@click.option(
+    "--payment-window",
+    default=5,
+    show_default=True,
+    type=click.IntRange(1),
+    metavar="SECONDS",
+    help="Payment window of the run's API and sweep, with --pay-share.",
+)
+@click.option(
+    "--publish-mode",
+    type=click.Choice(["confirm", "async"]),
+    default=None,
+    help="FLASHSALE_ORDERS__PUBLISH_MODE of the API processes it starts (default: from settings).",
+)
+@click.option(
+    "--report",
+    "report_dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also write an HTML report with charts (report.html and PNGs) to DIR.",
+)
+@click.option(
+    "--redis-cluster",
+    "cluster_node",
+    default=None,
+    metavar="URL",
+    help="Run on the running Redis Cluster that has this node (redis://HOST:PORT): "
+    "FLASHSALE_REDIS__URL=URL and FLASHSALE_REDIS__CLUSTER=true for every process of the sale.",
+)
+def sale(cluster_node: str | None, **options: Any) -> None:
+    """Run a whole flash sale end to end on the real services and check every invariant."""
+    from service.sale.job import run_sale
+
+    settings = load_settings()
+    if cluster_node is not None:
+        redis = settings.redis.model_copy(update={"url": cluster_node, "cluster": True})
+        settings = settings.model_copy(update={"redis": redis})
+    sys.exit(run(run_sale(settings, **options)))
+
+
+def _bench_rows(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    """``--only``: comma-separated row keys of ``flashsale bench``, each a known one."""
+    from service.bench.rows import all_row_keys
+
+    keys = tuple(key.strip() for key in value.split(",") if key.strip())
+    unknown = [key for key in keys if key not in all_row_keys()]
+    if unknown:
+        raise click.BadParameter(f"unknown row {', '.join(unknown)}; rows: {', '.join(all_row_keys())}")
+    return keys
+
+
+@click.command()
+@click.option(
+    "--duration",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 600),
+    metavar="SECONDS",
+    help="Measured load per HTTP row and round (whole seconds).",
+)
+@click.option("--connections", default=64, show_default=True, type=click.IntRange(1, 10_000), help="wrk connections.")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 64), help="wrk threads.")
+@click.option(
+    "--workers", default=1, show_default=True, type=click.IntRange(1, 64), help="granian workers of every server."
+)
+@click.option(
+    "--backlog",
+    default=20_000,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="Orders for the consumer and raw-writer rows.",
+)
+@click.option(
+    "--consumers",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 16),
+    help="flashsale consume processes draining the backlog together.",
+)
+@click.option(
+    "--batch",
+    default=100,
+    show_default=True,
+    type=click.IntRange(2, 1000),
+    help="Orders per transaction of the batched raw writer.",
+)
+@click.option(
+    "--rounds",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 20),
+    help="Measure every row this many times, interleaved.",
+)
+@click.option(
+    "--profile",
+    "profile_dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Run py-spy on the server under each HTTP row; stacks and summaries in DIR.",
+)
+@click.option(
+    "--only",
+    default="",
+    metavar="ROWS",
+    callback=_bench_rows,
+    help="Measure only these rows (comma-separated keys, e.g. product_noop_paired,product_noop_metrics_off; "
+    "the drain rows run together when one is named). Default: every row.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
+    """Measure each hop (bare framework, no-op, sold out, accept, consumer, raw MySQL writers)
+    side by side in one isolated run, with wrk as the load client. Exit 0 when every row was
+    measured (targets are reported, not enforced), 2 when it could not run."""
+    from service.bench.context import Options
+    from service.bench.run import run_bench
+
+    sys.exit(run(run_bench(load_settings(), Options(**options), as_json)))
