@@ -567,7 +567,7 @@ def product_set(
     Redis is loaded safely (never over live stock). With Redis down, --stock-mode database is
     written on MySQL alone (the rollback plan; the Redis load waits for the next realignment)."""
     from db.models import StockMode
-    from service.bootstrap import opened
+    from service.bootstrap import open_job, opened
     from service.cli.render import print_reports
     from service.cli.without_redis import redis_answers, set_product_without_redis
     from service.domain.stock.catalog import InvalidProduct, ProductInput
@@ -580,8 +580,8 @@ def product_set(
         if data.stock_mode is StockMode.DATABASE and not await redis_answers(settings):
             # The rollback plan: Redis is lost, the product sells from MySQL alone.
             return await set_product_without_redis(settings, product_id, data)
-        async with opened(settings) as resources:
-            return await resources.catalog.set(product_id, data)
+        async with opened(open_job(settings)) as job:
+            return await job.catalog.set(product_id, data)
 
     fields = {
         "stock": stock,

@@ -10,7 +10,7 @@ import httpx
 
 from consumers import observe
 from db.queries import orders
-from service.bootstrap import is_outage, opened, opened_when_reachable
+from service.bootstrap import is_outage, job_opened, open_job, opened
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.orders.lifecycle import expire_unpaid
 from service.domain.payments.service import Notification, signed
@@ -20,7 +20,7 @@ from service.settings import Settings
 
 
 async def _order_amount(settings: Settings, order_no: str) -> int:
-    async with opened(settings, publish=False) as resources, resources.engine.connect() as conn:
+    async with opened(open_job(settings, publish=False)) as job, job.engine.connect() as conn:
         amount = (await conn.execute(orders.AMOUNT, {"o": order_no})).scalar()
     if amount is None:
         raise SystemExit(f"error: no order {order_no} in MySQL (still queued?)")
@@ -79,19 +79,14 @@ async def run_sweep(
     outlives store outages as ``realign --watch`` does (:func:`service.runtime.watch`)."""
     configure_logging(settings.log_level)
     window = settings.payment.window_seconds
-    opening = opened(settings, publish=False) if every is None else opened_when_reachable(settings, publish=False)
-    async with opening as resources:
-        if resources is None:  # stopped while waiting for a store
+    async with job_opened(settings, publish=False, wait=every is not None) as opened_job:
+        if opened_job is None:  # stopped while waiting for a store
             return
-        opened_resources = resources
+        job = opened_job
 
         async def one_pass() -> None:
             cancelled = await expire_unpaid(
-                opened_resources.engine,
-                opened_resources.store,
-                window,
-                product_id=product_id,
-                may_cancel=opened_resources.checkout.may_cancel,
+                job.engine, job.store, window, product_id=product_id, may_cancel=job.checkout.may_cancel
             )
             if as_json:
                 line = json.dumps({"cancelled": cancelled, "window_seconds": window, "product_id": product_id})
@@ -107,6 +102,6 @@ async def run_sync(settings: Settings, order_no: str) -> list[dict[str, str | No
     """``flashsale payments sync``: ask the order's channels; a payment found paid is applied.
     One ``{"channel", "status", "applied"}`` per channel asked."""
     configure_logging("WARNING")
-    async with opened(settings, publish=False) as resources:
-        states = await resources.checkout.sync(order_no)
+    async with opened(open_job(settings, publish=False)) as job:
+        states = await job.checkout.sync(order_no)
     return [{"channel": s.channel, "status": s.status, "applied": s.applied} for s in states]
