@@ -74,7 +74,7 @@ async def _run(
     _counting.set(counts)
     for user in users:
         try:
-            await resources.purchase_service.purchase(f"bench-{user}", product_id, 1, mint_request_id(), keyed=keyed)
+            await resources.purchases.purchase(f"bench-{user}", product_id, 1, mint_request_id(), keyed=keyed)
             outcomes["accepted"] += 1
         except PurchaseRejected as rejected:
             outcomes[rejected.code] += 1
