@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from consumers import worker_metrics
-from service.bootstrap import is_outage, opened, opened_when_reachable
+from service.bootstrap import is_outage, job_opened
 from service.domain.errors import ProductNotFound
 from service.domain.stock.realign import RealignReport
 from service.log_setup import configure_logging
@@ -40,11 +40,10 @@ async def run_realign(
     :func:`service.runtime.watch`); one log line when an outage begins, one when it ends."""
     configure_logging("WARNING")
     publish = not dry_run
-    opening = opened(settings, publish=publish) if every is None else opened_when_reachable(settings, publish=publish)
-    async with opening as resources:
-        if resources is None:  # stopped while waiting for a store
+    async with job_opened(settings, publish=publish, wait=every is not None) as job:
+        if job is None:  # stopped while waiting for a store
             return 0
-        realigner = resources.realigner
+        realigner = job.realigner
 
         async def one_pass() -> None:
             print_reports(await realigner.realign_pass(product_id, dry_run), as_json)

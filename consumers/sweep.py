@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from consumers import worker_metrics
-from service.bootstrap import is_outage, opened, opened_when_reachable
+from service.bootstrap import is_outage, job_opened
 from service.domain.orders.lifecycle import expire_unpaid
 from service.log_setup import configure_logging
 from service.runtime import watch
@@ -30,19 +30,14 @@ async def run_sweep(
     outlives store outages as ``realign --watch`` does (:func:`service.runtime.watch`)."""
     configure_logging(settings.log_level)
     window = settings.payment.window_seconds
-    opening = opened(settings, publish=False) if every is None else opened_when_reachable(settings, publish=False)
-    async with opening as resources:
-        if resources is None:  # stopped while waiting for a store
+    async with job_opened(settings, publish=False, wait=every is not None) as opened_job:
+        if opened_job is None:  # stopped while waiting for a store
             return
-        opened_resources = resources
+        job = opened_job
 
         async def one_pass() -> None:
             cancelled = await expire_unpaid(
-                opened_resources.engine,
-                opened_resources.store,
-                window,
-                product_id=product_id,
-                may_cancel=opened_resources.checkout.may_cancel,
+                job.engine, job.store, window, product_id=product_id, may_cancel=job.checkout.may_cancel
             )
             if as_json:
                 line = json.dumps({"cancelled": cancelled, "window_seconds": window, "product_id": product_id})

@@ -1,16 +1,19 @@
-"""The composition root: every entry point (API lifespan, consumer, realignment, sweep, product
-set, the sale, scripts/) opens its connections and builds its use cases here, once per process
-(no per-request set-up), and closes them here.
+"""The composition root (docs/ARCHITECTURE.md): each kind of process opens its connections and
+builds its use cases here, once per process (no per-request set-up), and closes them with one
+``close()``. One builder per kind: :func:`open_api` (an API worker: :class:`ApiWorker`),
+:func:`open_consumer` (the order consumer: :class:`Resources`), :func:`open_job` (realignment,
+the sweep and the other commands that need the stores: :class:`Job`); :func:`opened` closes any
+of them on exit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import hiredis
 import httpx
@@ -196,145 +199,244 @@ def make_channel_client(settings: Settings) -> ChannelClient:
     return ChannelClient(payment.channel_urls, http)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Resources:
-    """Everything one process holds: connections and the use cases built on them.
-
-    ``publisher`` is None when opened with ``publish=False``; ``lease`` and ``purchases`` are None
-    unless opened with ``purchase=True`` (only the API mints order numbers); ``background`` is set
-    only for purchases in publish mode ``async``. ``sold_out`` is the purchase path's sold-out
-    flags (with ``purchase=True`` and ``sold_out_flag_seconds`` > 0), kept current by a task that
-    follows the restock announcements until :meth:`close`.
+    """What every process holds: the settings, MySQL (``engine``) and the stock store, its Lua
+    scripts loaded and Redis's eviction policy read. It is the consumer's whole container
+    (:func:`open_consumer`); :class:`ApiWorker` and :class:`Job` add the use cases their
+    process runs. Every field is set: what a process does not use, its builder does not open.
+    :meth:`close` closes what the builder opened, the last opened first.
     """
 
     settings: Settings
     engine: AsyncEngine
     store: StockStore
-    publisher: Publisher | None
-    lease: ShardLease | None
-    purchases: PurchaseService | None
-    background: BackgroundPublisher | None
+    eviction: EvictionPolicy
+    """Redis's ``maxmemory-policy``, read at start and refreshed by the readiness probe."""
+    _stack: AsyncExitStack = field(repr=False)
+
+    async def close(self) -> None:
+        """Stop the background tasks, publish what the background publisher holds (up to
+        ``confirm_timeout`` seconds; the rest is left to realignment), release the shard lease
+        and close every connection: whatever the builder opened, the last opened first."""
+        await self._stack.aclose()
+
+    @classmethod
+    async def open(cls, settings: Settings, *, publish: bool = True, purchase: bool = True) -> Resources:
+        """The builder of the kind of process the flags name, for the start-up loops that take
+        flags (:func:`open_when_reachable`, :class:`BackgroundResources`): ``purchase`` (with
+        ``publish``) the API worker (:func:`open_api`), otherwise a job (:func:`open_job`, with a
+        publisher when ``publish``)."""
+        if purchase and publish:
+            return await open_api(settings)
+        return await open_job(settings, publish=publish)
+
+
+@dataclass(kw_only=True)
+class ApiWorker(Resources):
+    """An API worker: the purchase path on a leased order-number shard, and the use cases of
+    the other routes (one Litestar provider each, :mod:`service.api.providers`).
+
+    Optional by the settings, not by how it was opened: ``background`` only in publish mode
+    ``async``; ``sold_out`` only with ``sold_out_flag_seconds`` > 0 (kept current by a task
+    that follows the restock announcements until :meth:`close`); ``recovery`` (the
+    self-healing task) only with ``realign.auto_seconds`` > 0.
+    """
+
+    publisher: Publisher
+    lease: ShardLease
+    purchases: PurchaseService
     realigner: Realigner
     orders: OrderService
     catalog: CatalogService
     payments: PaymentService
-    channels: ChannelClient
+    checkout: Checkout
+    background: BackgroundPublisher | None
+    sold_out: SoldOutFlags | None
+    recovery: Recovery | None
+
+
+@dataclass(kw_only=True)
+class Job(Resources):
+    """A command that runs use cases and exits or repeats (``realign``, ``sweep``, ``product
+    set``, ``reconcile``, ``payments sync``, ``dlq``, the sale's own passes). Its realigner
+    republishes lost orders only when opened with a publisher (:func:`open_job`)."""
+
+    realigner: Realigner
+    catalog: CatalogService
     checkout: Checkout
     reconciler: Reconciler
-    sold_out: SoldOutFlags | None = None
-    recovery: Recovery | None = None
-    eviction: EvictionPolicy | None = None
-    """Redis's ``maxmemory-policy``, read at start and refreshed by the readiness probe."""
-    _follower: asyncio.Task[None] | None = field(default=None, repr=False)
-    _rebalancer: Rebalancer | None = field(default=None, repr=False)
+    channels: ChannelClient
 
-    @classmethod
-    async def open(cls, settings: Settings, *, publish: bool = True, purchase: bool = True) -> Resources:
-        """Connect to MySQL and Redis, load the scripts; with ``publish`` connect to RabbitMQ, with
-        ``purchase`` (needs ``publish``) lease an order-number shard for the purchase path.
 
-        Raises whatever the first unreachable store raises (nothing stays open then).
-        """
-        engine = make_engine(settings.db.url, pool_size=settings.db.pool_size, max_overflow=settings.db.max_overflow)
-        store = make_store(settings)
-        publisher = lease = purchases = background = sold_out = follower = recovery = rebalancer = None
-        eviction = store.eviction_policy()
-        try:
-            await store.load()
-            await eviction.check()
-            if publish:
-                publisher = Publisher(settings.amqp)
-                await publisher.connect()
-            realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
-            if purchase and publisher is not None:
-                recovery = _recovery(settings, engine, store, realigner)
-                lease = ShardLease(store, settings.orders.shard_lease_seconds)
-                await lease.start()
-                minter = OrderNumberMinter(
-                    store,
-                    lease,
-                    settings.orders.order_no_prefix,
-                    ShardGenerations(engine),
-                    block=settings.orders.sequence_block,
-                )
-                if settings.orders.publish_mode == "async":
-                    background = BackgroundPublisher(publisher)
-                    background.start()
-                sold_out, follower = _follow_sold_out(store, settings.orders.sold_out_flag_seconds)
-                rebalancer = Rebalancer(realigner)
-                purchases = PurchaseService(
-                    store,
-                    minter,
-                    publisher,
-                    engine=engine,
-                    background=background,
-                    sold_out=sold_out,
-                    token_ttl_seconds=settings.orders.token_ttl_seconds,
-                    database_minter=MysqlOrderNumberMinter(
-                        engine, settings.orders.order_no_prefix, block=settings.orders.sequence_block
-                    ),
-                    not_loaded=None if recovery is None else recovery.not_loaded,
-                    rebalance=rebalancer,
-                )
-                if recovery is not None:
-                    recovery.start()
-        except BaseException:
-            await _close(settings, engine, store, publisher, lease, background, follower, recovery)
-            raise
-        payment = settings.payment
-        channels = make_channel_client(settings)
-        payments = PaymentService(engine, store, payment.channel_secrets, payment.currency, channels)
-        checkout = Checkout(engine, store, channels, payments, payment.currency, payment.notify_url)
-        return cls(
-            settings=settings,
+R = TypeVar("R", bound=Resources)
+
+
+async def open_consumer(settings: Settings) -> Resources:
+    """The order consumer's stores: MySQL and Redis (the consumer opens its own broker
+    connection). Raises whatever the first unreachable store raises (nothing stays open then)."""
+    async with _closed_on_error() as stack:
+        return Resources(**await _open_stores(settings, stack))
+
+
+async def open_job(settings: Settings, *, publish: bool = True) -> Job:
+    """A job's stores and use cases; with ``publish`` a RabbitMQ publisher for its realigner
+    (orders whose message was lost are published again). Raises whatever the first unreachable
+    store raises (nothing stays open then)."""
+    async with _closed_on_error() as stack:
+        stores = await _open_stores(settings, stack)
+        engine, store = stores["engine"], stores["store"]
+        publisher = await _open_publisher(settings, stack) if publish else None
+        realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
+        channels, payments, checkout = _payments(settings, engine, store, stack)
+        return Job(
+            **stores,
+            realigner=realigner,
+            catalog=CatalogService(engine, store, realigner),
+            checkout=checkout,
+            reconciler=Reconciler(engine, channels, payments, settings.payment.currency),
+            channels=channels,
+        )
+
+
+async def open_api(settings: Settings) -> ApiWorker:
+    """An API worker: the stores, a RabbitMQ publisher, an order-number shard leased for the
+    purchase path, the background tasks the settings ask for (background publisher, sold-out
+    flags, self-healing), the routes' use cases.
+
+    Raises:
+        ShardsExhausted: every order-number shard is leased.
+        Whatever the first unreachable store raises (nothing stays open then).
+    """
+    orders = settings.orders
+    async with _closed_on_error() as stack:
+        stores = await _open_stores(settings, stack)
+        engine, store = stores["engine"], stores["store"]
+        publisher = await _open_publisher(settings, stack)
+        realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
+        recovery = _recovery(settings, engine, store, realigner)
+        lease = ShardLease(store, orders.shard_lease_seconds)
+        stack.push_async_callback(lease.stop)
+        await lease.start()
+        minter = OrderNumberMinter(
+            store, lease, orders.order_no_prefix, ShardGenerations(engine), block=orders.sequence_block
+        )
+        background = None
+        if orders.publish_mode == "async":
+            background = BackgroundPublisher(publisher)
+            stack.push_async_callback(background.close, settings.amqp.confirm_timeout)
+            background.start()
+        sold_out = _follow_sold_out(store, orders.sold_out_flag_seconds, stack)
+        rebalancer = Rebalancer(realigner)
+        purchases = PurchaseService(
+            store,
+            minter,
+            publisher,
             engine=engine,
-            store=store,
+            background=background,
+            sold_out=sold_out,
+            token_ttl_seconds=orders.token_ttl_seconds,
+            database_minter=MysqlOrderNumberMinter(engine, orders.order_no_prefix, block=orders.sequence_block),
+            not_loaded=None if recovery is None else recovery.not_loaded,
+            rebalance=rebalancer,
+        )
+        if recovery is not None:
+            stack.push_async_callback(recovery.stop)
+            recovery.start()
+        stack.push_async_callback(rebalancer.aclose)
+        channels, payments, checkout = _payments(settings, engine, store, stack)
+        return ApiWorker(
+            **stores,
             publisher=publisher,
             lease=lease,
             purchases=purchases,
-            background=background,
             realigner=realigner,
             orders=OrderService(engine, store, checkout.may_cancel),
             catalog=CatalogService(engine, store, realigner),
             payments=payments,
-            channels=channels,
             checkout=checkout,
-            reconciler=Reconciler(engine, channels, payments, payment.currency),
+            background=background,
             sold_out=sold_out,
             recovery=recovery,
-            eviction=eviction,
-            _follower=follower,
-            _rebalancer=rebalancer,
         )
 
-    @property
-    def purchase_service(self) -> PurchaseService:
-        """The purchase path; only a process opened with ``purchase=True`` (the API) has one.
 
-        Raises:
-            RuntimeError: opened without ``purchase=True``.
-        """
-        if self.purchases is None:
-            raise RuntimeError("this process was opened without the purchase path")
-        return self.purchases
+@asynccontextmanager
+async def opened(opening: Awaitable[R]) -> AsyncIterator[R]:
+    """``async with opened(open_job(settings)) as job``: the builder's container, closed on exit."""
+    resources = await opening
+    try:
+        yield resources
+    finally:
+        await resources.close()
 
-    async def close(self) -> None:
-        """Stop following restocks, publish what the background publisher holds (up to
-        ``confirm_timeout`` seconds; the rest is left to realignment), release the shard lease and
-        close every connection."""
-        await self.channels.aclose()
-        if self._rebalancer is not None:
-            await self._rebalancer.aclose()
-        await _close(
-            self.settings,
-            self.engine,
-            self.store,
-            self.publisher,
-            self.lease,
-            self.background,
-            self._follower,
-            self.recovery,
-        )
+
+@asynccontextmanager
+async def job_opened(settings: Settings, *, publish: bool = True, wait: bool = False) -> AsyncIterator[Job | None]:
+    """``async with job_opened(settings) as job``: :func:`open_job`, closed on exit. With
+    ``wait`` (a command that repeats: ``realign --watch``, ``sweep --watch``) it waits for the
+    stores first (:func:`opened_when_reachable`); ``job`` is None when SIGTERM/SIGINT came first."""
+    if not wait:
+        async with opened(open_job(settings, publish=publish)) as job:
+            yield job
+        return
+    async with opened_when_reachable(settings, publish=publish) as resources:
+        assert resources is None or isinstance(resources, Job)  # opened without purchase: a job
+        yield resources
+
+
+@asynccontextmanager
+async def _closed_on_error() -> AsyncIterator[AsyncExitStack]:
+    """The stack a builder pushes each close on as it opens: closed, the last opened first, when
+    the builder fails (or is cancelled); handed to the container otherwise."""
+    stack = AsyncExitStack()
+    try:
+        yield stack
+    except BaseException:
+        await stack.aclose()
+        raise
+
+
+class _Stores(TypedDict):
+    """:class:`Resources`'s fields, which every builder opens first (:func:`_open_stores`)."""
+
+    settings: Settings
+    engine: AsyncEngine
+    store: StockStore
+    eviction: EvictionPolicy
+    _stack: AsyncExitStack
+
+
+async def _open_stores(settings: Settings, stack: AsyncExitStack) -> _Stores:
+    """MySQL's engine and the stock store with its scripts loaded, Redis's eviction policy read."""
+    db = settings.db
+    engine = make_engine(db.url, pool_size=db.pool_size, max_overflow=db.max_overflow)
+    stack.push_async_callback(engine.dispose)
+    store = make_store(settings)
+    stack.push_async_callback(store.aclose)
+    eviction = store.eviction_policy()
+    await store.load()
+    await eviction.check()
+    return _Stores(settings=settings, engine=engine, store=store, eviction=eviction, _stack=stack)
+
+
+async def _open_publisher(settings: Settings, stack: AsyncExitStack) -> Publisher:
+    publisher = Publisher(settings.amqp)
+    stack.push_async_callback(publisher.close)
+    await publisher.connect()
+    return publisher
+
+
+def _payments(
+    settings: Settings, engine: AsyncEngine, store: StockStore, stack: AsyncExitStack
+) -> tuple[ChannelClient, PaymentService, Checkout]:
+    """The payment channels' client (closed first), the payment service and the checkout."""
+    payment = settings.payment
+    channels = make_channel_client(settings)
+    stack.push_async_callback(channels.aclose)
+    payments = PaymentService(engine, store, payment.channel_secrets, payment.currency, channels)
+    checkout = Checkout(engine, store, channels, payments, payment.currency, payment.notify_url)
+    return channels, payments, checkout
 
 
 def _recovery(settings: Settings, engine: AsyncEngine, store: StockStore, realigner: Realigner) -> Recovery | None:
@@ -346,50 +448,17 @@ def _recovery(settings: Settings, engine: AsyncEngine, store: StockStore, realig
     return Recovery(realigner, store, settings.realign.auto_seconds, after_pass=dead_letters.drop_landed)
 
 
-def _follow_sold_out(store: StockStore, ttl_seconds: float) -> tuple[SoldOutFlags | None, asyncio.Task[None] | None]:
-    """The purchase path's sold-out flags (None when ``ttl_seconds`` is 0) and the task that keeps
-    them current: this store's own restocks clear them before the call returns, every other
-    process's through the restock channel (flags are raised only while it is followed)."""
+def _follow_sold_out(store: StockStore, ttl_seconds: float, stack: AsyncExitStack) -> SoldOutFlags | None:
+    """The purchase path's sold-out flags (None when ``ttl_seconds`` is 0), kept current by a
+    task stopped on close: this store's own restocks clear them before the call returns, every
+    other process's through the restock channel (flags are raised only while it is followed)."""
     if ttl_seconds <= 0:
-        return None, None
+        return None
     flags = SoldOutFlags(ttl_seconds)
     store.on_restock(flags.restocked)
     follower = asyncio.create_task(store.follow_restocks(flags.restocked, flags.following, flags.lost))
-    return flags, follower
-
-
-async def _close(
-    settings: Settings,
-    engine: AsyncEngine,
-    store: StockStore,
-    publisher: Publisher | None,
-    lease: ShardLease | None,
-    background: BackgroundPublisher | None,
-    follower: asyncio.Task[None] | None = None,
-    recovery: Recovery | None = None,
-) -> None:
-    if recovery is not None:
-        await recovery.stop()
-    if follower is not None:
-        await stop_task(follower)
-    if background is not None:
-        await background.close(settings.amqp.confirm_timeout)
-    if lease is not None:
-        await lease.stop()
-    if publisher is not None:
-        await publisher.close()
-    await store.aclose()
-    await engine.dispose()
-
-
-@asynccontextmanager
-async def opened(settings: Settings, *, publish: bool = True, purchase: bool = False) -> AsyncIterator[Resources]:
-    """``async with opened(settings) as resources``: :meth:`Resources.open`, closed on exit."""
-    resources = await Resources.open(settings, publish=publish, purchase=purchase)
-    try:
-        yield resources
-    finally:
-        await resources.close()
+    stack.push_async_callback(stop_task, follower)
+    return flags
 
 
 class DependencyUnreachable(ConfigError):

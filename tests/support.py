@@ -35,7 +35,7 @@ from service.adapters.broker import OrderMessage, delete_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stock_store import StockStore
 from service.api.app import create_app
-from service.bootstrap import Resources
+from service.bootstrap import open_api
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.payments.service import sign
 from service.domain.purchase.request_id import mint_request_id
@@ -452,10 +452,10 @@ async def buy_losing_the_reserve_reply(
         update={"redis": settings.redis.model_copy(update={"url": f"redis://127.0.0.1:{port}/0"})}
     )
     watcher.armed = True
-    resources = await Resources.open(through)
+    resources = await open_api(through)
     try:
         with pytest.raises(PurchaseRejected) as rejected:
-            await resources.purchase_service.purchase("victim", product_id, 1, request_id)
+            await resources.purchases.purchase("victim", product_id, 1, request_id)
     finally:
         await resources.close()
     assert rejected.value.code == "unavailable"

@@ -7,7 +7,6 @@ from contextlib import asynccontextmanager
 
 from litestar import Litestar, Router
 from litestar.config.app import AppConfig
-from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.plugins import InitPluginProtocol
 
@@ -23,8 +22,8 @@ from service.api.hooks import before_request
 from service.api.no_shard import stop_server
 from service.api.openapi import document_contract
 from service.api.problems import ERROR_HANDLERS, problem_details_plugin
-from service.bootstrap import BackgroundResources, Resources
-from service.domain.errors import Unavailable
+from service.api.providers import WorkerSlot, providers
+from service.bootstrap import BackgroundResources
 from service.domain.order_numbers.minter import ShardsExhausted
 from service.log_setup import configure_logging
 from service.runtime import freeze_startup_heap
@@ -32,41 +31,34 @@ from service.settings import Settings, get_settings
 
 
 class FlashsalePlugin(InitPluginProtocol):
-    """Wires routes under ``/api/v1``, the per-process resources (DI), auth and error handling."""
+    """Wires in one place the routes under ``/api/v1``, one dependency provider per service
+    (:mod:`service.api.providers`), the worker's lifespan, auth, hooks and the exception
+    handlers (docs/ARCHITECTURE.md)."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
         settings = self._settings
-        worker: dict[str, BackgroundResources] = {}
+        slot = WorkerSlot()
 
         @asynccontextmanager
         async def lifespan(_: Litestar) -> AsyncIterator[None]:
             # Never raises for a store that is away: the worker serves (readiness 503, every
             # other route 503 unavailable) and connects in the background (no crash loop). Every
             # order-number shard leased is not an outage: waiting frees none, so the server stops.
-            worker["resources"] = background = BackgroundResources(settings, purchase=True, on_no_shard=stop_server)
+            slot.opening = opening = BackgroundResources(settings, purchase=True, on_no_shard=stop_server)
             try:
-                await background.start()
+                await opening.start()
             except ShardsExhausted:  # stop_server was told (under flashsale serve it did not return)
-                worker.pop("resources")
+                slot.opening = None
                 raise
             freeze_startup_heap()
             try:
                 yield
             finally:
-                worker.pop("resources")
-                await background.close()
-
-        def provide_resources() -> Resources:
-            current = worker["resources"].current
-            if current is None:
-                raise Unavailable("The service is still connecting to Redis and RabbitMQ; retry shortly.")
-            return current
-
-        def provide_worker_resources() -> BackgroundResources:
-            return worker["resources"]
+                slot.opening = None
+                await opening.close()
 
         controllers = [
             OrderController,
@@ -78,8 +70,7 @@ class FlashsalePlugin(InitPluginProtocol):
         ]
         app_config.route_handlers.append(Router("/api/v1", route_handlers=controllers))
         app_config.lifespan.append(lifespan)
-        app_config.dependencies["resources"] = Provide(provide_resources, sync_to_thread=False)
-        app_config.dependencies["worker_resources"] = Provide(provide_worker_resources, sync_to_thread=False)
+        app_config.dependencies.update(providers(slot))
         app_config.exception_handlers.update(ERROR_HANDLERS)
         app_config.before_request = before_request  # OPTIONS, 415 for non-JSON bodies, strict bodies
         request_telemetry.install(app_config, settings)

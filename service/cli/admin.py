@@ -110,7 +110,7 @@ def product_set(
 
     from consumers.realign import print_reports
     from db.models import StockMode
-    from service.bootstrap import opened
+    from service.bootstrap import open_job, opened
     from service.cli.without_redis import redis_answers, set_product_without_redis
     from service.domain.stock.catalog import InvalidProduct, ProductInput
     from service.domain.stock.realign import RealignReport
@@ -122,8 +122,8 @@ def product_set(
         if data.stock_mode is StockMode.DATABASE and not await redis_answers(settings):
             # The rollback plan: Redis is lost, the product sells from MySQL alone.
             return await set_product_without_redis(settings, product_id, data)
-        async with opened(settings) as resources:
-            return await resources.catalog.set(product_id, data)
+        async with opened(open_job(settings)) as job:
+            return await job.catalog.set(product_id, data)
 
     fields = {
         "stock": stock,

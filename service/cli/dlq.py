@@ -22,7 +22,7 @@ def _with_service(use: Callable[[DeadLetterService], Awaitable[T]]) -> T:
     """Open the deployment's connections, run ``use`` on its dead-letter service, close them.
     An unknown id ends the command with exit status 1 and one line on stderr."""
     from service.adapters.dead_letters import DeadLetterQueue
-    from service.bootstrap import opened
+    from service.bootstrap import open_job, opened
     from service.domain.fulfilment.dead_letters import DeadLetterNotFound, DeadLetterService
     from service.log_setup import configure_logging
 
@@ -30,10 +30,8 @@ def _with_service(use: Callable[[DeadLetterService], Awaitable[T]]) -> T:
 
     async def go() -> T:
         configure_logging("WARNING")
-        async with opened(settings) as resources:
-            service = DeadLetterService(
-                DeadLetterQueue(settings.amqp), resources.engine, resources.store, resources.realigner
-            )
+        async with opened(open_job(settings)) as job:
+            service = DeadLetterService(DeadLetterQueue(settings.amqp), job.engine, job.store, job.realigner)
             return await use(service)
 
     try:

@@ -8,7 +8,7 @@ import secrets
 import httpx
 
 from db.queries import orders
-from service.bootstrap import opened
+from service.bootstrap import open_job, opened
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.payments.service import Notification, signed
 from service.log_setup import configure_logging
@@ -16,7 +16,7 @@ from service.settings import Settings
 
 
 async def _order_amount(settings: Settings, order_no: str) -> int:
-    async with opened(settings, publish=False) as resources, resources.engine.connect() as conn:
+    async with opened(open_job(settings, publish=False)) as job, job.engine.connect() as conn:
         amount = (await conn.execute(orders.AMOUNT, {"o": order_no})).scalar()
     if amount is None:
         raise SystemExit(f"error: no order {order_no} in MySQL (still queued?)")
@@ -65,6 +65,6 @@ async def run_sync(settings: Settings, order_no: str) -> list[dict[str, str | No
     """``flashsale payments sync``: ask the order's channels; a payment found paid is applied.
     One ``{"channel", "status", "applied"}`` per channel asked."""
     configure_logging("WARNING")
-    async with opened(settings, publish=False) as resources:
-        states = await resources.checkout.sync(order_no)
+    async with opened(open_job(settings, publish=False)) as job:
+        states = await job.checkout.sync(order_no)
     return [{"channel": s.channel, "status": s.status, "applied": s.applied} for s in states]

@@ -9,7 +9,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from service.bootstrap import opened
+from service.bootstrap import open_job, opened
 from service.domain.payments.reconcile import ReconcileReport
 from service.log_setup import configure_logging
 from service.settings import Settings
@@ -18,8 +18,8 @@ from service.settings import Settings
 async def run_reconcile(settings: Settings, day: date, channel: str | None, apply: bool) -> ReconcileReport:
     """One reconciliation of UTC day ``day`` (see :class:`service.domain.payments.reconcile.Reconciler`)."""
     configure_logging("WARNING")
-    async with opened(settings, publish=False) as resources:
-        return await resources.reconciler.reconcile(day, channel, apply=apply)
+    async with opened(open_job(settings, publish=False)) as job:
+        return await job.reconciler.reconcile(day, channel, apply=apply)
 
 
 def print_reconciliation(report: ReconcileReport, as_json: bool) -> None:

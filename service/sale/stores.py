@@ -25,7 +25,7 @@ from db.models import OrderStatus
 from db.queries import inventory, orders, payments, products
 from service.adapters.broker import delete_topology, queue_depth, queue_depths
 from service.adapters.redis.stock_store import StockStore
-from service.bootstrap import Resources, make_redis, opened
+from service.bootstrap import Job, make_redis, open_job, opened
 from service.domain.orders.lifecycle import expire_unpaid
 from service.domain.payments.reconcile import ReconcileReport
 from service.domain.stock.realign import RealignReport
@@ -53,7 +53,7 @@ class Stores:
     (drain, checks, sweep, realignment)."""
 
     settings: Settings
-    resources: Resources
+    resources: Job
     channel: AbstractChannel
 
     @property
@@ -71,9 +71,7 @@ class Stores:
         Raises:
             SetupError: a service did not answer.
         """
-        resources = await _reachable(
-            "Redis", settings.redis.url, Resources.open(settings, publish=False, purchase=False)
-        )
+        resources = await _reachable("Redis", settings.redis.url, open_job(settings, publish=False))
         stack.push_async_callback(resources.close)
         await _reachable("MySQL", settings.db.url, _select_one(resources.engine))
         connection = await _reachable("RabbitMQ", settings.amqp.url, aio_pika.connect(settings.amqp.url))
@@ -124,21 +122,21 @@ class Stores:
         ``flashsale sweep`` runs) with the run's key prefix and payment window; returns orders
         cancelled."""
         window = self.settings.payment.window_seconds
-        async with opened(self.settings, publish=False) as resources:
+        async with opened(open_job(self.settings, publish=False)) as job:
             return await expire_unpaid(
-                self.engine, self.store, window, product_id=product_id, may_cancel=resources.checkout.may_cancel
+                self.engine, self.store, window, product_id=product_id, may_cancel=job.checkout.may_cancel
             )
 
     async def reconcile(self) -> tuple[ReconcileReport, list[ChannelPayment]]:
         """Today's reconciliation of every channel (what ``flashsale reconcile`` runs, without
         ``--apply``) and the payments in the channels' bills."""
-        async with opened(self.settings, publish=False) as resources:
+        async with opened(open_job(self.settings, publish=False)) as job:
             day = datetime.now(UTC).date()
-            report = await resources.reconciler.reconcile(day)
+            report = await job.reconciler.reconcile(day)
             billed = [
                 ChannelPayment(channel, line.channel_txn_id, line.order_no, line.amount)
-                for channel in sorted(resources.channels.channels)
-                for line in await resources.channels.bill(channel, day)
+                for channel in sorted(job.channels.channels)
+                for line in await job.channels.bill(channel, day)
                 if line.type == "payment"
             ]
         return report, billed
@@ -146,8 +144,8 @@ class Stores:
     async def realign(self, product_id: int) -> RealignReport:
         """One realignment pass over the product (what ``flashsale realign --product`` runs), on
         connections of its own with a publisher (lost messages are published again)."""
-        async with opened(self.settings) as resources:
-            return await resources.realigner.realign(product_id)
+        async with opened(open_job(self.settings)) as job:
+            return await job.realigner.realign(product_id)
 
     async def facts(self, product_id: int, dead_letters_before: int) -> StoreFacts:
         """What MySQL, Redis and RabbitMQ hold for the product now."""

@@ -66,7 +66,7 @@ from service.adapters.broker import declare_topology, decode_order, encode_order
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stock_store import StockStore
 from service.api.auth import issue_token
-from service.bootstrap import make_store, opened
+from service.bootstrap import make_store, open_job, opened
 from service.domain.stock.catalog import ProductInput
 from service.sale.isolation import environment, free_port, new_run_id, sale_settings
 from service.sale.plan import ACCEPTED, Answer, Job, Kind, Shot, build_plan
@@ -499,7 +499,7 @@ class FaultSale:
             await connection.close()
         self.engine = make_engine(self.settings.db.url, pool_size=4, max_overflow=4)
         self.store = make_store(self.settings)
-        async with opened(self.settings, publish=False) as resources:
+        async with opened(open_job(self.settings, publish=False)) as resources:
             for product_id, stock, limit in ((self.product_id, STOCK, LIMIT), (self.canary_id, CANARY_STOCK, 10**6)):
                 terms = {"stock": stock, "per_user_limit": limit, "price": PRICE, "stock_mode": "redis"}
                 await resources.catalog.set(product_id, msgspec.convert(terms, ProductInput))

@@ -12,9 +12,9 @@ from litestar.params import FromQuery, JSONBody, QueryParameter
 from service.api.auth import User, admin_only
 from service.api.openapi import problems
 from service.api.params import OrderNoPath, ProductIdPath
-from service.bootstrap import Resources
-from service.domain.stock.catalog import ProductInput
-from service.domain.stock.realign import RealignReport
+from service.domain.payments.service import PaymentService
+from service.domain.stock.catalog import CatalogService, ProductInput
+from service.domain.stock.realign import Realigner, RealignReport
 
 
 class RefundBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -42,19 +42,19 @@ class AdminController(Controller):
 
     @put("/products/{product_id:int}", summary="Create or update a product, its sale window and stock")
     async def put_product(
-        self, product_id: ProductIdPath, data: JSONBody[ProductInput], resources: NamedDependency[Resources]
+        self, product_id: ProductIdPath, data: JSONBody[ProductInput], catalog: NamedDependency[CatalogService]
     ) -> RealignReport:
         """Create/update a product and load Redis by a realignment pass; returns that pass's report."""
-        return await resources.catalog.set(product_id, data)
+        return await catalog.set(product_id, data)
 
     @get(
         "/products/{product_id:int}/stock",
         summary="MySQL and Redis stock, in flight, drift",
         opt=problems("product_not_found"),
     )
-    async def stock(self, product_id: ProductIdPath, resources: NamedDependency[Resources]) -> RealignReport:
+    async def stock(self, product_id: ProductIdPath, realigner: NamedDependency[Realigner]) -> RealignReport:
         """MySQL and Redis stock, in flight and drift: a dry-run realignment of the product."""
-        return await resources.realigner.realign(product_id, dry_run=True)
+        return await realigner.realign(product_id, dry_run=True)
 
     @post(
         "/orders/{order_no:str}/refund",
@@ -66,22 +66,22 @@ class AdminController(Controller):
         self,
         request: Request[User, Any, Any],
         order_no: OrderNoPath,
-        resources: NamedDependency[Resources],
+        payments: NamedDependency[PaymentService],
         data: JSONBody[RefundBody | None] = None,
     ) -> RefundStarted:
         """``paid -> refunding`` and the refund asked of the paying channel; ``{"restock": true}``
         puts the units back on sale once the channel confirms it. 400 invalid_order_no, 404
         order_not_found, 409 order_not_refundable, 503 channel_unavailable (the order is paid again)."""
         restock = bool(data and data.restock)
-        started = await resources.payments.refund(order_no, restock, request.user.id)
+        started = await payments.refund(order_no, restock, request.user.id)
         return RefundStarted(order_no, "refunding", started.refund_no, started.channel, restock)
 
     @post("/realign", status_code=200, summary="One realignment pass", opt=problems("product_not_found"))
     async def realign(
         self,
-        resources: NamedDependency[Resources],
+        realigner: NamedDependency[Realigner],
         product_id: Annotated[int | None, QueryParameter(ge=1, le=2**63 - 1)] = None,
         dry_run: FromQuery[bool] = False,
     ) -> list[RealignReport]:
         """One realignment pass over every product (or ``product_id``); ``dry_run`` writes nothing."""
-        return await resources.realigner.realign_pass(product_id, dry_run)
+        return await realigner.realign_pass(product_id, dry_run)

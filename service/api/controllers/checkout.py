@@ -13,8 +13,7 @@ from msgspec import Meta
 from service.api.auth import User
 from service.api.openapi import problems
 from service.api.params import OrderNoPath
-from service.bootstrap import Resources
-from service.domain.payments.checkout import PayParameters
+from service.domain.payments.checkout import Checkout, PayParameters
 
 
 class PayRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -45,10 +44,10 @@ class CheckoutController(Controller):
         request: Request[User, Any, Any],
         order_no: OrderNoPath,
         data: JSONBody[PayRequest],
-        resources: NamedDependency[Resources],
+        checkout: NamedDependency[Checkout],
     ) -> PayParameters:
         """The channel's pay parameters for the caller's unpaid order. The order number is the
         merchant order number at every channel and on every retry; an open attempt at another
         channel is closed there first (``409 payment_in_progress`` when that close cannot be
         confirmed; ``409 order_not_payable`` when the buyer had paid there)."""
-        return await resources.checkout.start(request.user.id, order_no, data.channel)
+        return await checkout.start(request.user.id, order_no, data.channel)

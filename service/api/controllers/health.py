@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import msgspec
 from litestar import Controller, Response, get
 from litestar.di import NamedDependency
 from sqlalchemy import text
 
-from service.bootstrap import BackgroundResources
+from service.bootstrap import ApiWorker, BackgroundResources
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import leased_shards
 
@@ -58,7 +60,7 @@ class HealthController(Controller):
         lost are loaded again, publisher channels the broker closed re-opened. It also reports the
         order-number shards leased and free (the fleet limit: one shard per API worker process,
         90 per key prefix)."""
-        resources = worker_resources.current
+        resources = cast("ApiWorker | None", worker_resources.current)  # the API opens an ApiWorker
         if resources is None:
             seen = worker_resources.reachable
             waiting = Readiness(False, seen["redis"], seen["rabbitmq"], seen["mysql"], None, connecting=True)
@@ -66,17 +68,16 @@ class HealthController(Controller):
         redis_ok = rabbit_ok = mysql_ok = False
         lease = resources.lease
         try:
-            redis_ok = await resources.store.ready() and lease is not None and lease.held
+            redis_ok = await resources.store.ready() and lease.held
         except Exception:
             pass
         eviction = resources.eviction
         try:
-            if eviction is not None:
-                await eviction.check()
+            await eviction.check()
         except Exception:
             pass  # Redis unreachable: redis_ok says so; the last policy read stands
-        evicts = eviction is not None and eviction.may_evict
-        rabbit_ok = resources.publisher is not None and await resources.publisher.check()
+        evicts = eviction.may_evict
+        rabbit_ok = await resources.publisher.check()
         try:
             async with resources.engine.connect() as conn:
                 mysql_ok = (await conn.execute(text("SELECT 1"))).scalar() == 1
@@ -94,10 +95,10 @@ class HealthController(Controller):
             redis_ok,
             rabbit_ok,
             mysql_ok,
-            lease.shard if lease is not None else None,
+            lease.shard,
             "being repaired" if repairing else "ok",
             evicts,
-            eviction.policy if eviction is not None else None,
+            eviction.policy,
             leased,
             None if leased is None else REDIS_SHARDS - leased,
         )

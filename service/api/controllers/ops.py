@@ -20,9 +20,10 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.params import QueryParameter
 
 from service import metrics
+from service.adapters.broker import Publisher
 from service.api.auth import admin_only, decode_admin
-from service.bootstrap import Resources
-from service.domain.stock.realign import RealignReport
+from service.domain.stock.realign import Realigner, RealignReport
+from service.settings import Settings
 
 _PAGE = files("service.api.static").joinpath("ops.html").read_bytes()
 
@@ -39,17 +40,15 @@ class OpsView(msgspec.Struct):
     purchases: dict[str, float] | None
 
 
-async def _queue_depths(resources: Resources) -> tuple[int | None, int | None]:
-    if resources.publisher is None:
-        return None, None
+async def _queue_depths(publisher: Publisher) -> tuple[int | None, int | None]:
     try:
-        return await resources.publisher.queue_depths()
+        return await publisher.queue_depths()
     except Exception:  # the page shows "-" for a broker it cannot ask; the health probe says why
         return None, None
 
 
-async def _purchases(resources: Resources) -> dict[str, float] | None:
-    if not resources.settings.metrics.enabled:
+async def _purchases(settings: Settings) -> dict[str, float] | None:
+    if not settings.metrics.enabled:
         return None
     metrics.flush()
     return await asyncio.to_thread(metrics.purchase_totals)
@@ -62,7 +61,7 @@ class OpsController(Controller):
     async def page(
         self,
         request: Request[Any, Any, Any],
-        resources: NamedDependency[Resources],
+        settings: NamedDependency[Settings],
         token: Annotated[str | None, QueryParameter(required=False)] = None,
     ) -> Response[bytes]:
         """The ops page (admin: ``?token=<admin JWT>`` or a bearer header); 401 / 403 otherwise."""
@@ -70,13 +69,18 @@ class OpsController(Controller):
         encoded = token or (header[7:] if header.lower().startswith("bearer ") else None)
         if encoded is None:
             raise NotAuthorizedException("An admin token is required: /ops?token=<JWT>")
-        if not decode_admin(resources.settings.auth.jwt_secret, encoded):
+        if not decode_admin(settings.auth.jwt_secret, encoded):
             raise PermissionDeniedException("Admin role required")
         return Response(_PAGE, media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-store"})
 
     @get("/api/v1/admin/ops", guards=[admin_only], summary="What the ops page shows (polled)")
-    async def view(self, resources: NamedDependency[Resources]) -> OpsView:
+    async def view(
+        self,
+        realigner: NamedDependency[Realigner],
+        publisher: NamedDependency[Publisher],
+        settings: NamedDependency[Settings],
+    ) -> OpsView:
         """Every product's stock report (dry run), queue depths and purchase answers so far."""
-        products = await resources.realigner.realign_all(dry_run=True)
-        (order_queue, dead_letters), purchases = await asyncio.gather(_queue_depths(resources), _purchases(resources))
+        products = await realigner.realign_all(dry_run=True)
+        (order_queue, dead_letters), purchases = await asyncio.gather(_queue_depths(publisher), _purchases(settings))
         return OpsView(products, order_queue, dead_letters, purchases)

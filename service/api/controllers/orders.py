@@ -23,10 +23,10 @@ from service.api.media import JSON_BODY_OPT
 from service.api.openapi import REQUEST_SCHEMA_OPT, problems
 from service.api.params import CursorQuery, IdempotencyKeyHeader, OrderNoPath, OrderTokenHeader
 from service.api.problems import problem_response
-from service.bootstrap import Resources
 from service.domain.errors import Conflict, DomainError
-from service.domain.orders.service import OrderPage, OrderView
+from service.domain.orders.service import OrderPage, OrderService, OrderView
 from service.domain.purchase.request_id import is_valid_idempotency_key, request_id_for, request_id_from_key
+from service.domain.purchase.service import PurchaseService
 from service.domain.stock.catalog import PositiveId
 
 _ACCEPTED = metrics.purchase_outcome("accepted")
@@ -100,7 +100,7 @@ class OrderController(Controller):
     async def create_order(
         self,
         request: Request[User, Any, Any],
-        resources: NamedDependency[Resources],
+        purchases: NamedDependency[PurchaseService],
         idempotency_key: IdempotencyKeyHeader = None,
         order_token: OrderTokenHeader = None,
     ) -> Response[OrderAccepted]:
@@ -114,7 +114,6 @@ class OrderController(Controller):
         limit_exceeded / sale_not_active / request_in_progress / token_invalid, 422
         idempotency_key_reused, 428 token_required, 429 too_many_requests, 503 unavailable."""
         data = await decode_body(request, PurchaseRequest)
-        purchases = resources.purchase_service
         if order_token is not None:
             if not is_valid_idempotency_key(order_token):
                 return problem_response(
@@ -157,13 +156,15 @@ class OrderController(Controller):
         opt=problems("product_not_found"),
     )
     async def create_token(
-        self, request: Request[User, Any, Any], data: JSONBody[TokenRequest], resources: NamedDependency[Resources]
+        self,
+        request: Request[User, Any, Any],
+        data: JSONBody[TokenRequest],
+        purchases: NamedDependency[PurchaseService],
     ) -> OrderToken:
-        """``{"product_id"}`` -> 201 ``{"token", "expires_in"}`` (seconds; the anti-duplicate
-        token: issued when the order page opens, ``SET token EX 300``, deleted
-        atomically by the purchase that sends it as ``Order-Token``). Errors: 400
-        invalid_request, 401, 404 product_not_found, 503 unavailable."""
-        purchases = resources.purchase_service
+        """``{"product_id"}`` -> 201 ``{"token", "expires_in"}`` (seconds; issued when the
+        order page opens, ``SET token EX 300``, deleted atomically by the purchase that sends it
+        as ``Order-Token``; docs/ARCHITECTURE.md). Errors: 400 invalid_request, 401, 404
+        product_not_found, 503 unavailable."""
         token = await purchases.issue_token(request.user.id, data.product_id)
         return OrderToken(token, purchases.token_ttl_seconds)
 
@@ -171,12 +172,12 @@ class OrderController(Controller):
     async def list_orders(
         self,
         request: Request[User, Any, Any],
-        resources: NamedDependency[Resources],
+        orders: NamedDependency[OrderService],
         limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
         cursor: CursorQuery = None,
     ) -> OrderPage:
         """The caller's orders in MySQL, newest first, ``limit`` per page; 400 for a foreign ``cursor``."""
-        return await resources.orders.page(request.user.id, limit, cursor)
+        return await orders.page(request.user.id, limit, cursor)
 
     @post(
         "/{order_no:str}/cancel",
@@ -185,14 +186,14 @@ class OrderController(Controller):
         opt=problems("invalid_order_no", "order_not_found", "order_not_cancellable"),
     )
     async def cancel(
-        self, request: Request[User, Any, Any], order_no: OrderNoPath, resources: NamedDependency[Resources]
+        self, request: Request[User, Any, Any], order_no: OrderNoPath, orders: NamedDependency[OrderService]
     ) -> OrderView:
         """Cancel the caller's unpaid order; 400 invalid_order_no, 404 order_not_found, 409 order_not_cancellable."""
-        return await resources.orders.cancel(request.user.id, order_no)
+        return await orders.cancel(request.user.id, order_no)
 
     @get("/{order_no:str}", summary="Read one of your orders", opt=problems("invalid_order_no", "order_not_found"))
     async def get_order(
-        self, request: Request[User, Any, Any], order_no: OrderNoPath, resources: NamedDependency[Resources]
+        self, request: Request[User, Any, Any], order_no: OrderNoPath, orders: NamedDependency[OrderService]
     ) -> OrderView:
         """The caller's order with its status history; 400 invalid_order_no, 404 order_not_found."""
-        return await resources.orders.get(request.user.id, order_no)
+        return await orders.get(request.user.id, order_no)

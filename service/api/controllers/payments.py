@@ -10,8 +10,7 @@ from litestar.di import NamedDependency
 from service.api.media import JSON_BODY_OPT
 from service.api.openapi import REQUEST_SCHEMA_OPT, problems
 from service.api.params import SignatureHeader
-from service.bootstrap import Resources
-from service.domain.payments.service import Notification, NotifyResult
+from service.domain.payments.service import Notification, NotifyResult, PaymentService
 
 
 class PaymentController(Controller):
@@ -34,11 +33,11 @@ class PaymentController(Controller):
     async def notify(
         self,
         request: Request[Any, Any, Any],
-        resources: NamedDependency[Resources],
+        payments: NamedDependency[PaymentService],
         x_signature: SignatureHeader = None,
     ) -> NotifyResult:
         """A channel's notification, verified by ``X-Signature`` = hex HMAC-SHA256 of the raw body with
         the channel's secret; fields it does not know are ignored: 200 ``NotifyResult``; 400, 401
         invalid_signature, 404 order_not_found, 409 channel_txn_reused / order_queued (with
         Retry-After: the order is not in MySQL yet, the channel retries)."""
-        return await resources.payments.notify(await request.body(), x_signature)
+        return await payments.notify(await request.body(), x_signature)

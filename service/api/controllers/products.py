@@ -7,8 +7,7 @@ from litestar.di import NamedDependency
 
 from service.api.openapi import problems
 from service.api.params import ProductIdPath
-from service.bootstrap import Resources
-from service.domain.stock.catalog import ProductView
+from service.domain.stock.catalog import CatalogService, ProductView
 
 
 class ProductController(Controller):
@@ -16,6 +15,6 @@ class ProductController(Controller):
     tags = ["products"]
 
     @get("/{product_id:int}", summary="Sale info and remaining stock", opt=problems("product_not_found"))
-    async def show(self, product_id: ProductIdPath, resources: NamedDependency[Resources]) -> ProductView:
+    async def show(self, product_id: ProductIdPath, catalog: NamedDependency[CatalogService]) -> ProductView:
         """Sale info and remaining stock; 404 product_not_found."""
-        return await resources.catalog.get(product_id)
+        return await catalog.get(product_id)

@@ -22,7 +22,7 @@ import pytest
 
 from db.migrate import upgrade
 from service.api.auth import issue_token
-from service.bootstrap import opened
+from service.bootstrap import open_job, opened
 from service.domain.stock.catalog import ProductInput
 from service.sale.isolation import environment, free_port
 from service.settings import Settings
@@ -247,7 +247,7 @@ async def test_realign_and_sweep_watch_wait_for_stores_and_outlive_outages(setti
             await _stays_up(realign, 1)
             assert sweep.poll() is None
             await redis.start()
-            async with opened(mine, publish=False) as resources:
+            async with opened(open_job(mine, publish=False)) as resources:
                 terms = msgspec.convert({"stock": 7, "per_user_limit": 1, "stock_mode": "redis"}, ProductInput)
                 await resources.catalog.set(product_id, terms)
 

@@ -15,7 +15,7 @@ import pytest
 
 from service.adapters.broker import encode_order, queue_depth
 from service.adapters.dead_letters import DeadLetterQueue
-from service.bootstrap import Resources
+from service.bootstrap import ApiWorker, open_api
 from service.domain.fulfilment.dead_letters import DeadLetterNotFound, DeadLetterService, PurgeOutcome
 from service.domain.purchase.request_id import mint_request_id
 from service.sale.isolation import environment
@@ -33,7 +33,7 @@ from tests.support import (
 POISON = b"\x00not an order"
 
 
-def _service(settings, engine, store, resources: Resources) -> DeadLetterService:
+def _service(settings, engine, store, resources: ApiWorker) -> DeadLetterService:
     return DeadLetterService(DeadLetterQueue(settings.amqp), engine, store, resources.realigner)
 
 
@@ -58,7 +58,7 @@ async def _kill_waiting_orders(settings, count: int) -> None:
 @pytest.fixture
 async def mine(settings, request):
     async with own_queues(settings, request.node.name[-40:].replace("[", "-").replace("]", "")) as own:
-        resources = await Resources.open(own, purchase=True)
+        resources = await open_api(own)
         connection = await aio_pika.connect(own.amqp.url)
         try:
             yield own, resources, await connection.channel()
@@ -101,7 +101,7 @@ async def test_redrive_puts_a_dead_order_through_and_a_second_redrive_is_a_no_op
 ):
     own, resources, channel = mine
     await put_product(product_id, stock=5, limit=2)
-    accepted = await resources.purchase_service.purchase("redriven", product_id, 1, mint_request_id())
+    accepted = await resources.purchases.purchase("redriven", product_id, 1, mint_request_id())
     await _kill_waiting_orders(own, 1)
     service = _service(own, engine, store, resources)
     [dead] = await service.entries()
@@ -128,7 +128,7 @@ async def test_purge_gives_the_reservation_back_and_leaks_no_stock(
 ):
     own, resources, channel = mine
     await put_product(product_id, stock=3, limit=2)
-    accepted = await resources.purchase_service.purchase("purged", product_id, 2, mint_request_id())
+    accepted = await resources.purchases.purchase("purged", product_id, 2, mint_request_id())
     assert (await redis_state(redis, settings, product_id))["stock"] == "1"
     await _kill_waiting_orders(own, 1)
     await publish_raw(channel, own, POISON, message_id="")
@@ -164,7 +164,7 @@ async def test_purge_of_an_order_mysql_has_gives_nothing_back(mine, engine, stor
     await put_product(product_id, stock=4, limit=1)
     service = _service(own, engine, store, resources)
     async with running_consumer(own, engine, store):
-        accepted = await resources.purchase_service.purchase("applied", product_id, 1, mint_request_id())
+        accepted = await resources.purchases.purchase("applied", product_id, 1, mint_request_id())
         await eventually(lambda: order_rows(engine, product_id))
     message = message_for(product_id, "applied", 0)
     body = encode_order(type(message)(accepted.request_id, accepted.order_no, "applied", product_id, 1, 0, 1500))
@@ -212,9 +212,7 @@ async def test_a_republished_order_that_lands_leaves_no_stale_copy_in_the_dead_l
 
     own, resources, channel = mine
     await put_product(product_id, stock=5, limit=2)
-    accepted = [
-        await resources.purchase_service.purchase(f"dead-{i}", product_id, 1, mint_request_id()) for i in (1, 2)
-    ]
+    accepted = [await resources.purchases.purchase(f"dead-{i}", product_id, 1, mint_request_id()) for i in (1, 2)]
     await _kill_waiting_orders(own, 2)
     await publish_raw(channel, own, POISON, message_id="")
     await _kill_waiting_orders(own, 1)

@@ -10,7 +10,7 @@ through the StockStore; a reply lost on the wire is lost by a TCP proxy
 from __future__ import annotations
 
 from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
-from service.bootstrap import Resources
+from service.bootstrap import open_api
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from tests.support import (
@@ -35,7 +35,7 @@ async def test_a_retry_whose_reserve_reply_is_lost_keeps_the_confirmed_original(
     keys = store.product_keys(product_id)
     request_id = mint_request_id()
     async with own_queues(settings, f"retry-lost-{product_id}") as mine:
-        healthy = await Resources.open(mine)
+        healthy = await open_api(mine)
         try:
             accepted = await healthy.purchases.purchase("victim", product_id, 1, request_id)
         finally:

@@ -8,7 +8,7 @@ import pytest
 from consumers.order_consumer import OrderConsumer
 from service.adapters.broker import OrderMessage, encode_order
 from service.api.app import create_app
-from service.bootstrap import Resources
+from service.bootstrap import open_api
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.purchase.service import PurchaseRejected
@@ -60,7 +60,7 @@ async def test_unroutable_publish_is_503_and_returns_the_stock(
 
 async def test_broker_connection_down_gives_unavailable_and_returns_the_stock(settings, put_product, product_id, redis):
     await put_product(product_id, stock=3, limit=1)
-    resources = await Resources.open(settings)
+    resources = await open_api(settings)
     try:
         await resources.publisher.close()
         with pytest.raises(PurchaseRejected) as rejected:

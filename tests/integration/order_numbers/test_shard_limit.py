@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from service.api.no_shard import EXIT_NO_SHARD
-from service.bootstrap import Resources, make_store
+from service.bootstrap import make_store, open_api
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import ShardsExhausted
 from service.sale.isolation import free_port
@@ -48,7 +48,7 @@ async def test_readiness_reports_shards_leased_and_free(client):
 async def test_opening_the_purchase_path_with_every_shard_leased_raises_shards_exhausted(settings):
     async with shards_taken(settings, leave_free=0) as own:
         with pytest.raises(ShardsExhausted, match="all 90 Redis order-number shards"):
-            await Resources.open(own, purchase=True)
+            await open_api(own)
 
 
 def _finished(process: subprocess.Popen, timeout: float) -> int:

@@ -23,7 +23,7 @@ from consumers.order_consumer import OrderConsumer, consuming
 from db.engine import make_engine
 from service.adapters.broker import OrderMessage, declare_topology, decode_order, encode_order, queue_depth
 from service.adapters.dead_letters import DeadLetterQueue
-from service.bootstrap import Resources
+from service.bootstrap import open_api
 from service.domain.purchase.request_id import mint_request_id
 from service.sale.isolation import environment, free_port
 from service.settings import AMQPSettings, Settings
@@ -106,11 +106,11 @@ async def test_each_products_orders_land_in_its_own_partition(parted, put_produc
     wanted = {product: 3 + 2 * partition for partition, product in enumerate(products)}  # 3, 5, 7: a mix-up shows
     for product in products:
         await put_product(product, stock=20, limit=1)
-    resources = await Resources.open(own, purchase=True)
+    resources = await open_api(own)
     try:  # the real purchase path: reserve in Redis, publish with confirm
         accepted = await asyncio.gather(
             *(
-                resources.purchase_service.purchase(f"lands-{product}-{i}", product, 1, mint_request_id())
+                resources.purchases.purchase(f"lands-{product}-{i}", product, 1, mint_request_id())
                 for product, count in wanted.items()
                 for i in range(count)
             )

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import bindparam, text
 
 from db.models import OrderStatus as S
-from service.bootstrap import opened
+from service.bootstrap import open_job, opened
 from service.domain.orders.lifecycle import expire_unpaid
 from service.sale.isolation import environment
 from tests.support import buy_and_settle, eventually, inventory, payments_of, redis_state, status_of
@@ -168,7 +168,7 @@ async def test_the_sweep_asks_the_channel_before_cancelling(
     for order_no in (paid, unpaid, unknown):
         await _overdue(engine, order_no)
 
-    async with opened(live.settings, publish=False) as resources:
+    async with opened(open_job(live.settings, publish=False)) as resources:
         cancelled = await expire_unpaid(
             engine, store, 0, product_id=product_id, may_cancel=resources.checkout.may_cancel
         )
@@ -188,7 +188,7 @@ async def test_a_notification_racing_the_sweeps_query_pays_once(
     await live.faults(delay=0.3, duplicate=1.0)
     assert (await live.buyer_pays("mockpay", order_no)).status_code == 200
     await _overdue(engine, order_no)
-    async with opened(live.settings, publish=False) as resources:
+    async with opened(open_job(live.settings, publish=False)) as resources:
         assert (
             await expire_unpaid(engine, store, 0, product_id=product_id, may_cancel=resources.checkout.may_cancel) == 0
         )

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from db.models import OrderStatus as S
-from service.bootstrap import opened
+from service.bootstrap import open_job, opened
 from service.sale.isolation import environment
 from tests.support import eventually, notify, payments_of, status_of
 
@@ -25,7 +25,7 @@ def _today():
 
 
 async def _mismatches(live, order_no: str, channel: str, *, apply: bool = False) -> list[tuple]:
-    async with opened(live.settings, publish=False) as resources:
+    async with opened(open_job(live.settings, publish=False)) as resources:
         report = await resources.reconciler.reconcile(_today(), channel, apply=apply)
     [one] = report.channels
     assert one.error is None

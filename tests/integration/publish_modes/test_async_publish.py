@@ -13,7 +13,7 @@ import pytest
 
 from service.adapters.broker import declare_topology
 from service.api.app import create_app
-from service.bootstrap import Resources, opened
+from service.bootstrap import Job, open_api, open_job, opened
 from service.domain.purchase.request_id import mint_request_id
 from service.settings import Settings
 from tests.support import buy, eventually, inventory, order_rows, own_queues, redis_state, running_consumer, serving
@@ -92,7 +92,7 @@ async def _outage_loses_nothing(mine: Settings, put_product, product_id, engine,
     await put_product(product_id, stock=30, limit=1)
 
     # 1. The broker routes nothing for a while: the orders are accepted and arrive once it recovers.
-    resources = await Resources.open(outage)
+    resources = await open_api(outage)
     assert resources.purchases is not None and resources.background is not None
     await _set_route(outage, bound=False)
     first = [await resources.purchases.purchase(f"o{i}", product_id, 1, mint_request_id()) for i in range(20)]
@@ -109,7 +109,7 @@ async def _outage_loses_nothing(mine: Settings, put_product, product_id, engine,
     await _set_route(outage, bound=True)
 
     accepted = {a.order_no for a in [*first, *second]}
-    async with running_consumer(outage, engine, store), opened(outage) as realigning:
+    async with running_consumer(outage, engine, store), opened(open_job(outage)) as realigning:
         await eventually(lambda: _realigned_until(realigning, engine, product_id, 25))
         rows = await order_rows(engine, product_id)
     assert {row.order_no for row in rows} == accepted and len(rows) == 25
@@ -120,7 +120,7 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def _realigned_until(resources: Resources, engine, product_id: int, count: int) -> bool:
+async def _realigned_until(resources: Job, engine, product_id: int, count: int) -> bool:
     if len(await order_rows(engine, product_id)) >= count:
         return True
     await resources.realigner.realign(product_id)

@@ -62,7 +62,7 @@ async def apis(settings):
         for _ in range(2):
             app = create_app(long_lived)
             client = await stack.enter_async_context(serving(app, timeout=30))
-            flags = app.dependencies["resources"].dependency().sold_out
+            flags = app.dependencies["worker_resources"].dependency().current.sold_out
             assert isinstance(flags, SoldOutFlags)
             pair.append(Api(client, flags))
         for api in pair:

@@ -1,0 +1,58 @@
+"""The API's dependencies (Litestar DI): one provider per service a handler uses, each handing
+out the object the worker built once at start-up (:func:`service.bootstrap.open_api`), so a
+request constructs nothing (docs/ARCHITECTURE.md).
+
+The worker opens its stores in the background (:class:`service.bootstrap.BackgroundResources`):
+until it has, every provider of :data:`SERVICES` raises :class:`Unavailable` (503
+``unavailable``, which :mod:`service.api.openapi` documents for the routes that take one). The
+providers do not cache (``use_cache``): what they hand out belongs to one lifespan of the app.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Any
+
+from litestar.di import Provide
+
+from service.bootstrap import BackgroundResources
+from service.domain.errors import Unavailable
+
+SERVICES = frozenset({"purchases", "orders", "catalog", "realigner", "payments", "checkout", "publisher", "settings"})
+"""The dependencies held by the opened worker (:class:`service.bootstrap.ApiWorker`'s fields of
+the same names)."""
+
+WORKER = "worker_resources"
+"""The dependency of the readiness probe: the worker's opening, connected or not."""
+
+_CONNECTING = "The service is still connecting to Redis and RabbitMQ; retry shortly."
+
+
+class WorkerSlot:
+    """Where the app's lifespan puts the worker's opening (None outside the lifespan)."""
+
+    __slots__ = ("opening",)
+
+    def __init__(self) -> None:
+        self.opening: BackgroundResources | None = None
+
+
+def providers(slot: WorkerSlot) -> dict[str, Provide]:
+    """``{name: Provide}`` for every service of :data:`SERVICES` and for :data:`WORKER`: plain
+    functions run on the event loop (``sync_to_thread=False``), one attribute read each."""
+    dependencies = {name: Provide(_held(slot, name), sync_to_thread=False) for name in SERVICES}
+    dependencies[WORKER] = Provide(lambda: slot.opening, sync_to_thread=False)
+    return dependencies
+
+
+def _held(slot: WorkerSlot, name: str) -> Any:
+    pick = attrgetter(name)
+
+    def provide() -> Any:
+        current = slot.opening.current  # type: ignore[union-attr]  # set for the whole lifespan
+        if current is None:
+            raise Unavailable(_CONNECTING)
+        return pick(current)
+
+    provide.__name__ = f"provide_{name}"
+    return provide
