@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from db.migrate import upgrade
 from db.models import StockMode
 from service.adapters.broker import OrderMessage
-from service.adapters.redis.stock_store import new_attempt
+from service.adapters.redis.reservations import new_attempt
 from service.bench.run import bench_settings
 from service.bootstrap import Resources
 from service.domain.purchase.request_id import mint_request_id
@@ -68,10 +68,10 @@ async def main(calls: int, repeats: int, concurrency: int) -> None:
         minter = purchases._minter  # the purchase's own minter: the same blocks and batcher
 
         async def reserve(n: int) -> None:
-            await store.reserve(PRODUCT, mint_request_id(), f"u{n}", 1, await minter.take(), new_attempt())
+            await store.reservations.reserve(PRODUCT, mint_request_id(), f"u{n}", 1, await minter.take(), new_attempt())
 
         async def mark_queued(n: int) -> None:
-            await store.mark_queued(PRODUCT, mint_request_id(), QUEUED_ORDER_NO, f"u{n}", 1)
+            await store.reservations.mark_queued(PRODUCT, mint_request_id(), QUEUED_ORDER_NO, f"u{n}", 1)
 
         async def publish(n: int) -> None:
             await publisher.publish(OrderMessage(mint_request_id(), QUEUED_ORDER_NO, f"u{n}", PRODUCT, 1, 0, 100))

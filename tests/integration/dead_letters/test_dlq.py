@@ -173,7 +173,7 @@ async def test_purge_of_an_order_mysql_has_gives_nothing_back(mine, engine, stor
     [purged] = await service.purge([accepted.request_id])
     assert purged.outcome is PurgeOutcome.ALREADY_IN_MYSQL and purged.realign is None
     assert await inventory(engine, product_id) == (3, 1)
-    assert await store.stock(product_id) == 3
+    assert await store.stock.units(product_id) == 3
 
 
 @pytest.mark.slow
@@ -205,7 +205,7 @@ async def test_cli_lists_shows_and_refuses_unknown_ids(mine, engine, store):
 async def test_a_republished_order_that_lands_leaves_no_stale_copy_in_the_dead_letter_queue(
     mine, engine, store, put_product, product_id
 ):
-    """Guards (issue 11): after MySQL was down long enough to dead-letter the orders in hand,
+    """Guards: after MySQL was down long enough to dead-letter the orders in hand,
     realignment re-published them and they landed, but their dead copies stayed in the queue."""
     from service.domain.stock.realign import Realigner
 
