@@ -35,8 +35,8 @@ class ClusterClient(RedisCluster):
     r"""redis-py's ``RedisCluster`` whose "cannot reach the cluster" errors are Redis
     ``ConnectionError``\ s, as one unreachable server's are: redis-py raises
     ``RedisClusterException`` (not a ``RedisError``) when no node it knows answers the slot map
-    (at start, or after a node failed), which every caller would otherwise have to know about
-    (the purchase path answers ``503`` on a ``RedisError``; the start-up check names the URL)."""
+    (at start, or after a node failed), which the start-up check, reading the raw client's
+    error, would otherwise not recognise as Redis unreachable (it names the URL)."""
 
     async def initialize(self, *args: Any, **kwargs: Any) -> ClusterClient:
         try:
