@@ -47,8 +47,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from consumers import worker_metrics
 from db.engine import is_retryable, is_unreachable
 from service.adapters.broker import OrderMessage, connect_when_up, declare_topology
+from service.adapters.failures import StoreUnavailable
 from service.adapters.redirect import Redirector, retries_of
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import RedisStores
 from service.adapters.subscription import Delivery, Subscription
 from service.bootstrap import Resources
 from service.domain.fulfilment.order_writer import InvalidOrder, OrderWriter, Outcome, parse_order
@@ -90,11 +91,13 @@ def is_transient(exc: BaseException) -> bool:
     """A failure that passes by itself: MySQL unreachable, gone away, restarting, read-only
     while failing over, out of connections (SQLAlchemy ``OperationalError``/``InterfaceError``,
     no pooled connection in time), deadlocks or lock waits past the transaction's retries, a
-    socket error or timeout."""
+    store an adapter found unavailable (:class:`StoreUnavailable`), a socket error or timeout."""
     return (
         is_unreachable(exc)
         or is_retryable(exc)
-        or isinstance(exc, OperationalError | InterfaceError | PoolTimeoutError | OSError | TimeoutError)
+        or isinstance(
+            exc, StoreUnavailable | OperationalError | InterfaceError | PoolTimeoutError | OSError | TimeoutError
+        )
         or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
     )
 
@@ -117,7 +120,7 @@ class OrderConsumer:
     def __init__(
         self,
         engine: AsyncEngine,
-        store: StockStore,
+        store: RedisStores,
         replay_window_seconds: int = 86_400,
         *,
         batch_size: int = 100,

@@ -7,7 +7,7 @@ Journal entry format (hash field = request id):
 ``user|quantity|order_no|reserved_at_ms|unit_price|claimed`` (``unit_price`` in minor units, fixed
 when the stock was reserved; ``claimed`` stays last: ``claim.lua`` flips the last character).
 Entries written before the unit price was recorded, ``user|quantity|order_no|reserved_at_ms|claimed``,
-are still read (``release.lua``, ``realign.lua``, ``results.parse_journal_entry``): an order
+are still read (``release.lua``, ``realign.lua``, ``replies.parse_journal_entry``): an order
 number starts with letters, so the two shapes cannot be confused.
 Replay record (hash per request id): ``quantity``, ``order_no``, ``attempt`` (token of the HTTP
 attempt that reserved), ``state`` in ``pending`` (reserved, publish not yet confirmed), ``queued``

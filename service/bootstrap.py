@@ -13,20 +13,10 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeVar
+from typing import TypedDict, TypeVar
 
-import hiredis
 import httpx
 import structlog
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.connection import AbstractConnection
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.connection import HiredisRespSerializer
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.maint_notifications import MaintNotificationsConfig
-from redis.typing import EncodableT
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -35,9 +25,9 @@ from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher, quiet_connect_logs
 from service.adapters.channel_client import ChannelClient
 from service.adapters.dead_letters import DeadLetterQueue
-from service.adapters.redis.client import ClusterClient, RedisClient
+from service.adapters.redis.client import make_redis
 from service.adapters.redis.eviction import EvictionPolicy
-from service.adapters.redis.stock_store import RateLimits, StockStore
+from service.adapters.redis.stores import RedisStores, make_stores
 from service.domain.fulfilment.dead_letters import DeadLetterService
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease, ShardsExhausted
 from service.domain.order_numbers.mysql_minter import MysqlOrderNumberMinter
@@ -55,136 +45,6 @@ from service.runtime import Backoff, OutageLog, stop_signal, stop_task, wait_or_
 from service.settings import ConfigError, Settings
 
 log = structlog.get_logger(__name__)
-
-
-def make_redis(settings: Settings) -> RedisClient:
-    """One pooled Redis client per process (strings decoded as UTF-8); a ``RedisCluster`` when
-    ``FLASHSALE_REDIS__CLUSTER`` is set (:func:`_make_cluster`).
-
-    The pool blocks (up to 5 s) when all ``max_connections`` are busy instead of failing the
-    request, so a stampede queues for a connection rather than turning into 503s.
-
-    Dead and stalled connections: ``socket_timeout`` bounds every reply (a stalled Redis costs a
-    request at most that long, then 503; the purchase path gives back what a failed reserve may
-    hold), ``connect_timeout`` every connect; TCP keepalive finds peers that vanished; a
-    connection idle longer than ``health_check_interval`` is PINGed before its next command and,
-    when the PING fails (cut by a NAT/firewall timeout or ``CLIENT KILL``), re-opened once.
-
-    Retries, on purpose only there: the PING is idempotent and is sent *before* the command, so
-    re-opening after a failed PING cannot run anything twice. The commands themselves are never
-    retried (no ``Retry`` on the client): a ``ConnectionError``/``TimeoutError`` on a command
-    does not say whether Redis ran it, and re-sending a reserve EVALSHA that did run would
-    answer ``in_flight`` for the caller's own request (and hold its stock until realignment);
-    the callers know what a failure means for them (the purchase path releases and answers 503).
-    A connection the server closed while it sat in the pool (``CLIENT KILL``, a NAT or firewall
-    that resets it, a Redis restart) is caught before use by the pool itself: it checks the socket
-    for EOF or stray data and reconnects. redis-py skips that check whenever maintenance
-    notifications are on, and its default (``"auto"``) counts as on even over RESP2, where the
-    feature (a Redis Enterprise/Cloud one) cannot work; so they are turned off here.
-    """
-    redis = settings.redis
-    if redis.cluster:
-        return _make_cluster(settings)
-    pool = BlockingConnectionPool.from_url(redis.url, timeout=5, **_connection_options(settings))
-    pool.connection_class = _tuned(pool.connection_class)
-    return Redis.from_pool(pool)
-
-
-def _connection_options(settings: Settings) -> dict[str, Any]:
-    """What every Redis connection gets, of one server or of a cluster node (:func:`make_redis`):
-    the pool size, UTF-8 strings, the timeouts (seconds), TCP keepalive, the idle health check,
-    maintenance notifications off."""
-    redis = settings.redis
-    return {
-        "max_connections": redis.max_connections,
-        "decode_responses": True,
-        "socket_timeout": redis.socket_timeout,
-        "socket_connect_timeout": redis.connect_timeout,
-        "socket_keepalive": True,
-        "health_check_interval": redis.health_check_interval,
-        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
-    }
-
-
-def _make_cluster(settings: Settings) -> ClusterClient:
-    """A Redis Cluster client that discovers the cluster from the node ``FLASHSALE_REDIS__URL``
-    names and sends each command to the master of its key's slot (following MOVED/ASK).
-
-    Kept from :func:`make_redis`: the same timeouts, TCP keepalive, maintenance notifications
-    off, and :class:`_Tuned` connections (idle-time health check with one re-open, hiredis
-    packing): redis-py's cluster client takes no ``connection_class``, so it is set in the
-    connection options every node is built from, before the first command discovers them.
-    Commands are not retried on a connection error or timeout (``Retry`` with 0 retries; redis-py's
-    cluster default retries 3 times, which could run a reserve twice, see :func:`make_redis`);
-    MOVED/ASK redirections are followed all the same.
-
-    An unreachable cluster raises a Redis ``ConnectionError`` (:class:`ClusterClient`).
-
-    Differs: each node has its own pool of ``max_connections``, which fails at once
-    (``MaxConnectionsError``, the request answers 503) instead of blocking when all are busy:
-    redis-py's cluster client has no blocking pool. Pipelines are split by node
-    (``ClusterPipeline``: one round trip per node).
-    """
-    cluster: ClusterClient = ClusterClient.from_url(  # type: ignore[assignment]  # from_url is typed as the base class's
-        settings.redis.url, retry=Retry(NoBackoff(), 0), **_connection_options(settings)
-    )
-    options = cluster.nodes_manager.connection_kwargs
-    options["connection_class"] = _tuned(options["connection_class"])
-    for node in cluster.nodes_manager.startup_nodes.values():
-        node.connection_class = options["connection_class"]
-    return cluster
-
-
-class _Tuned(AbstractConnection):
-    """A connection whose idle-time health check re-opens the connection once and PINGs again
-    when the PING fails (the command that follows is sent only on a connection that answered),
-    and whose commands are packed by hiredis.
-
-    redis-py's asyncio connection packs every command in Python (its sync client already uses
-    hiredis): ~20 us per EVALSHA of the reserve script on the 2-core box, measured with
-    ``timeit``, against ~8 us with the sync client's own ``HiredisRespSerializer`` and ~6 us
-    (18 against 5.7 on a slower day) with ``hiredis.pack_command`` called directly; byte for
-    byte the same protocol (RESP, https://redis.io/docs/latest/develop/reference/protocol-spec/).
-    """
-
-    _PING_RETRY = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError, RedisTimeoutError))
-    _SERIALIZER = HiredisRespSerializer()
-
-    async def check_health(self) -> None:
-        if self.health_check_interval and asyncio.get_running_loop().time() > self.next_health_check:
-            await self._PING_RETRY.call_with_retry(self._send_ping, self._ping_failed, with_failure_count=True)
-
-    def pack_command(self, *args: EncodableT) -> list[bytes]:
-        first = args[0]
-        if (isinstance(first, str) and " " in first) or (isinstance(first, bytes) and b" " in first):
-            args = (*first.split(), *args[1:])  # a command name of several words ("CLIENT KILL")
-        try:
-            # hiredis directly: redis-py's serializer first walks the arguments in Python to turn
-            # bytearray/memoryview into bytes (~12 us more per reserve EVALSHA on the 2-core box)
-            return [hiredis.pack_command(args)]  # type: ignore[arg-type]  # TypeError is handled below
-        except TypeError:  # a bytearray or memoryview argument (or a type Redis cannot take)
-            packed: list[bytes] = self._SERIALIZER.pack(*args)  # type: ignore[arg-type]  # redis-py hints args as lists
-            return packed
-
-
-def _tuned(connection_class: type[AbstractConnection]) -> type[AbstractConnection]:
-    """``connection_class`` (TCP, TLS or Unix socket, as the URL chose) with :class:`_Tuned`'s
-    health check and packing."""
-    return type(f"Tuned{connection_class.__name__}", (_Tuned, connection_class), {})
-
-
-def make_store(settings: Settings) -> StockStore:
-    """A :class:`StockStore` on a new :func:`make_redis` client, with the run's key prefix and
-    replay TTL (scripts registered, not yet loaded: call ``load()`` where the hot path follows)."""
-    limits = settings.rate_limit
-    return StockStore(
-        make_redis(settings),
-        settings.redis.key_prefix,
-        replay_ttl_seconds=settings.orders.replay_ttl_seconds,
-        rate_limits=RateLimits(
-            limits.user_per_second, limits.user_burst, limits.address_per_second, limits.address_burst
-        ),
-    )
 
 
 def make_channel_client(settings: Settings) -> ChannelClient:
@@ -210,7 +70,7 @@ class Resources:
 
     settings: Settings
     engine: AsyncEngine
-    store: StockStore
+    store: RedisStores
     eviction: EvictionPolicy
     """Redis's ``maxmemory-policy``, read at start and refreshed by the readiness probe."""
     _stack: AsyncExitStack = field(repr=False)
@@ -402,7 +262,7 @@ class _Stores(TypedDict):
 
     settings: Settings
     engine: AsyncEngine
-    store: StockStore
+    store: RedisStores
     eviction: EvictionPolicy
     _stack: AsyncExitStack
 
@@ -412,10 +272,10 @@ async def _open_stores(settings: Settings, stack: AsyncExitStack) -> _Stores:
     db = settings.db
     engine = make_engine(db.url, pool_size=db.pool_size, max_overflow=db.max_overflow)
     stack.push_async_callback(engine.dispose)
-    store = make_store(settings)
+    store = make_stores(settings)
     stack.push_async_callback(store.aclose)
     eviction = store.eviction_policy()
-    await store.load()
+    await store.scripts.load()
     await eviction.check()
     return _Stores(settings=settings, engine=engine, store=store, eviction=eviction, _stack=stack)
 
@@ -428,7 +288,7 @@ async def _open_publisher(settings: Settings, stack: AsyncExitStack) -> Publishe
 
 
 def _payments(
-    settings: Settings, engine: AsyncEngine, store: StockStore, stack: AsyncExitStack
+    settings: Settings, engine: AsyncEngine, store: RedisStores, stack: AsyncExitStack
 ) -> tuple[ChannelClient, PaymentService, Checkout]:
     """The payment channels' client (closed first), the payment service and the checkout."""
     payment = settings.payment
@@ -439,7 +299,7 @@ def _payments(
     return channels, payments, checkout
 
 
-def _recovery(settings: Settings, engine: AsyncEngine, store: StockStore, realigner: Realigner) -> Recovery | None:
+def _recovery(settings: Settings, engine: AsyncEngine, store: RedisStores, realigner: Realigner) -> Recovery | None:
     """The API process's self-healing task (not started; None when ``auto_seconds`` is 0), which
     also drops dead-lettered copies of orders that landed since."""
     if settings.realign.auto_seconds <= 0:
@@ -448,15 +308,15 @@ def _recovery(settings: Settings, engine: AsyncEngine, store: StockStore, realig
     return Recovery(realigner, store, settings.realign.auto_seconds, after_pass=dead_letters.drop_landed)
 
 
-def _follow_sold_out(store: StockStore, ttl_seconds: float, stack: AsyncExitStack) -> SoldOutFlags | None:
+def _follow_sold_out(store: RedisStores, ttl_seconds: float, stack: AsyncExitStack) -> SoldOutFlags | None:
     """The purchase path's sold-out flags (None when ``ttl_seconds`` is 0), kept current by a
     task stopped on close: this store's own restocks clear them before the call returns, every
     other process's through the restock channel (flags are raised only while it is followed)."""
     if ttl_seconds <= 0:
         return None
     flags = SoldOutFlags(ttl_seconds)
-    store.on_restock(flags.restocked)
-    follower = asyncio.create_task(store.follow_restocks(flags.restocked, flags.following, flags.lost))
+    store.restocks.on_restock(flags.restocked)
+    follower = asyncio.create_task(store.restocks.follow(flags.restocked, flags.following, flags.lost))
     stack.push_async_callback(stop_task, follower)
     return flags
 
@@ -548,12 +408,21 @@ def _one_outage(exc: BaseException) -> str | None:
     from aiormq.exceptions import AMQPConnectionError, ChannelInvalidStateError, ProbableAuthenticationError
     from aiormq.exceptions import AuthenticationError as AMQPAuthenticationError
     from redis.exceptions import AuthenticationError as RedisAuthenticationError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
     from db.engine import mysql_errno
     from service.adapters.broker import PublishFailed
+    from service.adapters.failures import StoreUnavailable
 
+    if isinstance(exc, StoreUnavailable):  # an adapter's translation: the driver's error, its cause, tells
+        return (
+            None
+            if exc.__cause__ is not None
+            else {"redis": "Redis", "mysql": "MySQL", "rabbitmq": "RabbitMQ"}[exc.store]
+        )
     if isinstance(exc, RedisAuthenticationError | AMQPAuthenticationError | ProbableAuthenticationError):
         return ""  # configuration, whatever caused it
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):

@@ -33,7 +33,7 @@ from db.engine import ER_LOCK_WAIT_TIMEOUT, make_engine, mysql_errno
 from db.models import OrderStatus
 from service.adapters.broker import OrderMessage, delete_topology
 from service.adapters.redis.keys import ProductKeys
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import RedisStores
 from service.api.app import create_app
 from service.bootstrap import open_api
 from service.domain.order_numbers.format import compose_order_no
@@ -265,7 +265,7 @@ async def api_in_loop(settings: Settings, pool_size: int = 10) -> AsyncIterator[
 
 
 @contextlib.asynccontextmanager
-async def running_consumer(settings: Settings, engine: AsyncEngine, store: StockStore) -> AsyncIterator[OrderConsumer]:
+async def running_consumer(settings: Settings, engine: AsyncEngine, store: RedisStores) -> AsyncIterator[OrderConsumer]:
     """An in-process consumer on the run's queue while the block runs (the real one, prefetch 32);
     it drains what it holds on exit."""
     order_consumer = OrderConsumer(engine, store)

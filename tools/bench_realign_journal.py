@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from db.migrate import upgrade
 from db.models import StockMode
 from service.adapters.broker import OrderMessage
-from service.bootstrap import Resources
+from service.bootstrap import Job, open_job
 from service.domain.fulfilment.order_writer import apply_order
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.stock.catalog import ProductInput
@@ -37,7 +37,7 @@ from service.settings import Settings
 PRODUCT = 1
 
 
-async def _fill(redis: Redis, resources: Resources, entries: int) -> list[OrderMessage]:
+async def _fill(redis: Redis, resources: Job, entries: int) -> list[OrderMessage]:
     """``entries`` one-unit reservations written as reserve.lua writes them (journal entry, stock
     and the journal-units counter), pipelined; returns their messages."""
     keys = resources.store.product_keys(PRODUCT)
@@ -78,7 +78,7 @@ async def main(redis_url: str, entries: int, resolved: int) -> None:
             except (OSError, RedisError):
                 await asyncio.sleep(0.05)
         await upgrade(settings.db.url)
-        resources = await Resources.open(settings, publish=False, purchase=False)
+        resources = await open_job(settings, publish=False)
         try:
             await resources.catalog.set(
                 PRODUCT, ProductInput(stock=entries + 1000, per_user_limit=1, stock_mode=StockMode.REDIS)

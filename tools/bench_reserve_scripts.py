@@ -3,11 +3,11 @@ in the same run (does spreading a hot product over masters pay?), and the per-ma
 
 Starts a private cluster (:func:`tools.redis_cluster.private_redis_cluster`: three masters on
 free ports, stopped at the end), loads four products through the service's own
-:class:`~service.adapters.redis.stock_store.StockStore` (realign, as ``product set`` does): an
+:class:`~service.adapters.redis.stock.Stock` (realign, as ``product set`` does): an
 accept product and a sold-out product (stock 0) for K=1 and for K=3, the K=3 ones picked so that
 their buckets' hash tags (``{p:ID}``, ``{p:ID:1}``, ``{p:ID:2}``) sit on three distinct masters
 (asserted). Then, round robin so outside load hits every phase alike, ``--processes`` client
-processes each keep ``--concurrency`` ``StockStore.reserve`` calls in flight for ``--duration``
+processes each keep ``--concurrency`` ``Reservations.reserve`` calls in flight for ``--duration``
 seconds (the API's own path: EVALSHA through its command batcher, pipelines split by node), each
 buyer calling the bucket ``bucket_of(user, K)`` names.
 
@@ -232,15 +232,16 @@ def _client(url: str, product_id: int, buckets: int, seed: int, args: dict[str, 
 async def _drive(
     url: str, product_id: int, buckets: int, seed: int, concurrency: int, duration: float, pipe: Any
 ) -> tuple[dict[str, int], float, float]:
-    from service.adapters.redis.stock_store import StockStore, new_attempt
-    from service.bootstrap import make_redis
+    from service.adapters.redis.client import make_redis
+    from service.adapters.redis.reservations import new_attempt
+    from service.adapters.redis.stores import open_stores
     from service.domain.stock.buckets import bucket_of
     from service.settings import Settings
 
     settings = Settings()
     settings = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": url, "cluster": True})})
     client = make_redis(settings)
-    store = StockStore(client, PREFIX)
+    store = open_stores(client, PREFIX)
     users = [(user, bucket_of(user, buckets)) for user in (f"c{seed}-{i}" for i in range(USERS_PER_PROCESS))]
     sequence = itertools.count()
     outcomes: Counter[str] = Counter()
@@ -248,7 +249,7 @@ async def _drive(
     async def one() -> str:
         n = next(sequence)
         user, bucket = users[n % len(users)]
-        reply = await store.reserve(
+        reply = await store.reservations.reserve(
             product_id, f"r{seed}-{n}", user, 1, f"{seed:04d}{n:016d}", new_attempt(), bucket=bucket, buckets=buckets
         )
         return reply.outcome.value
@@ -321,22 +322,22 @@ def _phase(
 
 async def _load(url: str, products: dict[tuple[int, str], int]) -> None:
     """Each product's buckets loaded by a realignment write (stock split evenly, sale open, no end)."""
-    from service.adapters.redis.results import SaleTerms
-    from service.adapters.redis.stock_store import StockStore
-    from service.bootstrap import make_redis
+    from service.adapters.redis.client import make_redis
+    from service.adapters.redis.stores import open_stores
+    from service.domain.model.stock import SaleTerms
     from service.domain.stock.buckets import split
     from service.settings import Settings
 
     settings = Settings()
     settings = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": url, "cluster": True})})
     client = make_redis(settings)
-    store = StockStore(client, PREFIX)
-    await store.load()
+    store = open_stores(client, PREFIX)
+    await store.scripts.load()
     for (buckets, path), product_id in products.items():
         stock = ACCEPT_STOCK if path == "accept" else 0
         terms = SaleTerms(0, 0, ACCEPT_STOCK, 100, 0, buckets)
         for bucket, share in enumerate(split(stock, buckets)):
-            await store.realign(
+            await store.stock.realign(
                 product_id,
                 mysql_stock=share,
                 inventory_version=1,

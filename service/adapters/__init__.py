@@ -1,1 +1,1 @@
-"""Adapters to the stores outside the process: Redis (keys, scripts, the stock store) and RabbitMQ (the broker)."""
+"""Adapters to the stores outside the process: Redis (client, scripts, the typed stores) and RabbitMQ (the broker)."""

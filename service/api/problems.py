@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from db.engine import is_unreachable
+from service.adapters.failures import StoreUnavailable
 from service.domain.errors import DomainError, InvalidInput
 
 log = structlog.get_logger(__name__)
@@ -155,7 +156,7 @@ STATUS_BY_CODE = {
     "too_many_requests": 429,
     "unavailable": 503,
 }
-"""The one place where a domain error's ``code`` becomes an HTTP status (../shared/DESIGN.md)."""
+"""The one place where a domain error's ``code`` becomes an HTTP status (docs/ARCHITECTURE.md)."""
 
 
 def problem_response(exc: DomainError) -> Response[Any]:
@@ -210,7 +211,7 @@ def _domain_error(request: Request[Any, Any, Any], exc: DomainError) -> Response
 def _store_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """A store that did not answer outside the purchase path (a read on a lost MySQL or Redis):
     503 ``unavailable`` with ``Retry-After``, logged once per request; anything else is a 500."""
-    if isinstance(exc, RedisConnectionError | RedisTimeoutError) or is_unreachable(exc):
+    if isinstance(exc, StoreUnavailable | RedisConnectionError | RedisTimeoutError) or is_unreachable(exc):
         log.warning("store_unavailable", path=request.url.path, error=str(exc).splitlines()[0][:200])
         return Problem(
             503, "unavailable", "A store did not answer; retry shortly.", headers={"Retry-After": "1"}
@@ -241,6 +242,7 @@ ERROR_HANDLERS: ExceptionHandlersMap = {
     DBAPIError: _store_error,
     PoolTimeoutError: _store_error,
     RedisError: _store_error,
+    StoreUnavailable: _store_error,
     Exception: _unexpected,
 }
 """Exception handlers of the app: domain errors, too-deep JSON, anything unexpected (500, logged)."""

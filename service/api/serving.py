@@ -46,11 +46,12 @@ def metrics_directory(enabled: bool) -> Iterator[None]:
 async def shards_short(settings: Settings, workers: int) -> str | None:
     """Why ``workers`` more API workers cannot start on ``settings``'s key prefix (fewer free
     order-number shards than workers, one line), or None (also when Redis does not answer)."""
-    from service.bootstrap import is_outage, make_store
+    from service.adapters.redis.stores import make_stores
+    from service.bootstrap import is_outage
     from service.domain.order_numbers.format import REDIS_SHARDS
     from service.domain.order_numbers.minter import leased_shards
 
-    store = make_store(settings)
+    store = make_stores(settings)
     try:
         leased = await leased_shards(store)
     except Exception as exc:

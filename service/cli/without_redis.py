@@ -11,9 +11,8 @@ written with the product row locked, and the Redis load is left to the next real
 
 from __future__ import annotations
 
-from redis.exceptions import RedisError
-
-from service.bootstrap import make_redis, make_store
+from service.adapters.failures import StoreUnavailable
+from service.adapters.redis.stores import make_stores
 from service.domain.stock.catalog import ProductInput, set_product
 from service.domain.stock.realign import Realigner, RealignReport
 from service.settings import Settings
@@ -21,13 +20,13 @@ from service.settings import Settings
 
 async def redis_answers(settings: Settings) -> bool:
     """True when the Redis of ``settings`` answers PING (within its connect and socket timeouts)."""
-    client = make_redis(settings)
+    stores = make_stores(settings)
     try:
-        return bool(await client.ping())
-    except (RedisError, OSError):
+        return await stores.ping()
+    except StoreUnavailable:
         return False
     finally:
-        await client.aclose()
+        await stores.aclose()
 
 
 async def set_product_without_redis(settings: Settings, product_id: int, data: ProductInput) -> RealignReport:
@@ -37,12 +36,12 @@ async def set_product_without_redis(settings: Settings, product_id: int, data: P
 
     Raises:
         InvalidProduct: as :func:`set_product`.
-        redis.exceptions.RedisError: the product is in stock mode ``redis`` after all.
+        StoreUnavailable: the product is in stock mode ``redis`` after all.
     """
     from db.engine import make_engine
 
     engine = make_engine(settings.db.url, pool_size=2, max_overflow=2)
-    store = make_store(settings)
+    store = make_stores(settings)
     try:
         realigner = Realigner(engine, store, settings.realign.grace_seconds)
         return await set_product(engine, store, realigner, product_id, data)

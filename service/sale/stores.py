@@ -24,8 +24,9 @@ from db.migrate import drop_database, upgrade
 from db.models import OrderStatus
 from db.queries import inventory, orders, payments, products
 from service.adapters.broker import delete_topology, queue_depth, queue_depths
-from service.adapters.redis.stock_store import StockStore
-from service.bootstrap import Job, make_redis, open_job, opened
+from service.adapters.redis.client import make_redis
+from service.adapters.redis.stores import RedisStores
+from service.bootstrap import Job, open_job, opened
 from service.domain.orders.lifecycle import expire_unpaid
 from service.domain.payments.reconcile import ReconcileReport
 from service.domain.stock.realign import RealignReport
@@ -61,7 +62,7 @@ class Stores:
         return self.resources.engine
 
     @property
-    def store(self) -> StockStore:
+    def store(self) -> RedisStores:
         return self.resources.store
 
     @classmethod
@@ -160,13 +161,13 @@ class Stores:
             mysql_sold=sold,
             orders=order_rows,
             payments=payment_rows,
-            redis_stock=await self.store.stock(product_id, buckets=buckets),
+            redis_stock=await self.store.stock.units(product_id, buckets=buckets),
             journal_ids=[
                 entry.request_id
                 for bucket in range(buckets)
-                for entry in await self.store.journal(product_id, bucket=bucket)
+                for entry in await self.store.stock.journal(product_id, bucket=bucket)
             ],
-            quota=await self.store.quota(product_id, buckets=buckets),
+            quota=await self.store.stock.quota(product_id, buckets=buckets),
             dead_letters=await self.queue_depth(amqp.dead_letter_queue) - dead_letters_before,
             queue_messages=await self.order_queue_depth(),
         )

@@ -64,9 +64,9 @@ from db.models import OrderStatus
 from db.queries import orders as order_queries
 from service.adapters.broker import declare_topology, decode_order, encode_order
 from service.adapters.redis.keys import ProductKeys
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import RedisStores, make_stores
 from service.api.auth import issue_token
-from service.bootstrap import make_store, open_job, opened
+from service.bootstrap import open_job, opened
 from service.domain.stock.catalog import ProductInput
 from service.sale.isolation import environment, free_port, new_run_id, sale_settings
 from service.sale.plan import ACCEPTED, Answer, Job, Kind, Shot, build_plan
@@ -475,7 +475,7 @@ class FaultSale:
         self.canary_id = self.product_id + 1
         self.buyers = Buyers(self.url, self.product_id, self.settings)
         self.engine: AsyncEngine | None = None
-        self.store: StockStore | None = None
+        self.store: RedisStores | None = None
         self.extra_checks: list[Callable[[], Awaitable[str | None]]] = []
         self.notes: list[str] = []
         self._tasks: list[asyncio.Task[Any]] = []
@@ -498,7 +498,7 @@ class FaultSale:
         finally:
             await connection.close()
         self.engine = make_engine(self.settings.db.url, pool_size=4, max_overflow=4)
-        self.store = make_store(self.settings)
+        self.store = make_stores(self.settings)
         async with opened(open_job(self.settings, publish=False)) as resources:
             for product_id, stock, limit in ((self.product_id, STOCK, LIMIT), (self.canary_id, CANARY_STOCK, 10**6)):
                 terms = {"stock": stock, "per_user_limit": limit, "price": PRICE, "stock_mode": "redis"}
@@ -672,8 +672,8 @@ class FaultSale:
         while True:
             await asyncio.sleep(1.0)
             try:
-                journal = await self.store.journal(self.product_id)
-                now_ms = await self.store.server_time_ms()
+                journal = await self.store.stock.journal(self.product_id)
+                now_ms = await self.store.stock.server_time_ms()
                 present = await self._present([entry.request_id for entry in journal])
             except Exception:
                 continue
@@ -774,9 +774,9 @@ class FaultSale:
         assert self.engine is not None and self.store is not None
         try:
             present = await self._present(accepted_ids)
-            journal = await self.store.journal(self.product_id)
-            redis_stock = await self.store.stock(self.product_id)
-            quota = await self.store.quota(self.product_id)
+            journal = await self.store.stock.journal(self.product_id)
+            redis_stock = await self.store.stock.units(self.product_id)
+            quota = await self.store.stock.quota(self.product_id)
             async with self.engine.connect() as conn:
                 stock = (
                     await conn.execute(

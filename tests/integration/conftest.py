@@ -21,10 +21,10 @@ from consumers.order_consumer import OrderConsumer
 from db.engine import make_engine
 from db.migrate import upgrade
 from service.adapters.broker import declare_topology
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.client import make_redis
+from service.adapters.redis.stores import RedisStores, open_stores
 from service.api.app import create_app
 from service.api.auth import issue_token
-from service.bootstrap import make_redis
 from service.sale.isolation import isolated_settings, new_run_id, with_own_secrets
 from service.sale.stores import tear_down
 from service.settings import Settings
@@ -78,8 +78,8 @@ async def redis(settings: Settings) -> AsyncIterator[Redis]:
 
 
 @pytest.fixture(scope="session")
-def store(redis: Redis, settings: Settings) -> StockStore:
-    return StockStore(redis, settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds)
+def store(redis: Redis, settings: Settings) -> RedisStores:
+    return open_stores(redis, settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds)
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ async def amqp_channel(settings: Settings) -> AsyncIterator[aio_pika.abc.Abstrac
 
 
 @pytest.fixture
-async def consumer(settings: Settings, engine: AsyncEngine, store: StockStore) -> AsyncIterator[OrderConsumer]:
+async def consumer(settings: Settings, engine: AsyncEngine, store: RedisStores) -> AsyncIterator[OrderConsumer]:
     """An in-process consumer on the run's queue, running for the duration of the test."""
     async with running_consumer(settings, engine, store) as order_consumer:
         yield order_consumer

@@ -1,4 +1,5 @@
-"""The import graph: edge -> composition root -> use cases -> adapters -> base, one way, no cycles.
+"""The import graph: edge -> composition root -> use cases -> adapters -> domain model -> base,
+one way, no cycles.
 
 Read from the source with ``ast`` (imports inside functions count too), so a new module that
 imports upwards fails here before anyone has to draw the graph again. Within a layer, the
@@ -17,19 +18,27 @@ PACKAGES = ("service", "consumers", "db", "lua")
 
 # Lower rank = lower layer. A module may import its own layer or any layer below it.
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (4, ("service.api", "service.cli", "service.sale", "service.bench", "service.channel", "consumers")),  # edge
-    (3, ("service.bootstrap",)),  # composition root
-    (2, ("service.domain",)),  # use cases and rules
-    (1, ("service.adapters", "db")),  # Redis, RabbitMQ, MySQL
+    (5, ("service.api", "service.cli", "service.sale", "service.bench", "service.channel", "consumers")),  # edge
+    (4, ("service.bootstrap",)),  # composition root
+    (3, ("service.domain",)),  # use cases and rules
+    (2, ("service.adapters", "db")),  # Redis, RabbitMQ, MySQL
+    (1, ("service.domain.model",)),  # the domain's vocabulary: plain types the adapters answer in
     (0, ("service.settings", "service.log_setup", "service.runtime", "lua", "service")),  # base
 ]
 
 
 def _rank(module: str) -> int:
-    for rank, prefixes in LAYERS:
-        if any(module == p or module.startswith(p + ".") for p in prefixes):
-            return rank
-    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+    """The rank of the longest prefix that names ``module`` (``service.domain.model`` before
+    ``service.domain``, ``service.domain`` before ``service``)."""
+    matches = [
+        (len(prefix), rank)
+        for rank, prefixes in LAYERS
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    if not matches:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+    return max(matches)[1]
 
 
 def _module_name(path: Path) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.connection import PythonRespSerializer
 
-from service.bootstrap import make_redis
+from service.adapters.redis.client import make_redis
 from service.settings import RedisSettings, Settings
 
 

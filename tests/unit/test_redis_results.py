@@ -5,19 +5,14 @@ from __future__ import annotations
 import pytest
 
 from service.adapters.redis.keys import ProductKeys
-from service.adapters.redis.results import (
-    JournalEntry,
-    QueuedOrder,
-    RealignResult,
-    Reservation,
-    ReserveOutcome,
-    SaleTerms,
+from service.adapters.redis.replies import (
     format_queued_order,
     parse_journal_entry,
     parse_queued_order,
     parse_realign_reply,
     parse_reservation,
 )
+from service.domain.model.stock import JournalEntry, QueuedOrder, RealignResult, Reservation, ReserveOutcome, SaleTerms
 from service.domain.stock.realign import sale_terms
 
 

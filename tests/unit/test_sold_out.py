@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.adapters.redis.results import Reservation, ReserveOutcome
 from service.domain.errors import InvalidInput
+from service.domain.model.stock import Reservation, ReserveOutcome
 from service.domain.purchase.service import PurchaseRejected, PurchaseService
 from service.domain.purchase.sold_out import SoldOutFlags, Verdict
 
@@ -106,9 +106,11 @@ def test_a_ttl_of_zero_is_refused() -> None:
 
 
 class FakeStore:
-    """Answers every reserve with ``reply``; ``during`` runs while the "round trip" is in flight."""
+    """The Redis stores as the purchase path's reserve sees them (``.reservations.reserve``):
+    answers every reserve with ``reply``; ``during`` runs while the "round trip" is in flight."""
 
     def __init__(self, reply: Reservation, during=None) -> None:
+        self.reservations = self
         self.reply = reply
         self.during = during
         self.calls = 0

@@ -1,1 +1,3 @@
-"""Redis: key names, the Lua scripts and the typed stock store over them."""
+"""Redis: the client (:mod:`.client`), key names (:mod:`.keys`), the Lua scripts' registry
+(:mod:`.scripts`) and the typed stores over them, one module per concept, held together by
+:class:`.stores.RedisStores`."""

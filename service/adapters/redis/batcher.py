@@ -1,6 +1,6 @@
 """Auto-pipelining: Redis commands issued at the same time by many requests share one round trip.
 
-Used by :class:`~service.adapters.redis.stock_store.StockStore` for the hot path (the reserve
+Used by :class:`~service.adapters.redis.reservations.Reservations` for the hot path (the reserve
 script and the mark-queued writes). Each request still gets its own reply or error; what it
 saves is the round trip (a socket write and read, the dominant CPU cost per call) for all but
 one of the commands that were waiting together.

@@ -21,6 +21,7 @@ import time
 import structlog
 from redis.exceptions import ResponseError
 
+from service.adapters.redis.boundary import translated
 from service.adapters.redis.client import RedisClient, config_values
 
 log = structlog.get_logger(__name__)
@@ -47,10 +48,12 @@ class EvictionPolicy:
         """True when the policy last read lets Redis evict keys (anything but ``noeviction``)."""
         return self.policy is not None and self.policy != SAFE_POLICY
 
+    @translated
     async def check(self, *, force: bool = False) -> str | None:
         """Read the policy again when the last read is :data:`REFRESH_SECONDS` old (or
-        ``force``); returns it (None: unknown). A connection error propagates (Redis is down,
-        readiness says so anyway); a refused ``CONFIG`` leaves the policy unknown."""
+        ``force``); returns it (None: unknown). A connection error propagates as
+        :class:`~service.adapters.failures.StoreUnavailable` (Redis is down, readiness says so
+        anyway); a refused ``CONFIG`` leaves the policy unknown."""
         now = time.monotonic()
         if not force and now < self._next_read:
             return self.policy

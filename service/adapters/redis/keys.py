@@ -1,4 +1,4 @@
-"""Redis key names, used only inside this package (callers go through :class:`StockStore`).
+"""Redis key names, used only inside this package (callers name products, shards and locks: :mod:`.stores`).
 
 Keys of one product share the hash tag ``{p:ID}`` (one Redis Cluster slot), so every script call
 on a product passes all its keys in KEYS and runs on Redis Cluster.

@@ -1,6 +1,7 @@
 """The restock channel: every script that puts stock back PUBLISHes the product id on
 ``<prefix>:restocked`` (``lua/restock.lua``, ``release.lua``, ``realign.lua``); API processes
-follow it to drop their sold-out flags (``service/domain/purchase/sold_out.py``)."""
+follow it to drop their sold-out flags (``service/domain/purchase/sold_out.py``), and the stores of
+this process tell their own listeners before the call that put stock back returns."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 import structlog
 
 from service.adapters.redis.client import RedisClient
+from service.adapters.redis.keys import restock_channel
 
 log = structlog.get_logger(__name__)
 
@@ -55,3 +57,36 @@ async def follow(
             except Exception as exc:  # the connection is gone already
                 log.debug("restock_channel_close_failed", error=repr(exc))
         await asyncio.sleep(resubscribe_seconds)
+
+
+class RestockChannel:
+    """The restock channel of one key prefix: its name (the scripts PUBLISH on it), this
+    process's listeners (:meth:`on_restock`, told by :meth:`announce`) and :meth:`follow`."""
+
+    def __init__(self, redis: RedisClient, key_prefix: str) -> None:
+        self._redis = redis
+        self.name = restock_channel(key_prefix)
+        self._listeners: list[Callable[[int], None]] = []
+
+    def on_restock(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(product_id)`` whenever a call of *this* process's stores may have put
+        stock of the product back (a restock that returned units, a release, a realignment that
+        wrote, a filled bucket), before that call returns. Other processes learn it from
+        :meth:`follow`."""
+        self._listeners.append(listener)
+
+    def announce(self, product_id: int) -> None:
+        """Tell this process's listeners that stock of ``product_id`` may be back."""
+        for listener in self._listeners:
+            listener(product_id)
+
+    async def follow(
+        self,
+        restocked: Callable[[int], None],
+        following: Callable[[], None],
+        lost: Callable[[], None],
+        *,
+        resubscribe_seconds: float = RESUBSCRIBE_SECONDS,
+    ) -> None:
+        """Follow the channel until cancelled: see :func:`follow`."""
+        await follow(self._redis, self.name, restocked, following, lost, resubscribe_seconds)

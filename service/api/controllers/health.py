@@ -68,7 +68,7 @@ class HealthController(Controller):
         redis_ok = rabbit_ok = mysql_ok = False
         lease = resources.lease
         try:
-            redis_ok = await resources.store.ready() and lease.held
+            redis_ok = await resources.store.scripts.ready() and lease.held
         except Exception:
             pass
         eviction = resources.eviction

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.queries import orders
 from service.adapters.broker import OrderMessage
 from service.adapters.dead_letters import DEFAULT_LIMIT, DeadLetter, DeadLetterQueue
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound
 from service.domain.fulfilment.order_writer import InvalidOrder, parse_order
 from service.domain.stock.realign import Realigner, RealignReport
@@ -97,7 +97,7 @@ def _view(letter: DeadLetter) -> DeadLetterView:
 class DeadLetterService:
     """The dead-letter tool's use cases on one deployment's queue, Redis and MySQL."""
 
-    def __init__(self, queue: DeadLetterQueue, engine: AsyncEngine, store: StockStore, realigner: Realigner) -> None:
+    def __init__(self, queue: DeadLetterQueue, engine: AsyncEngine, store: RedisStores, realigner: Realigner) -> None:
         self._queue = queue
         self._engine = engine
         self._store = store
@@ -174,7 +174,7 @@ class DeadLetterService:
             present = (await conn.execute(orders.PRESENT_ORDER_NOS, {"order_nos": [order.order_no]})).first()
         if present is not None:
             return Purged(letter.id, order, PurgeOutcome.ALREADY_IN_MYSQL)
-        await self._store.forget_reservation(order.product_id, order.request_id, bucket=order.bucket)
+        await self._store.reservations.forget(order.product_id, order.request_id, bucket=order.bucket)
         try:
             report = await self._realigner.realign(order.product_id)
         except ProductNotFound:

@@ -48,7 +48,6 @@ from enum import Enum
 
 import msgspec
 import structlog
-from redis.exceptions import RedisError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -57,8 +56,9 @@ from db.models import MAX_AMOUNT, OrderStatus
 from db.queries import inventory, orders, quota
 from service import metrics
 from service.adapters.broker import OrderMessage, decode_order
-from service.adapters.redis.results import ClaimOutcome
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.failures import StoreUnavailable
+from service.adapters.redis.stores import RedisStores
+from service.domain.model.stock import ClaimOutcome
 from service.domain.order_numbers.conflicts import stand_in_order_no
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.orders.actors import CONSUMER
@@ -119,7 +119,7 @@ def parse_order(body: bytes) -> OrderMessage:
 class OrderWriter:
     """Claims a batch of orders in Redis, then writes it to MySQL in one transaction."""
 
-    def __init__(self, engine: AsyncEngine, store: StockStore, replay_window_seconds: int = 86_400) -> None:
+    def __init__(self, engine: AsyncEngine, store: RedisStores, replay_window_seconds: int = 86_400) -> None:
         self._engine = engine
         self._store = store
         self._replay_window = replay_window_seconds
@@ -145,11 +145,13 @@ class OrderWriter:
         try:
             answers = await asyncio.gather(
                 *(
-                    self._store.claim_many(product_id, [batch[i].request_id for i in indexes], bucket=bucket)
+                    self._store.reservations.claim_many(
+                        product_id, [batch[i].request_id for i in indexes], bucket=bucket
+                    )
                     for (product_id, bucket), indexes in by_bucket.items()
                 )
             )
-        except RedisError as exc:
+        except StoreUnavailable as exc:
             # Without Redis, MySQL's unique request id still decides: never drop an order for it.
             log.warning("claim_failed", orders=len(batch), error=repr(exc))
             return [False] * len(batch)

@@ -38,7 +38,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.queries import order_no as generations_sql
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import RedisStores
 from service.domain.order_numbers.format import COUNTER_MAX, REDIS_SHARDS, compose_in_range
 from service.runtime import stop_task
 
@@ -59,10 +59,10 @@ class ShardsExhausted(ShardLost):
     the fleet limit of :data:`REDIS_SHARDS` API worker processes per key prefix is reached."""
 
 
-async def leased_shards(store: StockStore) -> int:
+async def leased_shards(store: RedisStores) -> int:
     """How many of the :data:`REDIS_SHARDS` Redis shards some process leases right now (one
     round trip per Redis node)."""
-    return await store.leased_shards(REDIS_SHARDS)
+    return await store.leases.leased_shards(REDIS_SHARDS)
 
 
 class ShardGenerations:
@@ -90,7 +90,7 @@ class ShardLease:
     renew in time stops minting (:class:`ShardLost`) until it holds a shard again.
     """
 
-    def __init__(self, store: StockStore, lease_seconds: int) -> None:
+    def __init__(self, store: RedisStores, lease_seconds: int) -> None:
         self._store = store
         self._lease_ms = lease_seconds * 1000
         self._token = secrets.token_hex(16)
@@ -112,7 +112,7 @@ class ShardLease:
         for offset in range(REDIS_SHARDS):
             shard = (start + offset) % REDIS_SHARDS
             began = time.monotonic()
-            if await self._store.acquire_lease(shard, self._token, self._lease_ms):
+            if await self._store.leases.shard(shard).acquire(self._token, self._lease_ms):
                 self.shard = shard
                 self._valid_until = began + self._lease_ms / 1000 * 0.9
                 return shard
@@ -133,7 +133,7 @@ class ShardLease:
             try:
                 began = time.monotonic()
                 assert self.shard is not None
-                if await self._store.renew_lease(self.shard, self._token, self._lease_ms):
+                if await self._store.leases.shard(self.shard).renew(self._token, self._lease_ms):
                     self._valid_until = began + self._lease_ms / 1000 * 0.9
                 else:
                     log.warning("shard_lease_lost", shard=self.shard)
@@ -148,7 +148,7 @@ class ShardLease:
             await stop_task(self._renewer)
         if self.shard is not None:
             with contextlib.suppress(Exception):
-                await self._store.release_lease(self.shard, self._token)
+                await self._store.leases.shard(self.shard).release(self._token)
             self.shard = None
 
 
@@ -169,7 +169,7 @@ class OrderNumberMinter:
 
     def __init__(
         self,
-        store: StockStore,
+        store: RedisStores,
         lease: ShardLease,
         order_no_prefix: str,
         generations: ShardGenerations,
@@ -215,12 +215,12 @@ class OrderNumberMinter:
 
         Raises:
             ShardLost: not established after :data:`_ESTABLISH_TRIES` tries (MySQL kept failing).
-            redis.exceptions.RedisError: Redis failed.
+            service.adapters.failures.StoreUnavailable: Redis failed.
         """
         if self._epoch is not None and self._epoch[0] == shard:
             return self._epoch[1]
         for _ in range(_ESTABLISH_TRIES):
-            generation, current = await self._store.shard_epoch(shard)
+            generation, current = await self._store.sequences.epoch(shard)
             if generation is not None and current:
                 break
             try:
@@ -231,7 +231,7 @@ class OrderNumberMinter:
                 await asyncio.sleep(0.05)
                 continue
             if won:
-                generation, current = await self._store.shard_epoch(shard, install=seen + 1)
+                generation, current = await self._store.sequences.epoch(shard, install=seen + 1)
                 log.warning("order_no_generation_moved", shard=shard, generation=seen + 1, installed=generation)
                 if generation is not None and current:
                     break
@@ -252,7 +252,7 @@ class OrderNumberMinter:
             ShardLost: the process does not hold a shard right now, MySQL failed while the
                 shard's generation had to move on, or the block refill this call queued behind
                 failed (so a stalled Redis costs each waiting caller one refill, not one each).
-            redis.exceptions.RedisError: Redis failed.
+            service.adapters.failures.StoreUnavailable: Redis failed.
         """
         resets = 0
         while True:
@@ -275,7 +275,7 @@ class OrderNumberMinter:
                     raise ShardLost(f"the order-number block refill waited for failed: {self._refill_failure!r}")
                 try:
                     generation = await self._generation(shard)
-                    last = await self._store.mint_block(shard, generation, second, self._block_size)
+                    last = await self._store.sequences.mint_block(shard, generation, second, self._block_size)
                 except Exception as exc:
                     self._refill_failure = exc
                     raise

@@ -13,15 +13,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
-from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import OrderStatus as S
 from db.queries import attempts, inventory, orders
 from service import metrics
-from service.adapters.redis.results import RestockOutcome
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.failures import StoreUnavailable
+from service.adapters.redis.stores import RedisStores
 from service.domain.errors import OrderNotFound
+from service.domain.model.stock import RestockOutcome
 from service.domain.orders import actors
 from service.domain.purchase import user_quota
 from service.domain.stock.buckets import bucket_of
@@ -171,15 +171,15 @@ async def cancel_order(
     return returned
 
 
-async def give_back_to_redis(store: StockStore, returned: ReturnedUnits) -> RestockOutcome | None:
+async def give_back_to_redis(store: RedisStores, returned: ReturnedUnits) -> RestockOutcome | None:
     """Return the units (and, for a cancel, the buyer's quota) to Redis, exactly once
-    (:meth:`StockStore.restock`).
+    (:meth:`~service.adapters.redis.reservations.Reservations.restock`).
 
     Returns ``RETURNED``, ``DONE`` (already given back), ``REALIGNED`` (a realignment counted
     them already) or None (Redis error, logged: the next realignment restores them from MySQL).
     """
     try:
-        return await store.restock(
+        return await store.reservations.restock(
             returned.product_id,
             returned.order_no,
             returned.user_id,
@@ -188,14 +188,14 @@ async def give_back_to_redis(store: StockStore, returned: ReturnedUnits) -> Rest
             release_quota=returned.release_quota,
             bucket=returned.bucket,
         )
-    except RedisError as exc:
+    except StoreUnavailable as exc:
         log.warning("restock_failed", order_no=returned.order_no, error=repr(exc))
         return None
 
 
 async def expire_unpaid(
     engine: AsyncEngine,
-    store: StockStore,
+    store: RedisStores,
     window_seconds: int,
     *,
     product_id: int | None = None,

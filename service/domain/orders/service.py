@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.models import OrderStatus
 from db.queries import orders as queries
 from db.queries import quota
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import RedisStores
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound
 from service.domain.order_numbers.format import require_valid_order_no
 from service.domain.orders import actors
@@ -82,7 +82,7 @@ def _view(row: Row[Any]) -> OrderView:
     )
 
 
-async def find_order(engine: AsyncEngine, store: StockStore, user_id: str, order_no: str) -> OrderView | None:
+async def find_order(engine: AsyncEngine, store: RedisStores, user_id: str, order_no: str) -> OrderView | None:
     """The caller's order ``order_no`` with its status history, or None when unknown or someone
     else's. An order of the caller that was given a number another request's order had already
     taken is answered under that number (rejected, ``order_no_conflict``;
@@ -106,7 +106,7 @@ async def find_order(engine: AsyncEngine, store: StockStore, user_id: str, order
                 for entry in log
             ]
             return view
-    queued = await store.queued_order(order_no)
+    queued = await store.reservations.queued_order(order_no)
     if queued is None or queued.user_id != user_id:
         return None
     return OrderView(
@@ -165,7 +165,7 @@ class OrderService:
     """
 
     def __init__(
-        self, engine: AsyncEngine, store: StockStore, may_cancel: Callable[[str], Awaitable[bool]] | None = None
+        self, engine: AsyncEngine, store: RedisStores, may_cancel: Callable[[str], Awaitable[bool]] | None = None
     ) -> None:
         self._engine = engine
         self._store = store

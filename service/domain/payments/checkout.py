@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.models import OrderStatus as S
 from db.queries import attempts
 from service.adapters.channel_client import ChannelClient, ChannelPayment, ChannelUnavailable
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import RedisStores
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound
 from service.domain.order_numbers.format import require_valid_order_no
 from service.domain.orders.lifecycle import load_order
@@ -69,7 +69,7 @@ class Checkout:
     def __init__(
         self,
         engine: AsyncEngine,
-        store: StockStore,
+        store: RedisStores,
         channels: ChannelClient,
         payments: PaymentService,
         currency: str,
@@ -101,7 +101,7 @@ class Checkout:
         async with self._engine.begin() as conn:
             order = await load_order(conn, order_no, for_update=True)
             if order is None or order.user_id != user_id:
-                queued = await self._store.queued_order(order_no) if order is None else None
+                queued = await self._store.reservations.queued_order(order_no) if order is None else None
                 if queued is not None and queued.user_id == user_id:
                     raise OrderQueued(order_no)
                 raise OrderNotFound(order_no)

@@ -37,7 +37,7 @@ from db.engine import as_duplicate_key
 from db.models import OrderStatus as S
 from db.queries import attempts, payments, refunds
 from service.adapters.channel_client import ChannelClient, ChannelUnavailable
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import RedisStores
 from service.domain.errors import Conflict, DomainError, InvalidInput, OrderNotFound, Unavailable
 from service.domain.order_numbers.format import require_valid_order_no
 from service.domain.orders import actors
@@ -421,7 +421,7 @@ class PaymentService:
     def __init__(
         self,
         engine: AsyncEngine,
-        store: StockStore,
+        store: RedisStores,
         secrets: dict[str, str],
         currency: str,
         channels: ChannelClient | None = None,
@@ -459,7 +459,7 @@ class PaymentService:
         try:
             applied = await handle_notification(self._engine, note, raw, self._currency, actor)
         except OrderNotFound:
-            if await self._store.queued_order(note.order_no) is not None:
+            if await self._store.reservations.queued_order(note.order_no) is not None:
                 raise OrderQueued(note.order_no) from None
             raise
         if applied.returned is not None:
@@ -483,7 +483,9 @@ class PaymentService:
         except TransitionLost as lost:
             raise Conflict(f"The order is {lost.current.label}.", code="order_not_refundable") from None
         except OrderNotFound:
-            if await self._store.queued_order(order_no) is not None:  # accepted, not paid: nothing to refund
+            if (
+                await self._store.reservations.queued_order(order_no) is not None
+            ):  # accepted, not paid: nothing to refund
                 raise Conflict("The order is still queued.", code="order_not_refundable") from None
             raise
         if self._channels is not None and request.channel in self._channels.channels:

@@ -1,4 +1,4 @@
-"""A purchase in stock mode ``database``: the seed "order system database design", scheme 1.
+"""A purchase in stock mode ``database``: MySQL alone sells the product (docs/ARCHITECTURE.md).
 
 One MySQL transaction per purchase (:func:`buy_in_database`), in this order:
 
@@ -35,7 +35,7 @@ from db.engine import as_duplicate_key, in_transaction
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
 from service import metrics
-from service.adapters.redis.results import ReserveOutcome
+from service.domain.model.stock import ReserveOutcome
 from service.domain.orders import actors
 from service.domain.purchase import user_quota
 

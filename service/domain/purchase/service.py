@@ -31,16 +31,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
-from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import StockMode
 from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
-from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
-from service.adapters.redis.stock_store import TOKEN_INVALID, TOKEN_USED, StockStore, new_attempt
+from service.adapters.failures import StoreUnavailable
+from service.adapters.redis.order_tokens import TOKEN_INVALID, TOKEN_USED
+from service.adapters.redis.reservations import new_attempt
+from service.adapters.redis.stores import RedisStores
 from service.domain.errors import DomainError, InvalidInput, ProductNotFound
+from service.domain.model.stock import ReleaseOutcome, ReserveOutcome
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardLost
 from service.domain.order_numbers.mysql_minter import MysqlOrderNumberMinter
 from service.domain.purchase.database import (
@@ -155,7 +157,7 @@ class PurchaseService:
 
     def __init__(
         self,
-        store: StockStore,
+        store: RedisStores,
         minter: OrderNumberMinter,
         publisher: Publisher,
         engine: AsyncEngine | None = None,
@@ -240,22 +242,22 @@ class PurchaseService:
         token = secrets.token_urlsafe(ORDER_TOKEN_BYTES)
         bucket = bucket_of(user_id, route.buckets)
         try:
-            await self._store.issue_token(product_id, token, user_id, self.token_ttl_seconds, bucket=bucket)
-        except (RedisError, OSError) as exc:
+            await self._store.tokens.issue(product_id, token, user_id, self.token_ttl_seconds, bucket=bucket)
+        except (StoreUnavailable, OSError) as exc:
             raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
         return token
 
     async def _mint(self) -> str:
         try:
             return await self._minter.take()
-        except (RedisError, ShardLost, OSError) as exc:
+        except (StoreUnavailable, ShardLost, OSError) as exc:
             log.warning("order_no_unavailable", error=repr(exc))
             raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
 
     async def _mint_for_database(self) -> str:
         try:
             return await self._database_minter.take()
-        except (DBAPIError, RedisError, ShardLost, OSError) as exc:
+        except (DBAPIError, StoreUnavailable, ShardLost, OSError) as exc:
             log.warning("order_no_unavailable", error=repr(exc))
             raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.") from exc
 
@@ -289,7 +291,7 @@ class PurchaseService:
         # reserved (never the confirmed original of a retry, nor a concurrent attempt's).
         attempt = new_attempt()
         try:
-            reservation = await self._store.reserve(
+            reservation = await self._store.reservations.reserve(
                 product_id,
                 request_id,
                 ask.user_id,
@@ -304,7 +306,7 @@ class PurchaseService:
             others = None
             if reservation.outcome is ReserveOutcome.SOLD_OUT and ask.buckets > 1:
                 others = await self._other_buckets(ask)
-        except (RedisError, OSError) as exc:
+        except (StoreUnavailable, OSError) as exc:
             # The script may have run and only its reply been lost, or it may still be on the
             # wire: give back what this attempt holds, or mark it abandoned so it never takes effect.
             log.warning("reserve_failed", request_id=request_id, error=repr(exc))
@@ -453,21 +455,21 @@ class PurchaseService:
 
     async def _take_token(self, product_id: int, order_token: str, user_id: str, bucket: int) -> int:
         try:
-            return await self._store.take_token(product_id, order_token, user_id, bucket=bucket)
-        except (RedisError, OSError) as exc:
+            return await self._store.tokens.take(product_id, order_token, user_id, bucket=bucket)
+        except (StoreUnavailable, OSError) as exc:
             raise PurchaseRejected("unavailable", "Token store unavailable, retry shortly.") from exc
 
     async def _give_token(self, product_id: int, order_token: str, user_id: str, left_ms: int, bucket: int) -> None:
         try:
-            await self._store.give_token(product_id, order_token, user_id, left_ms, bucket=bucket)
-        except (RedisError, OSError) as exc:
+            await self._store.tokens.give_back(product_id, order_token, user_id, left_ms, bucket=bucket)
+        except (StoreUnavailable, OSError) as exc:
             # The buyer asks for a new token; nothing was bought with this one.
             log.warning("give_token_failed", product_id=product_id, error=repr(exc))
 
     async def _mark_queued(self, message: OrderMessage) -> None:
         """Replay record -> ``queued`` and the order's Redis view; a Redis failure is logged only."""
         try:
-            await self._store.mark_queued(
+            await self._store.reservations.mark_queued(
                 message.product_id,
                 message.request_id,
                 message.order_no,
@@ -475,7 +477,7 @@ class PurchaseService:
                 message.quantity,
                 bucket=message.bucket,
             )
-        except (RedisError, OSError) as exc:
+        except (StoreUnavailable, OSError) as exc:
             # The order is queued all the same; a replay answers 409 until realignment resolves
             # its journal entry, then it is answered as a replay (reserve.lua).
             log.warning("mark_queued_failed", request_id=message.request_id, error=repr(exc))
@@ -486,9 +488,9 @@ class PurchaseService:
         ``ask.quantity`` (as if enough were left) while a rebalancing pass is filling them.
 
         Raises:
-            redis.exceptions.RedisError: Redis failed.
+            service.adapters.failures.StoreUnavailable: Redis failed.
         """
-        states = await self._store.bucket_states(ask.product_id, ask.buckets)
+        states = await self._store.buckets.states(ask.product_id, ask.buckets)
         if any(filling for _, filling in states):
             return ask.quantity
         return sum(stock or 0 for stock, _ in states)
@@ -497,8 +499,8 @@ class PurchaseService:
         """Release the reservation ``attempt`` made for the request; None when Redis failed."""
         product_id, request_id = ask.product_id, ask.request_id
         try:
-            return await self._store.release(product_id, request_id, attempt, bucket=ask.bucket)
-        except (RedisError, OSError) as exc:
+            return await self._store.reservations.release(product_id, request_id, attempt, bucket=ask.bucket)
+        except (StoreUnavailable, OSError) as exc:
             # Whatever this attempt reserved stays in the journal; realignment re-publishes it after
             # the grace period (so an attempt answered 503 can still become an order here: the one
             # case the abandoned mark cannot cover, since it could not be written).

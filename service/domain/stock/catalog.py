@@ -8,14 +8,14 @@ from typing import Annotated
 import msgspec
 import structlog
 from msgspec import Meta
-from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import in_transaction
 from db.models import MAX_AMOUNT, StockMode
 from db.queries import inventory, products
 from service import metrics
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.failures import StoreUnavailable
+from service.adapters.redis.stores import RedisStores
 from service.domain.errors import InvalidInput, ProductNotFound
 from service.domain.stock.buckets import MAX_BUCKETS
 from service.domain.stock.modes import switch_to_database, switch_to_redis
@@ -39,8 +39,8 @@ class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
     creation: 0, 1 and "product ID"). The sale window likewise: on creation, without
     ``sale_starts_at`` the sale opens now and without ``sale_ends_at`` it has no end; on update,
     a bound left out is kept and ``"sale_ends_at": null`` removes the end (ISO 8601; naive
-    times are UTC). ``stock_mode`` (seed "order system database design": ``database``, scheme 1,
-    or ``redis``, scheme 2; new products default to ``database``) and ``require_token`` (a
+    times are UTC). ``stock_mode`` (docs/ARCHITECTURE.md: ``database``, sold from MySQL,
+    or ``redis``, pre-decremented in Redis; new products default to ``database``) and ``require_token`` (a
     purchase needs an ``Order-Token``; default false) left out keep their values; a new
     ``stock_mode`` switches the product safely mid-sale (:mod:`service.domain.stock.modes`).
     ``buckets`` (1..64, default 1): how many Redis key sets the stock is split over, for a product
@@ -79,7 +79,7 @@ def _utc_naive(value: datetime) -> datetime:
 
 
 async def set_product(
-    engine: AsyncEngine, store: StockStore, realigner: Realigner, product_id: int, data: ProductInput
+    engine: AsyncEngine, store: RedisStores, realigner: Realigner, product_id: int, data: ProductInput
 ) -> RealignReport:
     """Upsert the product and its MySQL stock (``stock - sold``), switch its stock mode when
     ``stock_mode`` names another one (:mod:`service.domain.stock.modes`), then load Redis (sale
@@ -94,7 +94,7 @@ async def set_product(
         InvalidProduct: ``sale_ends_at`` is not after ``sale_starts_at``, ``price x
             per_user_limit`` does not fit a BIGINT amount, or ``buckets`` differs from the
             product's (nothing is written).
-        redis.exceptions.RedisError: Redis failed for a product in stock mode ``redis`` (MySQL
+        service.adapters.failures.StoreUnavailable: Redis failed for a product in stock mode ``redis`` (MySQL
             is written; run it again).
     """
     starts = _utc_naive(data.sale_starts_at) if data.sale_starts_at else None
@@ -142,8 +142,8 @@ async def set_product(
         return await switch_to_redis(engine, store, realigner, product_id)
     try:
         return await realigner.realign(product_id)
-    except (RedisError, OSError) as exc:
-        if mode != StockMode.DATABASE:
+    except StoreUnavailable as exc:
+        if mode != StockMode.DATABASE or exc.store != "redis":
             raise
         # MySQL alone sells this product; the next realignment pass once Redis answers writes
         # its terms and the mode marker there.
@@ -151,7 +151,7 @@ async def set_product(
         return await realigner.without_redis(product_id)
 
 
-async def get_product(engine: AsyncEngine, store: StockStore, product_id: int) -> ProductView | None:
+async def get_product(engine: AsyncEngine, store: RedisStores, product_id: int) -> ProductView | None:
     """Sale info and remaining stock, or None for an unknown product."""
     async with engine.connect() as conn:
         row = (
@@ -163,7 +163,7 @@ async def get_product(engine: AsyncEngine, store: StockStore, product_id: int) -
     if row is None:
         return None
     database = row.stock_mode == StockMode.DATABASE
-    redis_stock = None if database else await store.stock(product_id, buckets=row.buckets)
+    redis_stock = None if database else await store.stock.units(product_id, buckets=row.buckets)
     now = datetime.now(UTC).replace(tzinfo=None)
     return ProductView(
         id=row.id,
@@ -183,7 +183,7 @@ async def get_product(engine: AsyncEngine, store: StockStore, product_id: int) -
 class CatalogService:
     """Product use cases: read the sale info (anyone), create or update a product (admin)."""
 
-    def __init__(self, engine: AsyncEngine, store: StockStore, realigner: Realigner) -> None:
+    def __init__(self, engine: AsyncEngine, store: RedisStores, realigner: Realigner) -> None:
         self._engine = engine
         self._store = store
         self._realigner = realigner

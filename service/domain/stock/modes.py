@@ -1,5 +1,5 @@
-"""Switching a product between stock modes mid-sale, never overselling (seed "order system
-database design": scheme 2 only "with a rollback plan"; this is that plan).
+"""Switching a product between stock modes mid-sale, never overselling: selling from Redis
+comes with a rollback plan, and this is that plan (docs/ARCHITECTURE.md).
 
 ``redis -> database`` (:func:`switch_to_database`):
 1. The marker ``mode = database`` is written into the product's Redis sale terms: from then on
@@ -37,14 +37,14 @@ import asyncio
 from collections import defaultdict
 
 import structlog
-from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import in_transaction
 from db.models import StockMode
 from db.queries import inventory, orders, products
 from service import metrics
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.failures import StoreUnavailable
+from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound
 from service.domain.stock.buckets import bucket_of
 from service.domain.stock.realign import Realigner, RealignReport
@@ -79,7 +79,7 @@ async def set_mode(engine: AsyncEngine, product_id: int, mode: StockMode) -> Non
 
 
 async def switch_to_database(
-    engine: AsyncEngine, store: StockStore, realigner: Realigner, product_id: int, drain_seconds: float = DRAIN_SECONDS
+    engine: AsyncEngine, store: RedisStores, realigner: Realigner, product_id: int, drain_seconds: float = DRAIN_SECONDS
 ) -> int:
     """Move ``product_id`` from ``redis`` to ``database`` mode (see the module docstring).
     Returns the reservations still in flight when MySQL started serving (0 when all landed;
@@ -90,14 +90,16 @@ async def switch_to_database(
     """
     in_flight = -1
     try:
-        await store.mark_moved(product_id, buckets=await realigner.bucket_count(product_id))
+        await store.stock.mark_moved(product_id, buckets=await realigner.bucket_count(product_id))
         deadline = asyncio.get_running_loop().time() + drain_seconds
         while (in_flight := (await realigner.realign(product_id)).in_flight) > 0:
             if asyncio.get_running_loop().time() > deadline:
                 log.warning("stock_mode_drain_timeout", product_id=product_id, in_flight=in_flight)
                 break
             await asyncio.sleep(_POLL_SECONDS)
-    except (RedisError, OSError) as exc:
+    except StoreUnavailable as exc:
+        if exc.store != "redis":
+            raise
         log.warning("stock_mode_switch_without_redis", product_id=product_id, error=repr(exc))
     await set_mode(engine, product_id, StockMode.DATABASE)
     log.info("stock_mode_switched", product_id=product_id, mode="database", in_flight=in_flight)
@@ -105,26 +107,26 @@ async def switch_to_database(
 
 
 async def switch_to_redis(
-    engine: AsyncEngine, store: StockStore, realigner: Realigner, product_id: int
+    engine: AsyncEngine, store: RedisStores, realigner: Realigner, product_id: int
 ) -> RealignReport:
     """Move ``product_id`` from ``database`` to ``redis`` mode (see the module docstring); returns
     the realignment pass that loaded Redis and opened it.
 
     Raises:
         ProductNotFound: no such product.
-        redis.exceptions.RedisError: Redis failed (MySQL says ``redis``; purchases answer ``503``
+        service.adapters.failures.StoreUnavailable: Redis failed (MySQL says ``redis``; purchases answer ``503``
             until a pass succeeds: run the switch again).
     """
     await set_mode(engine, product_id, StockMode.REDIS)
     buckets = await realigner.bucket_count(product_id)
     async with engine.connect() as conn:
-        window = {"p": product_id, "s": store.replay_ttl_seconds}
+        window = {"p": product_id, "s": store.replays.ttl_seconds}
         recent = (await conn.execute(orders.REPLAYABLE, window)).all()
     by_bucket: dict[int, list[tuple[str, str, int]]] = defaultdict(list)
     for r in recent:
         by_bucket[bucket_of(r.user_id, buckets)].append((r.request_id, r.order_no, r.quantity))
     for bucket, seeds in by_bucket.items():
-        await store.seed_replays(product_id, seeds, bucket=bucket)
+        await store.replays.seed(product_id, seeds, bucket=bucket)
     for _ in range(_OPEN_ATTEMPTS):
         report = await realigner.realign(product_id, open_sale=True)
         if not report.skipped_stale:

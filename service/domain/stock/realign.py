@@ -46,16 +46,16 @@ from typing import cast
 
 import msgspec
 import structlog
-from redis.exceptions import RedisError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
 from service import metrics
 from service.adapters.broker import OrderMessage, Publisher, PublishFailed
-from service.adapters.redis.results import JournalEntry, RealignResult, SaleTerms
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.failures import StoreUnavailable
+from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound, Unavailable
+from service.domain.model.stock import JournalEntry, RealignResult, SaleTerms
 from service.domain.purchase.request_id import reissued_request_id
 from service.domain.stock.buckets import bucket_of, split
 from service.runtime import stop_task
@@ -86,7 +86,7 @@ STALE_RETRIES = 3
 """A pass over several buckets that a newer MySQL state made stale runs again, this many times."""
 _LONGEST_BACKOFF_SECONDS = 300.0
 """An overdue reservation is published again after the grace period, then after twice that,
-four times, ... but at least every five minutes (issue 11: once per back-off, not per pass)."""
+four times, ... but at least every five minutes (once per back-off, not per pass)."""
 
 
 class RealignReport(msgspec.Struct, frozen=True):
@@ -183,7 +183,7 @@ class Realigner:
     def __init__(
         self,
         engine: AsyncEngine,
-        store: StockStore,
+        store: RedisStores,
         grace_seconds: float,
         publisher: Publisher | None = None,
     ) -> None:
@@ -224,14 +224,14 @@ class Realigner:
         buyer who retries with the same Idempotency-Key is answered the order they have, not a
         second one."""
         async with self.engine.connect() as conn:
-            found = await conn.execute(orders.REPLAYABLE, {"p": product_id, "s": self._store.replay_ttl_seconds})
+            found = await conn.execute(orders.REPLAYABLE, {"p": product_id, "s": self._store.replays.ttl_seconds})
             by_bucket: dict[int, list[tuple[str, str, int, int]]] = defaultdict(list)
             for row in found:
                 by_bucket[bucket_of(row.user_id, buckets)].append(
                     (row.request_id, row.order_no, row.quantity, int(row.age))
                 )
         for bucket in sorted(lost & by_bucket.keys()):
-            restored = await self._store.restore_replays(product_id, by_bucket[bucket], bucket=bucket)
+            restored = await self._store.replays.restore(product_id, by_bucket[bucket], bucket=bucket)
             if restored:
                 log.warning("replay_records_restored", product_id=product_id, bucket=bucket, restored=restored)
 
@@ -261,21 +261,21 @@ class Realigner:
         lock = f"realign:{product_id}"
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         lock_ms = round(LOCK_SECONDS * 1000)
-        while not await self._store.try_lock(lock, holder, lock_ms):
+        while not await self._store.leases.lock(lock).acquire(holder, lock_ms):
             if time.monotonic() >= deadline:
                 raise RealignmentBusy(product_id)
             await asyncio.sleep(0.05)
         renewing = asyncio.create_task(self._keep_lock(lock, holder, lock_ms))
         try:
             for _ in range(STALE_RETRIES + 1):
-                pass_no = await self._store.next_pass(product_id)
+                pass_no = await self._store.buckets.next_pass(product_id)
                 report = await self._pass(product_id, False, open_sale, pass_no, favour)
                 if not report.skipped_stale:
                     break
             return report
         finally:
             await stop_task(renewing)
-            await self._store.unlock(lock, holder)
+            await self._store.leases.lock(lock).release(holder)
 
     async def _keep_lock(self, lock: str, holder: str, lock_ms: int) -> None:
         """Renew ``holder``'s ``lock`` every third of ``lock_ms`` until cancelled; a failed renewal
@@ -283,9 +283,9 @@ class Realigner:
         while True:
             await asyncio.sleep(lock_ms / 3000)
             try:
-                if not await self._store.renew_lock(lock, holder, lock_ms):
+                if not await self._store.leases.lock(lock).renew(holder, lock_ms):
                     log.warning("realign_lock_lost", lock=lock)
-            except (RedisError, OSError) as exc:
+            except StoreUnavailable as exc:
                 log.warning("realign_lock_renewal_failed", lock=lock, error=repr(exc))
 
     async def bucket_count(self, product_id: int) -> int:
@@ -306,7 +306,7 @@ class Realigner:
         """One snapshot and one ``realign.lua`` call per bucket; with ``pass_no`` > 0 (a writing
         pass over several buckets) the buckets are drained, then filled."""
         buckets = await self.bucket_count(product_id)
-        sizes = [await self._store.journal_size(product_id, bucket=bucket) for bucket in range(buckets)]
+        sizes = [await self._store.stock.journal_size(product_id, bucket=bucket) for bucket in range(buckets)]
         views: list[_BucketView] = []
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="REPEATABLE READ")
@@ -317,7 +317,7 @@ class Realigner:
                 raise ProductNotFound(product_id)
             mysql_stock, mysql_sold, version = row.stock, row.sold, row.version
             for bucket, size in enumerate(sizes):
-                journal = await self._store.journal(product_id, bucket=bucket)
+                journal = await self._store.stock.journal(product_id, bucket=bucket)
                 incremental = size is not None and size > FULL_PASS_MAX_ENTRIES
                 views.append(_BucketView(bucket, size, incremental, journal, await _resolved(conn, journal)))
             held: dict[int, list[tuple[str, int]]] = defaultdict(list)
@@ -352,12 +352,12 @@ class Realigner:
             stock_after = max(mysql_stock - in_flight_units, 0)
             if pass_no and not stale:
                 for bucket, share in enumerate(split(stock_after, buckets, favour)):
-                    stale = not await self._store.fill_bucket(product_id, bucket, pass_no, share) or stale
+                    stale = not await self._store.buckets.fill(product_id, bucket, pass_no, share) or stale
         befores = [result.stock_before for result in results]
 
         republished = 0
         if not dry_run and self._publisher is not None:
-            cutoff = await self._store.server_time_ms() - self._grace_ms
+            cutoff = await self._store.stock.server_time_ms() - self._grace_ms
             for view in views:
                 republished += await self._republish_overdue(product_id, row.price, view, cutoff)
 
@@ -399,14 +399,14 @@ class Realigner:
         if view.incremental:
             pending = (len(view.resolved), sum(entry.quantity for entry, _ in view.resolved.values()))
             if not dry_run:
-                dropped, _ = await self._store.drop_resolved(
+                dropped, _ = await self._store.stock.drop_resolved(
                     product_id,
                     version,
                     [(request_id, entry.order_no, rejected) for request_id, (entry, rejected) in view.resolved.items()],
                     bucket=view.bucket,
                 )
                 pending = (0, 0)
-        result = await self._store.realign(
+        result = await self._store.stock.realign(
             product_id,
             mysql_stock=mysql_stock,
             inventory_version=version,
@@ -430,7 +430,7 @@ class Realigner:
             e.request_id for e in view.journal if e.request_id not in view.resolved and e.reserved_at_ms < cutoff_ms
         ]
         due = set(
-            await self._store.republish_due(
+            await self._store.stock.republish_due(
                 product_id, overdue, self._grace_ms / 1000, _LONGEST_BACKOFF_SECONDS, bucket=view.bucket
             )
         )
@@ -489,7 +489,7 @@ class Realigner:
                 continue
             count += 1
             published.append({"request_id": entry.request_id, "order_no": entry.order_no})
-            await self._store.mark_queued_if_pending(product_id, entry.request_id, bucket=bucket)
+            await self._store.replays.mark_queued_if_pending(product_id, entry.request_id, bucket=bucket)
         if count:
             log.warning("republished_stale_reservations", product_id=product_id, count=count, orders=published)
         return count

@@ -1,4 +1,4 @@
-"""Recovery that runs by itself wherever the API runs (issue 11): no person has to run
+"""Recovery that runs by itself wherever the API runs: no person has to run
 realignment for the service to heal.
 
 Every API process runs one :class:`Recovery` task. Every ``every_seconds`` (and at once when a
@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound
 from service.domain.stock.realign import Realigner
 from service.runtime import stop_task
@@ -60,7 +60,7 @@ class Recovery:
     def __init__(
         self,
         realigner: Realigner,
-        store: StockStore,
+        store: RedisStores,
         every_seconds: float,
         after_pass: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
@@ -110,10 +110,10 @@ class Recovery:
 
         Raises: whatever Redis, MySQL or RabbitMQ raise (the task logs it and tries again).
         """
-        if not await self._store.try_lock("recovery", self._holder, LOCK_SECONDS * 1000):
+        if not await self._store.leases.lock("recovery").acquire(self._holder, LOCK_SECONDS * 1000):
             for product_id in list(self.repairing):
                 buckets = await self._realigner.bucket_count(product_id)
-                if await self._store.stock(product_id, buckets=buckets) is not None:
+                if await self._store.stock.units(product_id, buckets=buckets) is not None:
                     self.repairing.discard(product_id)
             return False
         try:
@@ -126,7 +126,7 @@ class Recovery:
                     log.warning("redis_state_repaired", product_id=product_id)
                     self.repairing.discard(product_id)
         finally:
-            await self._store.unlock("recovery", self._holder)
+            await self._store.leases.lock("recovery").release(self._holder)
         now = asyncio.get_running_loop().time()
         if self._after_pass is not None and now - self._after_pass_at >= AFTER_PASS_SECONDS:
             self._after_pass_at = now

@@ -14,16 +14,10 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from service.adapters.redis.results import (
-    ClaimOutcome,
-    ReleaseOutcome,
-    ReserveOutcome,
-    RestockOutcome,
-    SaleTerms,
-)
-from service.adapters.redis.stock_store import new_attempt
+from service.adapters.redis.reservations import new_attempt
+from service.adapters.redis.stores import make_stores
 from service.api.app import create_app
-from service.bootstrap import make_store
+from service.domain.model.stock import ClaimOutcome, ReleaseOutcome, ReserveOutcome, RestockOutcome, SaleTerms
 from service.domain.order_numbers.format import compose_order_no
 from service.settings import Settings
 from tests.support import PausableProxy, buy, private_redis, serving
@@ -70,45 +64,47 @@ async def test_ready_comes_back_after_script_flush_without_a_purchase(api, own_r
 
 async def test_every_script_runs_after_a_flush(own_redis, product_id):
     on_redis, raw = own_redis
-    store = make_store(on_redis)
+    store = make_stores(on_redis)
     try:
-        await store.load()
+        await store.scripts.load()
         terms = SaleTerms(starts_ms=0, ends_ms=0, per_user_limit=5, price=100)
 
         await raw.script_flush()
-        loaded = await store.realign(
+        loaded = await store.stock.realign(
             product_id, mysql_stock=10, inventory_version=1, terms=terms, resolved=(), units_held=(), dry_run=False
         )
         assert loaded.stock_after == 10
 
         first, second = "0" * 31 + "1", "0" * 31 + "2"
         await raw.script_flush()
-        reserved = await store.reserve(
+        reserved = await store.reservations.reserve(
             product_id, first, "u1", 1, compose_order_no("FS", "20261130000000", 1, 1), new_attempt()
         )
         assert reserved.outcome is ReserveOutcome.RESERVED
         second_attempt = new_attempt()
-        await store.reserve(product_id, second, "u2", 1, compose_order_no("FS", "20261130000000", 1, 2), second_attempt)
+        await store.reservations.reserve(
+            product_id, second, "u2", 1, compose_order_no("FS", "20261130000000", 1, 2), second_attempt
+        )
 
         await raw.script_flush()
-        assert await store.claim(product_id, first) is ClaimOutcome.HELD
+        assert await store.reservations.claim(product_id, first) is ClaimOutcome.HELD
         await raw.script_flush()
-        assert await store.release(product_id, second, second_attempt) is ReleaseOutcome.RELEASED
+        assert await store.reservations.release(product_id, second, second_attempt) is ReleaseOutcome.RELEASED
         await raw.script_flush()
-        restocked = await store.restock(
+        restocked = await store.reservations.restock(
             product_id, compose_order_no("FS", "20261130000000", 1, 1), "u1", 1, 2, release_quota=True
         )
         assert restocked is RestockOutcome.RETURNED
 
-        assert await store.acquire_lease(42, "me", 10_000)
+        assert await store.leases.shard(42).acquire("me", 10_000)
         await raw.script_flush()
-        assert await store.renew_lease(42, "me", 10_000)
+        assert await store.leases.shard(42).renew("me", 10_000)
         await raw.script_flush()
-        assert await store.release_lease(42, "me")
+        assert await store.leases.shard(42).release("me")
 
         await raw.script_flush()
-        assert await store.ready()
-        assert all(await raw.script_exists(*(script.sha for script in store._scripts)))
+        assert await store.scripts.ready()
+        assert all(await raw.script_exists(*store.scripts.shas))
     finally:
         await store.aclose()
 

@@ -253,7 +253,7 @@ async def test_realign_and_sweep_watch_wait_for_stores_and_outlive_outages(setti
 
                 async def aligned() -> bool:
                     try:
-                        return await resources.store.stock(product_id) == 7
+                        return await resources.store.stock.units(product_id) == 7
                     except Exception:
                         return False
 

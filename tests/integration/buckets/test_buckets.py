@@ -9,8 +9,9 @@ from collections import Counter
 
 from redis.crc import key_slot
 
-from service.adapters.redis.results import ReserveOutcome
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.buckets import StockBuckets
+from service.adapters.redis.stores import open_stores
+from service.domain.model.stock import ReserveOutcome
 from service.domain.stock import realign as realign_module
 from service.domain.stock.buckets import bucket_of
 from service.domain.stock.realign import Realigner
@@ -26,7 +27,7 @@ def users_in(bucket: int, count: int, prefix: str, buckets: int = K) -> list[str
 
 
 async def bucket_stocks(store, product_id: int) -> list[int | None]:
-    return [stock for stock, _ in await store.bucket_states(product_id, K)]
+    return [stock for stock, _ in await store.buckets.states(product_id, K)]
 
 
 async def test_each_bucket_has_its_own_slot_and_a_share_of_the_stock(client, put_product, product_id, store):
@@ -107,7 +108,7 @@ async def test_a_cancelled_unit_goes_back_to_the_buyers_bucket(
     cancelled = await client.post(f"/api/v1/orders/{order_no}/cancel", headers=token(user))
     assert cancelled.status_code == 200, cancelled.text
     assert await bucket_stocks(store, product_id) == [3, 3, 3]
-    assert await store.quota(product_id, buckets=K) == {}
+    assert await store.stock.quota(product_id, buckets=K) == {}
     assert (await buy(client, token(user), product_id)).status_code == 202
 
 
@@ -142,7 +143,7 @@ async def test_the_bucket_count_is_fixed_and_a_caller_with_another_is_told(
     assert (await client.put(f"/api/v1/admin/products/{product_id}", json={"stock": 12}, headers=admin)).is_success
     assert await bucket_stocks(store, product_id) == [4, 4, 4]
 
-    reply = await store.reserve(product_id, "r-1", "someone", 1, "X", "attempt", bucket=0, buckets=1)
+    reply = await store.reservations.reserve(product_id, "r-1", "someone", 1, "X", "attempt", bucket=0, buckets=1)
     assert (reply.outcome, reply.buckets) == (ReserveOutcome.REBUCKET, K)
     assert await bucket_stocks(store, product_id) == [4, 4, 4]
 
@@ -198,20 +199,20 @@ async def test_a_pass_over_every_product_leaves_a_locked_one_to_the_next(
     other = new_product_id()
     await put_product(product_id, stock=9, limit=1, buckets=K)
     await put_product(other, stock=5, limit=1)
-    assert await store.try_lock(f"realign:{product_id}", "a killed process", 60_000)
+    assert await store.leases.lock(f"realign:{product_id}").acquire("a killed process", 60_000)
     await redis.set(store.product_keys(other).stock, 2)
     reports = {report.product_id: report for report in await Realigner(engine, store, grace_seconds=60).realign_all()}
     assert product_id not in reports
-    assert (reports[other].drift, await store.stock(other)) == (-3, 5)
+    assert (reports[other].drift, await store.stock.units(other)) == (-3, 5)
 
 
-class _SlowFill(StockStore):
-    """The real store on the real Redis; each bucket's fill waits first, so a rebalancing pass
+class _SlowFill(StockBuckets):
+    """The real buckets on the real Redis; each bucket's fill waits first, so a rebalancing pass
     outlasts its lock's time to live several times over."""
 
-    async def fill_bucket(self, *args, **kwargs):
+    async def fill(self, *args, **kwargs):
         await asyncio.sleep(0.5)
-        return await super().fill_bucket(*args, **kwargs)
+        return await super().fill(*args, **kwargs)
 
 
 async def test_a_long_pass_keeps_its_lock_and_a_dead_ones_lock_expires_quickly(
@@ -219,14 +220,15 @@ async def test_a_long_pass_keeps_its_lock_and_a_dead_ones_lock_expires_quickly(
 ):
     monkeypatch.setattr(realign_module, "LOCK_SECONDS", 0.3)
     await put_product(product_id, stock=9, limit=1, buckets=K)
-    slow = _SlowFill(redis, settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds)
+    slow = open_stores(redis, settings.redis.key_prefix, replay_ttl_seconds=settings.orders.replay_ttl_seconds)
+    slow.buckets = _SlowFill(redis, slow.scripts, slow.restocks, settings.redis.key_prefix)
     running = asyncio.create_task(Realigner(engine, slow, grace_seconds=60).realign(product_id))
     await asyncio.sleep(1.0)  # > 3 x the lock's time to live, the pass still filling
     assert not running.done()
-    assert not await store.try_lock(f"realign:{product_id}", "another", 300)  # renewed, still held
+    assert not await store.leases.lock(f"realign:{product_id}").acquire("another", 300)  # renewed, still held
     await running
     assert await bucket_stocks(store, product_id) == [3, 3, 3]
     # A holder that stops renewing (a killed process) loses it after one time to live.
-    assert await store.try_lock(f"realign:{product_id}", "killed", 300)
+    assert await store.leases.lock(f"realign:{product_id}").acquire("killed", 300)
     await asyncio.sleep(0.5)
-    assert await store.try_lock(f"realign:{product_id}", "next", 300)
+    assert await store.leases.lock(f"realign:{product_id}").acquire("next", 300)

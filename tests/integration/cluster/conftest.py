@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from consumers.order_consumer import OrderConsumer
 from db.engine import make_engine
 from db.migrate import upgrade
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.client import make_redis
+from service.adapters.redis.stores import RedisStores, open_stores
 from service.api.app import create_app
-from service.bootstrap import make_redis
 from service.sale.isolation import isolated_settings, new_run_id
 from service.sale.stores import tear_down
 from service.settings import Settings
@@ -67,8 +67,8 @@ async def cluster_redis(cluster_settings: Settings) -> AsyncIterator[RedisCluste
 
 
 @pytest.fixture(scope="package")
-def cluster_store(cluster_redis: RedisCluster, cluster_settings: Settings) -> StockStore:
-    return StockStore(cluster_redis, cluster_settings.redis.key_prefix)
+def cluster_store(cluster_redis: RedisCluster, cluster_settings: Settings) -> RedisStores:
+    return open_stores(cluster_redis, cluster_settings.redis.key_prefix)
 
 
 @pytest.fixture(scope="package")
@@ -79,7 +79,7 @@ async def cluster_client(cluster_settings: Settings) -> AsyncIterator[httpx.Asyn
 
 @pytest.fixture
 async def cluster_consumer(
-    cluster_settings: Settings, cluster_engine: AsyncEngine, cluster_store: StockStore
+    cluster_settings: Settings, cluster_engine: AsyncEngine, cluster_store: RedisStores
 ) -> AsyncIterator[OrderConsumer]:
     async with running_consumer(cluster_settings, cluster_engine, cluster_store) as consumer:
         yield consumer

@@ -19,10 +19,12 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from db.models import OrderStatus as S
+from service.adapters.failures import StoreUnavailable
+from service.adapters.redis.client import _Tuned
 from service.adapters.redis.eviction import EvictionPolicy
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import RedisStores, make_stores
 from service.api.auth import issue_token
-from service.bootstrap import DependencyUnreachable, _Tuned, check_dependencies, make_store
+from service.bootstrap import DependencyUnreachable, check_dependencies
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.orders.lifecycle import expire_unpaid
@@ -40,7 +42,7 @@ def _headers(settings: Settings, user: str, admin: bool = False) -> dict[str, st
     return {"Authorization": f"Bearer {issue_token(settings.auth.jwt_secret, user, admin)}"}
 
 
-async def _one_product_per_master(redis: RedisCluster, store: StockStore) -> list[int]:
+async def _one_product_per_master(redis: RedisCluster, store: RedisStores) -> list[int]:
     """Fresh product ids whose slots lie on three different masters."""
     await redis.initialize()
     chosen: dict[str, int] = {}
@@ -82,7 +84,7 @@ async def test_300_concurrent_buyers_over_three_masters_get_exactly_the_stock(
         rows = await eventually(lambda pid=product_id: _rows_when(cluster_engine, pid, 40))
         assert len(rows) == 40
         assert await inventory(cluster_engine, product_id) == (0, 40)
-        assert await cluster_store.stock(product_id) == 0
+        assert await cluster_store.stock.units(product_id) == 0
 
     reports = await Realigner(cluster_engine, cluster_store, grace_seconds=0).realign_all()
     mine = [r for r in reports if r.product_id in products]
@@ -116,10 +118,10 @@ async def test_a_hot_product_split_over_three_buckets_on_three_masters_sells_exa
     rows = await eventually(lambda: _rows_when(cluster_engine, product_id, 60))
     assert Counter(row.status for row in rows) == {S.PENDING_PAYMENT: 60}
     assert await inventory(cluster_engine, product_id) == (0, 60)
-    assert await cluster_store.stock(product_id, buckets=3) == 0
+    assert await cluster_store.stock.units(product_id, buckets=3) == 0
 
 
-def _bucket_key(store: StockStore, product_id: int, bucket: int) -> str:
+def _bucket_key(store: RedisStores, product_id: int, bucket: int) -> str:
     return store.product_keys(product_id, bucket).stock
 
 
@@ -192,7 +194,7 @@ async def test_pay_cancel_and_sweep_on_the_cluster(
         assert await status_of(cluster_engine, order_no) is expected[user]
     for product_id in products:
         assert await inventory(cluster_engine, product_id) == (2, 1)
-        assert await cluster_store.stock(product_id) == 2
+        assert await cluster_store.stock.units(product_id) == 2
 
 
 async def test_minting_over_several_shards_and_seconds_is_unique(cluster_settings, cluster_engine, cluster_store):
@@ -249,7 +251,7 @@ async def _rows_when(engine, product_id: int, count: int):
 
 
 async def test_every_node_connects_with_the_tuned_connection(cluster_redis):
-    """Health check with one re-open and hiredis packing (``_Tuned`` in service/bootstrap.py) on
+    """Health check with one re-open and hiredis packing (``_Tuned`` in service/adapters/redis/client.py) on
     every node the cluster client discovered, not only the one it started from."""
     await cluster_redis.ping(target_nodes=RedisCluster.ALL_NODES)
     nodes = cluster_redis.get_nodes()
@@ -260,15 +262,17 @@ async def test_every_node_connects_with_the_tuned_connection(cluster_redis):
 
 async def test_an_unreachable_cluster_is_a_redis_connection_error_naming_the_url(settings):
     """redis-py raises RedisClusterException (no RedisError) when no node answers: the start-up
-    check must still say which variable and where, and the purchase path must see a RedisError."""
+    check must still say which variable and where, and the purchase path must see Redis unavailable
+    (a Redis ConnectionError, translated at the adapter's boundary)."""
     url = f"redis://127.0.0.1:{free_port()}/0"
     nowhere = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": url, "cluster": True})})
     with pytest.raises(DependencyUnreachable, match="FLASHSALE_REDIS__URL: cannot reach Redis at 127.0.0.1"):
         await check_dependencies(nowhere, amqp=False, mysql=False)
-    store = make_store(nowhere)
+    store = make_stores(nowhere)
     try:
-        with pytest.raises(RedisConnectionError):
-            await store.reserve(1, "r", "u", 1, "FS0", "a")
+        with pytest.raises(StoreUnavailable) as raised:
+            await store.reservations.reserve(1, "r", "u", 1, "FS0", "a")
+        assert isinstance(raised.value.__cause__, RedisConnectionError)
     finally:
         await store.aclose()
 
@@ -292,7 +296,7 @@ async def test_the_commands_run_on_the_cluster(cluster_settings, cluster_redis, 
             _cli, settings, "product", "set", str(product_id), "--stock", "7", "--stock-mode", "redis", "--json"
         )
         assert done.returncode == 0, done.stderr[-2000:]
-        assert await cluster_store.stock(product_id) == 7
+        assert await cluster_store.stock.units(product_id) == 7
     port = free_port()
     async with (
         flashsale_process(settings, f"http://127.0.0.1:{port}/api/v1/health/ready", "serve", "--port", str(port),
@@ -315,7 +319,7 @@ async def test_the_commands_run_on_the_cluster(cluster_settings, cluster_redis, 
         assert done.returncode == 0, (args, done.stderr[-2000:])
     for product_id in products:
         assert await inventory(cluster_engine, product_id) == (0, 7)
-        assert await cluster_store.stock(product_id) == 0
+        assert await cluster_store.stock.units(product_id) == 0
 
 
 @pytest.mark.slow
@@ -347,17 +351,17 @@ async def test_recovery_reloads_products_redis_lost_on_every_master_under_its_lo
         await _put(cluster_client, cluster_settings, product_id, stock=9)
         keys = cluster_store.product_keys(product_id)
         await cluster_redis.unlink(keys.stock, keys.sale, keys.units)  # one slot per product: as Redis lost them
-        assert await cluster_store.stock(product_id) is None
+        assert await cluster_store.stock.units(product_id) is None
     realigner = Realigner(cluster_engine, cluster_store, grace_seconds=60)
     first, second = Recovery(realigner, cluster_store, 60), Recovery(realigner, cluster_store, 60)
     for product_id in products:
         first.not_loaded(product_id)
-    assert await cluster_store.try_lock("recovery", "another-process", 10_000)
+    assert await cluster_store.leases.lock("recovery").acquire("another-process", 10_000)
     assert await first.run_once() is False  # the lock is held elsewhere
-    assert await cluster_store.unlock("recovery", "another-process")
+    assert await cluster_store.leases.lock("recovery").release("another-process")
     assert await first.run_once() is True
     assert first.repairing == set()
-    assert [await cluster_store.stock(product_id) for product_id in products] == [9, 9, 9]
+    assert [await cluster_store.stock.units(product_id) for product_id in products] == [9, 9, 9]
     assert await second.run_once() is True  # the lock was given back
 
 
@@ -375,5 +379,5 @@ async def test_a_master_that_lost_its_scripts_gets_them_back(
     assert response.status_code == 202, response.text
     await cluster_redis.execute_command("SCRIPT FLUSH", target_nodes=node)
     assert (await cluster_client.get("/api/v1/health/ready")).status_code == 200
-    shas = [script.sha for script in cluster_store._scripts]
+    shas = cluster_store.scripts.shas
     assert all(await cluster_redis.execute_command("SCRIPT EXISTS", *shas, target_nodes=node))

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from service.adapters.broker import OrderMessage, encode_order, queue_depth
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import open_stores
 from service.domain.fulfilment.order_writer import Outcome, apply_order
 from service.sale.isolation import environment
 from tests.support import (
@@ -35,7 +35,7 @@ async def reserved_message(client, token, redis, settings, product_id, user) -> 
     response = await client.post("/api/v1/orders", json={"product_id": product_id, "quantity": 1}, headers=token(user))
     assert response.status_code == 202
     body = response.json()
-    journal = await StockStore(redis, settings.redis.key_prefix).journal(product_id)
+    journal = await open_stores(redis, settings.redis.key_prefix).stock.journal(product_id)
     reserved_at = next(entry.reserved_at_ms for entry in journal if entry.request_id == body["request_id"])
     return OrderMessage(body["request_id"], body["order_no"], user, product_id, 1, reserved_at, 1500)
 

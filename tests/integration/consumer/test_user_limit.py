@@ -100,8 +100,8 @@ async def test_buyers_whose_redis_quota_is_deleted_mid_sale_never_end_over_the_l
     # Redis stock and quotas come back from MySQL.
     realigned = await client.post(f"/api/v1/admin/realign?product_id={product_id}", headers=admin)
     assert realigned.status_code == 200, realigned.text
-    assert await store.stock(product_id) == 100 - limit * len(users)
-    assert await store.quota(product_id) == dict.fromkeys(users, limit)
+    assert await store.stock.units(product_id) == 100 - limit * len(users)
+    assert await store.stock.quota(product_id) == dict.fromkeys(users, limit)
 
 
 async def test_a_cancel_gives_the_mysql_count_back_and_the_buyer_may_buy_again(

@@ -173,7 +173,7 @@ async def test_purge_of_an_order_mysql_has_gives_nothing_back(mine, engine, stor
     [purged] = await service.purge([accepted.request_id])
     assert purged.outcome is PurgeOutcome.ALREADY_IN_MYSQL and purged.realign is None
     assert await inventory(engine, product_id) == (3, 1)
-    assert await store.stock(product_id) == 3
+    assert await store.stock.units(product_id) == 3
 
 
 @pytest.mark.slow

@@ -3,14 +3,14 @@
 Every reserve carries an attempt token; ``lua/release.lua`` gives back only a ``pending``
 reservation made by that attempt, and when the attempt holds nothing it marks it abandoned, so
 the attempt's reserve, should it reach Redis later, writes nothing. Real Redis, real scripts
-through the StockStore; a reply lost on the wire is lost by a TCP proxy
+through the RedisStores; a reply lost on the wire is lost by a TCP proxy
 (``tests.support.ReplySwallowingProxy``) in front of the real Redis.
 """
 
 from __future__ import annotations
 
-from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
 from service.bootstrap import open_api
+from service.domain.model.stock import ReleaseOutcome, ReserveOutcome
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from tests.support import (
@@ -78,7 +78,7 @@ async def test_a_concurrent_first_attempt_whose_reply_is_lost_leaves_the_other_r
     keys = store.product_keys(product_id)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000000", 96, product_id % 1_000_000)
-    first = await store.reserve(product_id, request_id, "victim", 1, order_no, "attempt-a")
+    first = await store.reservations.reserve(product_id, request_id, "victim", 1, order_no, "attempt-a")
     assert first.outcome is ReserveOutcome.RESERVED
     before = await redis_state(redis, settings, product_id)
     record_before = await redis.hgetall(keys.replay(request_id))
@@ -95,7 +95,7 @@ async def test_a_concurrent_first_attempt_whose_reply_is_lost_leaves_the_other_r
     assert {k: v for k, v in record_after.items() if k not in abandoned} == record_before
 
     # A's publish fails after all: A (and only A) gives its reservation back.
-    assert await store.release(product_id, request_id, "attempt-a") is ReleaseOutcome.RELEASED
+    assert await store.reservations.release(product_id, request_id, "attempt-a") is ReleaseOutcome.RELEASED
     final = await redis_state(redis, settings, product_id)
     assert (final["stock"], final["journal"], final["quota"]) == ("3", {}, {})
 
@@ -111,18 +111,18 @@ async def test_a_reserve_arriving_after_its_attempt_was_answered_503_writes_noth
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000000", 95, product_id % 1_000_000)
 
-    assert await store.release(product_id, request_id, "late") is ReleaseOutcome.ABSENT
-    assert await store.release(product_id, request_id, "late") is ReleaseOutcome.ABSENT  # idempotent
+    assert await store.reservations.release(product_id, request_id, "late") is ReleaseOutcome.ABSENT
+    assert await store.reservations.release(product_id, request_id, "late") is ReleaseOutcome.ABSENT  # idempotent
     ttl = await redis.ttl(keys.replay(request_id))
     assert 0 < ttl <= settings.orders.replay_ttl_seconds
 
-    late = await store.reserve(product_id, request_id, "u", 1, order_no, "late")
+    late = await store.reservations.reserve(product_id, request_id, "u", 1, order_no, "late")
     assert (late.outcome, late.order_no) == (ReserveOutcome.ABANDONED, "")
     state = await redis_state(redis, settings, product_id)
     assert (state["stock"], state["journal"], state["quota"]) == ("3", {}, {})
     assert await redis.hgetall(keys.replay(request_id)) == {"abandoned:late": "1"}
 
-    retry = await store.reserve(product_id, request_id, "u", 1, order_no, "retry")
+    retry = await store.reservations.reserve(product_id, request_id, "u", 1, order_no, "retry")
     assert (retry.outcome, retry.order_no) == (ReserveOutcome.RESERVED, order_no)
     state = await redis_state(redis, settings, product_id)
     assert (state["stock"], list(state["journal"]), state["quota"]) == ("2", [request_id], {"u": "1"})
@@ -139,14 +139,20 @@ async def test_a_retry_after_a_released_attempt_reuses_its_order_number(
     first_no = compose_order_no("FS", "20261130000000", 94, product_id % 1_000_000)
     other_no = compose_order_no("FS", "20261130000001", 94, product_id % 1_000_000)
 
-    assert (await store.reserve(product_id, request_id, "u", 1, first_no, "a")).outcome is ReserveOutcome.RESERVED
-    assert await store.release(product_id, request_id, "a") is ReleaseOutcome.RELEASED
-    assert await store.release(product_id, request_id, "b") is ReleaseOutcome.ABSENT
-    assert (await store.reserve(product_id, request_id, "u", 1, other_no, "b")).outcome is ReserveOutcome.ABANDONED
+    assert (
+        await store.reservations.reserve(product_id, request_id, "u", 1, first_no, "a")
+    ).outcome is ReserveOutcome.RESERVED
+    assert await store.reservations.release(product_id, request_id, "a") is ReleaseOutcome.RELEASED
+    assert await store.reservations.release(product_id, request_id, "b") is ReleaseOutcome.ABSENT
+    assert (
+        await store.reservations.reserve(product_id, request_id, "u", 1, other_no, "b")
+    ).outcome is ReserveOutcome.ABANDONED
 
-    retry = await store.reserve(product_id, request_id, "u", 1, other_no, "c")
+    retry = await store.reservations.reserve(product_id, request_id, "u", 1, other_no, "c")
     assert (retry.outcome, retry.order_no) == (ReserveOutcome.RESERVED, first_no)
-    assert await store.release(product_id, request_id, "a") is ReleaseOutcome.ABSENT  # A's late second release
+    assert (
+        await store.reservations.release(product_id, request_id, "a") is ReleaseOutcome.ABSENT
+    )  # A's late second release
     state = await redis_state(redis, settings, product_id)
     assert (state["stock"], list(state["journal"]), state["quota"]) == ("2", [request_id], {"u": "1"})
     record = await redis.hmget(keys.replay(request_id), "state", "order_no", "attempt")
@@ -159,8 +165,10 @@ async def test_a_release_never_gives_back_a_queued_reservation(settings, put_pro
     await put_product(product_id, stock=3, limit=1)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000000", 93, product_id % 1_000_000)
-    assert (await store.reserve(product_id, request_id, "u", 1, order_no, "a")).outcome is ReserveOutcome.RESERVED
-    assert await store.mark_queued_if_pending(product_id, request_id)
-    assert await store.release(product_id, request_id, "a") is ReleaseOutcome.CLAIMED
+    assert (
+        await store.reservations.reserve(product_id, request_id, "u", 1, order_no, "a")
+    ).outcome is ReserveOutcome.RESERVED
+    assert await store.replays.mark_queued_if_pending(product_id, request_id)
+    assert await store.reservations.release(product_id, request_id, "a") is ReleaseOutcome.CLAIMED
     state = await redis_state(redis, settings, product_id)
     assert (state["stock"], list(state["journal"]), state["quota"]) == ("2", [request_id], {"u": "1"})

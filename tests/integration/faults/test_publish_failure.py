@@ -76,10 +76,12 @@ async def test_release_after_a_consumer_claimed_keeps_the_order(store, put_produ
     await put_product(product_id, stock=3, limit=1)
     keys = store.product_keys(product_id)
     request_id = "0" * 31 + "1"
-    outcome = await store.reserve(product_id, request_id, "u", 1, compose_order_no("FS", "20261130000000", 98, 1), "a1")
+    outcome = await store.reservations.reserve(
+        product_id, request_id, "u", 1, compose_order_no("FS", "20261130000000", 98, 1), "a1"
+    )
     assert outcome.outcome == "reserved"
-    assert await store.claim(product_id, request_id) == "held"
-    release = await store.release(product_id, request_id, "a1")
+    assert await store.reservations.claim(product_id, request_id) == "held"
+    release = await store.reservations.release(product_id, request_id, "a1")
     assert release == "claimed"
     assert await redis.get(keys.stock) == "2"
     assert request_id in await redis.hgetall(keys.journal)
@@ -90,9 +92,9 @@ async def test_late_copy_of_a_released_message_is_dropped(store, put_product, pr
     keys = store.product_keys(product_id)
     request_id = "0" * 31 + "2"
     order_no = compose_order_no("FS", "20261130000000", 98, 2)
-    reserved_at = (await store.reserve(product_id, request_id, "u", 1, order_no, "a2")).reserved_at_ms
-    assert await store.release(product_id, request_id, "a2") == "released"
-    assert await store.release(product_id, request_id, "a2") == "absent"  # idempotent
+    reserved_at = (await store.reservations.reserve(product_id, request_id, "u", 1, order_no, "a2")).reserved_at_ms
+    assert await store.reservations.release(product_id, request_id, "a2") == "released"
+    assert await store.reservations.release(product_id, request_id, "a2") == "absent"  # idempotent
 
     consumer = OrderConsumer(engine, store)
     late = _FakeDelivery(encode_order(OrderMessage(request_id, order_no, "u", product_id, 1, reserved_at, 1500)))

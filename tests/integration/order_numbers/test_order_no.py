@@ -11,19 +11,19 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import open_stores
 from service.domain.order_numbers.format import COUNTER_MAX, REDIS_SHARDS, is_valid_order_no
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease, ShardLost
 from service.sale.isolation import environment
 
 
 async def test_a_used_up_second_waits_for_the_next_instead_of_wrapping(redis, settings, engine):
-    store = StockStore(redis, f"{settings.redis.key_prefix}-wrap")
+    store = open_stores(redis, f"{settings.redis.key_prefix}-wrap")
     lease = ShardLease(store, 30)
     shard = await lease.acquire()
     try:
         second = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
-        await redis.set(store.sequence_key(shard, second), COUNTER_MAX, ex=30)
+        await redis.set(store.sequences.key(shard, second), COUNTER_MAX, ex=30)
         order_no = await OrderNumberMinter(store, lease, "FS", ShardGenerations(engine)).mint()
         assert is_valid_order_no(order_no)
         assert order_no[2:16] > second
@@ -48,7 +48,7 @@ def _sequence(order_no: str) -> int:
 
 
 async def test_a_block_is_given_out_locally_and_a_new_second_takes_a_new_block(redis, settings, engine):
-    store = StockStore(redis, f"{settings.redis.key_prefix}-block")
+    store = open_stores(redis, f"{settings.redis.key_prefix}-block")
     lease = ShardLease(store, 30)
     shard = await lease.acquire()
     clock = _Clock(datetime(2026, 11, 30, 12, 0, 0, 250_000, tzinfo=UTC))
@@ -56,12 +56,12 @@ async def test_a_block_is_given_out_locally_and_a_new_second_takes_a_new_block(r
         minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine), block=3, clock=clock)
         first_second = [await minter.mint() for _ in range(4)]
         assert [_sequence(n) for n in first_second] == [1, 2, 3, 4]
-        assert await redis.get(store.sequence_key(shard, "20261130120000")) == "6"  # two blocks of 3
+        assert await redis.get(store.sequences.key(shard, "20261130120000")) == "6"  # two blocks of 3
 
         clock.now += timedelta(seconds=1)
         next_second = await minter.mint()
         assert next_second[2:16] == "20261130120001" and _sequence(next_second) == 1
-        assert await redis.get(store.sequence_key(shard, "20261130120001")) == "3"
+        assert await redis.get(store.sequences.key(shard, "20261130120001")) == "3"
 
         # Another process that takes the shard over within the same second continues after
         # this process's blocks; the first keeps giving out its own block: no number twice.
@@ -75,7 +75,7 @@ async def test_a_block_is_given_out_locally_and_a_new_second_takes_a_new_block(r
 
 
 async def test_concurrent_mints_share_blocks_without_repeats(redis, settings, engine):
-    store = StockStore(redis, f"{settings.redis.key_prefix}-blocks")
+    store = open_stores(redis, f"{settings.redis.key_prefix}-blocks")
     lease = ShardLease(store, 30)
     shard = await lease.acquire()
     clock = _Clock(datetime(2026, 11, 30, 12, 0, 1, tzinfo=UTC))
@@ -83,18 +83,18 @@ async def test_concurrent_mints_share_blocks_without_repeats(redis, settings, en
         minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine), block=100, clock=clock)
         numbers = await asyncio.gather(*(minter.mint() for _ in range(500)))
         assert sorted(_sequence(n) for n in numbers) == list(range(1, 501))
-        assert await redis.get(store.sequence_key(shard, "20261130120001")) == "500"  # five INCRBY, no waste
+        assert await redis.get(store.sequences.key(shard, "20261130120001")) == "500"  # five INCRBY, no waste
     finally:
         await lease.stop()
 
 
 async def test_a_block_that_reaches_the_end_of_a_second_stops_there(redis, settings, engine):
-    store = StockStore(redis, f"{settings.redis.key_prefix}-block-end")
+    store = open_stores(redis, f"{settings.redis.key_prefix}-block-end")
     lease = ShardLease(store, 30)
     shard = await lease.acquire()
     try:
         second = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
-        await redis.set(store.sequence_key(shard, second), COUNTER_MAX - 1, ex=30)
+        await redis.set(store.sequences.key(shard, second), COUNTER_MAX - 1, ex=30)
         minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine), block=5)
         last, after = await minter.mint(), await minter.mint()
         if last[2:16] == second:  # the clock did not tick over between the set-up and the mint
@@ -105,7 +105,7 @@ async def test_a_block_that_reaches_the_end_of_a_second_stops_there(redis, setti
 
 
 async def test_shards_are_exclusive(redis, settings):
-    store = StockStore(redis, f"{settings.redis.key_prefix}-lease")
+    store = open_stores(redis, f"{settings.redis.key_prefix}-lease")
     leases = [ShardLease(store, 30) for _ in range(REDIS_SHARDS)]
     shards = [await lease.acquire() for lease in leases]
     assert sorted(shards) == list(range(REDIS_SHARDS))  # 90-99 are the MySQL minter's
@@ -123,17 +123,17 @@ import asyncio, json, sys
 from db.engine import make_engine
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
-from service.bootstrap import make_store
+from service.adapters.redis.stores import make_stores
 from service.settings import Settings
 
 async def main(count, processes):
     settings = Settings()
-    store = make_store(settings)
+    store = make_stores(settings)
     lease = ShardLease(store, 30)
     await lease.start()
     # Every process holds its lease before any mints (and releases when done): the shards are
     # held at the same time, as the API's workers hold theirs (a released shard may be taken again).
-    while await store.leased_shards(REDIS_SHARDS) < processes:
+    while await store.leases.leased_shards(REDIS_SHARDS) < processes:
         await asyncio.sleep(0.05)
     engine = make_engine(settings.db.url, pool_size=2, max_overflow=0)
     minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine))

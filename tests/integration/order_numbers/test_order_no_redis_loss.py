@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from redis.asyncio import Redis
 
-from service.adapters.redis.stock_store import StockStore
+from service.adapters.redis.stores import open_stores
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
 from tests.support import private_redis
@@ -28,7 +28,7 @@ async def _minting(settings, engine, name: str):
     """(redis, store, lease, shard, generations) on a Redis server of the test's own."""
     async with private_redis() as url:
         redis = Redis.from_url(url, decode_responses=True)
-        store = StockStore(redis, f"{settings.redis.key_prefix}-{name}")
+        store = open_stores(redis, f"{settings.redis.key_prefix}-{name}")
         lease = ShardLease(store, 30)
         shard = await lease.acquire()
         try:
@@ -76,7 +76,7 @@ async def test_a_failover_to_a_lagging_replica_moves_the_generation_on(settings,
         epoch = f"{settings.redis.key_prefix}-failover:{{seq:{shard:02d}}}:epoch"
         # What the promoted replica holds: the old primary's epoch, the counter 20 behind.
         await redis.hset(epoch, "run_id", "0" * 40)
-        await redis.set(store.sequence_key(shard, "20261130120000"), 10)
+        await redis.set(store.sequences.key(shard, "20261130120000"), 10)
         successor = OrderNumberMinter(store, lease, "FS", generations, block=10, clock=_frozen)
         after = [await successor.mint() for _ in range(25)] + [await minter.mint() for _ in range(25)]
         numbers = before + after

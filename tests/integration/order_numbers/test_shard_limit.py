@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from service.adapters.redis.stores import make_stores
 from service.api.no_shard import EXIT_NO_SHARD
-from service.bootstrap import make_store, open_api
+from service.bootstrap import open_api
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import ShardsExhausted
 from service.sale.isolation import free_port
@@ -29,10 +30,10 @@ async def shards_taken(settings: Settings, leave_free: int) -> AsyncIterator[Set
     """``settings`` on a private Redis where another holder leases all shards but ``leave_free``."""
     async with private_redis() as url:
         own = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": url})})
-        store = make_store(own)
+        store = make_stores(own)
         try:
             for shard in range(REDIS_SHARDS - leave_free):
-                assert await store.acquire_lease(shard, "someone-else", 600_000)
+                assert await store.leases.shard(shard).acquire("someone-else", 600_000)
             yield own
         finally:
             await store.aclose()

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.adapters.redis.batcher import CommandBatcher
-from service.bootstrap import make_redis
+from service.adapters.redis.client import make_redis
 from service.settings import Settings
 
 

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import text
 
 from service.adapters.broker import OrderMessage, Publisher
-from service.adapters.redis.stock_store import StockStore, new_attempt
+from service.adapters.redis.reservations import new_attempt
+from service.adapters.redis.stores import open_stores
 from service.domain.fulfilment.order_writer import apply_order
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
@@ -65,7 +66,7 @@ async def test_stale_reservation_without_order_is_republished(
     keys = store.product_keys(product_id)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000000", 97, product_id)
-    outcome = await store.reserve(product_id, request_id, "crashed", 1, order_no, "a1")
+    outcome = await store.reservations.reserve(product_id, request_id, "crashed", 1, order_no, "a1")
     assert outcome.outcome == "reserved"
 
     publisher = Publisher(settings.amqp)
@@ -95,11 +96,11 @@ async def test_a_republished_reservation_is_priced_as_when_it_was_reserved(
     keys = store.product_keys(product_id)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000000", 92, product_id)
-    reservation = await store.reserve(product_id, request_id, "priced", 2, order_no, "a1")
+    reservation = await store.reservations.reserve(product_id, request_id, "priced", 2, order_no, "a1")
     assert (reservation.outcome, reservation.unit_price) == ("reserved", 1500)
     await put_product(product_id, stock=5, limit=2, price=2100)
     assert await redis.hget(keys.sale, "price") == "2100"
-    assert [entry.unit_price for entry in await store.journal(product_id)] == [1500]
+    assert [entry.unit_price for entry in await store.stock.journal(product_id)] == [1500]
 
     publisher = Publisher(settings.amqp)
     await publisher.connect()
@@ -122,14 +123,14 @@ async def test_entries_written_before_the_unit_price_was_recorded_still_count(
     engine, redis, store, settings, put_product, product_id, realigner
 ):
     """A journal entry of the old shape (``user|quantity|order_no|reserved_at_ms|claimed``, left
-    by the previous version during an upgrade) is read by realign.lua and the StockStore."""
+    by the previous version during an upgrade) is read by realign.lua and the Redis adapter."""
     await put_product(product_id, stock=5, limit=2)
     keys = store.product_keys(product_id)
     order_no = compose_order_no("FS", "20261130000000", 91, product_id)
     await redis.decrby(keys.stock, 2)
     await redis.hset(keys.journal, "old-entry", f"legacy|2|{order_no}|1764460800123|0")
     await redis.delete(keys.units)  # the previous version kept no units counter: a full pass sets it
-    [entry] = await store.journal(product_id)
+    [entry] = await store.stock.journal(product_id)
     assert (entry.user_id, entry.quantity, entry.order_no, entry.unit_price) == ("legacy", 2, order_no, None)
     report = await realigner.realign(product_id)
     assert (report.redis_stock_after, report.in_flight, report.in_flight_units) == (3, 1, 2)
@@ -194,7 +195,7 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     async def reserve(user: str, sequence: int) -> OrderMessage:
         request_id = mint_request_id()
         order_no = compose_order_no("FS", "20261130000001", 96, product_id * 10 + sequence)
-        reservation = await store.reserve(product_id, request_id, user, 1, order_no, new_attempt())
+        reservation = await store.reservations.reserve(product_id, request_id, user, 1, order_no, new_attempt())
         assert reservation.outcome == "reserved"
         return OrderMessage(request_id, order_no, user, product_id, 1, reservation.reserved_at_ms, 1500)
 
@@ -204,7 +205,9 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
         await apply_order(engine, a)  # an entry the job already read commits
         await apply_order(engine, await reserve("c", 3))  # a new reservation appears and commits
 
-    racing = Realigner(engine, StockStore(RunsAfterJournalRead(redis, consumers_commit), settings.redis.key_prefix), 60)
+    racing = Realigner(
+        engine, open_stores(RunsAfterJournalRead(redis, consumers_commit), settings.redis.key_prefix), 60
+    )
     report = await racing.realign(product_id)
     # Truth afterwards: MySQL 10 - 2 (a, c) = 8, in flight: b  ->  Redis must be 7.
     assert await inventory(engine, product_id) == (8, 2)
@@ -225,7 +228,7 @@ async def test_an_older_realignment_pass_never_overwrites_a_newer_one(
     await put_product(product_id, stock=10, limit=1)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000002", 95, product_id)
-    reserved_at = (await store.reserve(product_id, request_id, "e", 1, order_no, "a1")).reserved_at_ms
+    reserved_at = (await store.reservations.reserve(product_id, request_id, "e", 1, order_no, "a1")).reserved_at_ms
     prefix = settings.redis.key_prefix
 
     async def consumer_commits_then_another_pass_runs():
@@ -234,7 +237,7 @@ async def test_an_older_realignment_pass_never_overwrites_a_newer_one(
         assert (newer.redis_stock_after, newer.resolved_dropped) == (9, 1)
 
     older = Realigner(
-        engine, StockStore(RunsAfterJournalRead(redis, consumer_commits_then_another_pass_runs), prefix), 60
+        engine, open_stores(RunsAfterJournalRead(redis, consumer_commits_then_another_pass_runs), prefix), 60
     )
     report = await older.realign(product_id)
     assert report.skipped_stale
@@ -277,7 +280,7 @@ async def test_an_older_realignment_pass_never_writes_back_old_sale_terms(
         assert (await client.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
 
     older = Realigner(
-        engine, StockStore(RunsAfterJournalRead(redis, operator_closes_the_sale), settings.redis.key_prefix), 60
+        engine, open_stores(RunsAfterJournalRead(redis, operator_closes_the_sale), settings.redis.key_prefix), 60
     )
     assert (await older.realign(product_id)).skipped_stale
     terms = await redis.hgetall(store.product_keys(product_id).sale)

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from service.adapters.broker import OrderMessage, Publisher
-from service.adapters.redis.stock_store import new_attempt
+from service.adapters.redis.reservations import new_attempt
 from service.domain.fulfilment.order_writer import apply_order
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
@@ -24,7 +24,7 @@ async def _reserve(store, product_id: int, count: int, tag: int) -> list[OrderMe
     for i in range(count):
         request_id = mint_request_id()
         order_no = compose_order_no("FS", "20261130000003", tag, (product_id % 100) * 10_000 + i)
-        reservation = await store.reserve(product_id, request_id, f"u{i}", 1, order_no, new_attempt())
+        reservation = await store.reservations.reserve(product_id, request_id, f"u{i}", 1, order_no, new_attempt())
         assert reservation.outcome == "reserved"
         messages.append(OrderMessage(request_id, order_no, f"u{i}", product_id, 1, reservation.reserved_at_ms, 1500))
     return messages
@@ -42,13 +42,13 @@ async def test_a_big_journal_is_realigned_incrementally_and_exactly(
     await redis.set(keys.stock, 7)  # and Redis drifted
 
     calls: list[str] = []
-    original = store.realign
+    original = store.stock.realign
 
     async def observed(*args, **kwargs):
         calls.append("incremental" if kwargs["resolved"] is None else "full")
         return await original(*args, **kwargs)
 
-    monkeypatch.setattr(store, "realign", observed)
+    monkeypatch.setattr(store.stock, "realign", observed)
     dry = await Realigner(engine, store, 60).realign(product_id, dry_run=True)
     report = await Realigner(engine, store, 60).realign(product_id)
     assert calls == ["incremental", "incremental"]

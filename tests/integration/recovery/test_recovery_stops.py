@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import random
 
-from service.adapters.redis.stock_store import StockStore
-from service.bootstrap import make_redis
+from service.adapters.redis.client import make_redis
+from service.adapters.redis.stores import open_stores
 from service.domain.stock.realign import Realigner
 from service.domain.stock.recovery import Recovery
 from tests.support import private_redis
@@ -37,7 +37,7 @@ async def test_recovery_stops_at_any_point_of_its_passes(settings, engine, put_p
     async with private_redis() as url:
         own = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": url})})
         redis = make_redis(own)
-        store = StockStore(redis, own.redis.key_prefix)
+        store = open_stores(redis, own.redis.key_prefix)
         try:
             realigner = _Counted(Realigner(engine, store, own.realign.grace_seconds, None))
             for _ in range(60):

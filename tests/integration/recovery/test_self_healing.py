@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 from collections import Counter
 
-from service.adapters.redis.stock_store import StockStore, new_attempt
+from service.adapters.redis.client import make_redis
+from service.adapters.redis.reservations import new_attempt
+from service.adapters.redis.stores import open_stores
 from service.api.app import create_app
-from service.bootstrap import make_redis
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock.recovery import LOCK_SECONDS
@@ -42,7 +43,7 @@ async def _healing_service(settings, engine, name: str):
             }
         )
         redis = make_redis(own)
-        store = StockStore(redis, own.redis.key_prefix)
+        store = open_stores(redis, own.redis.key_prefix)
         try:
             async with serving(create_app(own), timeout=30) as api, running_consumer(own, engine, store):
                 yield own, api, store, redis
@@ -109,11 +110,11 @@ async def test_readiness_says_redis_is_being_repaired_until_the_pass_reloads_the
         assert (await api.get("/api/v1/health/ready")).json()["redis_state"] == "ok"
         await redis.flushall()
         # Another process's pass holds the recovery lock (and does not get to this product yet).
-        assert await store.try_lock("recovery", "someone-else", LOCK_SECONDS * 1000)
+        assert await store.leases.lock("recovery").acquire("someone-else", LOCK_SECONDS * 1000)
         assert (await buy(api, token("r1"), product_id)).status_code == 503
         ready = await api.get("/api/v1/health/ready")
         assert (ready.status_code, ready.json()["redis_state"]) == (503, "being repaired")
-        await store.unlock("recovery", "someone-else")
+        await store.leases.lock("recovery").release("someone-else")
 
         async def bought() -> bool:
             return (await buy(api, token("r2"), product_id)).status_code == 202
@@ -137,7 +138,9 @@ async def test_a_stranded_reservation_gets_its_row_without_anyone_running_realig
         body = {"stock": 5, "per_user_limit": 1, "price": 1500, "stock_mode": "redis"}
         assert (await api.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
         order_no = compose_order_no("FS", "20261130000004", 88, product_id % 1000)
-        reservation = await store.reserve(product_id, mint_request_id(), "stranded", 1, order_no, new_attempt())
+        reservation = await store.reservations.reserve(
+            product_id, mint_request_id(), "stranded", 1, order_no, new_attempt()
+        )
         assert reservation.outcome == "reserved"  # ... and the process died here
 
         async def landed() -> bool:

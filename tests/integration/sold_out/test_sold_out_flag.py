@@ -234,16 +234,20 @@ async def test_every_script_that_puts_stock_back_announces_the_product(
     try:
         assert (await pubsub.get_message(timeout=5))["type"] == "subscribe"
 
-        reservation = await store.reserve(product_id, "r-release", "u", 1, "FS00000000000000000000000000", "a1")
+        reservation = await store.reservations.reserve(
+            product_id, "r-release", "u", 1, "FS00000000000000000000000000", "a1"
+        )
         assert reservation.outcome == "reserved"
-        assert await store.release(product_id, "r-release", "a1") == "released"
+        assert await store.reservations.release(product_id, "r-release", "a1") == "released"
         assert await _next_announcement(pubsub) == str(product_id)
 
         await Realigner(engine, store, 60).realign(product_id)  # writes, stock left to sell
         assert await _next_announcement(pubsub) == str(product_id)
         await Realigner(engine, store, 60).realign(product_id, dry_run=True)  # writes nothing: silent
 
-        assert await store.restock(product_id, "FS-order-x", "u", 1, 10**9, release_quota=False) == "returned"
+        assert (
+            await store.reservations.restock(product_id, "FS-order-x", "u", 1, 10**9, release_quota=False) == "returned"
+        )
         assert await _next_announcement(pubsub) == str(product_id)
         await Realigner(engine, store, 60).realign(product_id)  # stale (the restock is newer): silent
         assert await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2) is None

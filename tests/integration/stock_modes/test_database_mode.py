@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import text
 
 from db.models import OrderStatus
-from service.adapters.redis.results import ReserveOutcome
+from service.domain.model.stock import ReserveOutcome
 from service.domain.order_numbers.format import compose_order_no, is_valid_order_no
 from service.domain.purchase.database import DatabasePurchase, buy_in_database
 from service.domain.purchase.request_id import mint_request_id

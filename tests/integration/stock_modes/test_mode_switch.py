@@ -87,7 +87,7 @@ async def test_redis_to_database_mid_sale_sells_exactly_the_stock(
     assert statuses[202] > 0 and statuses[201] > 0, statuses  # both modes sold
     info = (await client.get(f"/api/v1/products/{product_id}")).json()
     assert (info["stock_mode"], info["remaining"]) == ("database", 0)
-    assert await store.journal(product_id) == []  # every reservation landed before MySQL served
+    assert await store.stock.journal(product_id) == []  # every reservation landed before MySQL served
 
 
 async def test_database_to_redis_mid_sale_sells_exactly_the_stock(

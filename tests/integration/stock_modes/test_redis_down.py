@@ -17,8 +17,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from db.models import OrderStatus
-from service.adapters.redis.stock_store import StockStore
-from service.bootstrap import make_redis
+from service.adapters.redis.client import make_redis
+from service.adapters.redis.stores import open_stores
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.order_numbers.mysql_minter import MYSQL_SHARDS
 from service.sale.isolation import environment
@@ -72,7 +72,7 @@ async def _sold_in_redis_first(settings, engine, token, admin, product_id: int, 
     (Redis URL, settings, API client, the product body, the order numbers bought)."""
     async with private_redis() as url:
         own = _on(settings, url)
-        store = StockStore(make_redis(own), own.redis.key_prefix)
+        store = open_stores(make_redis(own), own.redis.key_prefix)
         try:
             async with api_in_loop(own) as api, running_consumer(own, engine, store):
                 body = {"stock": stock, "per_user_limit": LIMIT, "price": 1500, "stock_mode": "redis"}
@@ -178,7 +178,7 @@ async def test_reservations_in_flight_when_redis_is_lost_land_without_oversellin
     stock = DATABASE_UNITS
     async with private_redis() as url:
         own = _on(settings, url)
-        store = StockStore(make_redis(own), own.redis.key_prefix)
+        store = open_stores(make_redis(own), own.redis.key_prefix)
         async with api_in_loop(own) as api:
             body = {"stock": stock, "per_user_limit": LIMIT, "price": 1500, "stock_mode": "redis"}
             assert (await api.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200

@@ -1,0 +1,43 @@
+"""The Redis adapter's boundary: redis-py's failures become :class:`StoreUnavailable` ``("redis")``.
+
+Every public method of the adapter raises nothing of redis-py's: a script call is translated by
+the registry (:mod:`.scripts`), every other command by :func:`translated` on the method. The
+driver's exception stays the ``__cause__`` (for logs and for the outage classifier, which tells
+wrong credentials from an outage by it). See docs/ARCHITECTURE.md, "Failure vocabulary".
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+from redis.exceptions import RedisClusterException, RedisError
+
+from service.adapters.failures import StoreUnavailable
+
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError)
+"""What redis-py raises when a call fails: its own errors (connection, timeout, error replies),
+the cluster client's "no node answers", and socket errors (``OSError``, ``TimeoutError``)."""
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def unavailable(exc: BaseException) -> StoreUnavailable:
+    """The :class:`StoreUnavailable` that stands for ``exc`` (raise it ``from exc``)."""
+    return StoreUnavailable("redis", str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+
+
+def translated(method: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """``method`` (a coroutine function) raising :class:`StoreUnavailable` ``("redis")`` from the
+    driver's exception instead of it."""
+
+    @functools.wraps(method)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await method(*args, **kwargs)
+        except DRIVER_ERRORS as exc:
+            raise unavailable(exc) from exc
+
+    return call

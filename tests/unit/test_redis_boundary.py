@@ -1,0 +1,49 @@
+"""The Redis adapter's boundary: redis-py's failures leave it as ``StoreUnavailable("redis")``
+with the driver's exception as the cause, and the outage classifier still tells an outage from
+wrong credentials by that cause."""
+
+from __future__ import annotations
+
+import pytest
+from redis.exceptions import AuthenticationError, RedisClusterException, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from service.adapters.failures import StoreUnavailable
+from service.adapters.redis.boundary import translated
+from service.bootstrap import outage_of
+
+
+@pytest.mark.parametrize(
+    "error",
+    [RedisConnectionError("refused"), ResponseError("OOM"), RedisClusterException("no node"), OSError("reset")],
+)
+async def test_a_driver_error_becomes_store_unavailable_with_its_cause(error: BaseException) -> None:
+    @translated
+    async def call() -> None:
+        raise error
+
+    with pytest.raises(StoreUnavailable) as raised:
+        await call()
+    assert raised.value.store == "redis" and raised.value.__cause__ is error
+
+
+async def test_other_errors_pass_through() -> None:
+    @translated
+    async def call() -> None:
+        raise ValueError("a malformed reply")
+
+    with pytest.raises(ValueError):
+        await call()
+
+
+def _translated(error: BaseException) -> StoreUnavailable:
+    try:
+        raise StoreUnavailable("redis") from error
+    except StoreUnavailable as exc:
+        return exc
+
+
+def test_the_classifier_reads_the_cause_of_a_translated_error() -> None:
+    assert outage_of(_translated(RedisConnectionError("refused"))) == "Redis"
+    assert outage_of(_translated(AuthenticationError("WRONGPASS"))) is None  # configuration, no outage
+    assert outage_of(StoreUnavailable("redis")) == "Redis"
