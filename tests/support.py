@@ -37,7 +37,7 @@ from service.adapters.redis.stores import RedisStores
 from service.api.app import create_app
 from service.bootstrap import open_api
 from service.domain.order_numbers.format import compose_order_no
-from service.domain.payments.service import sign
+from service.domain.payments.notification import sign
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.purchase.service import PurchaseRejected
 from service.sale.isolation import environment, free_port

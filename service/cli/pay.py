@@ -10,7 +10,7 @@ import httpx
 from db.queries import orders
 from service.bootstrap import open_job, opened
 from service.domain.order_numbers.format import is_valid_order_no
-from service.domain.payments.service import Notification, signed
+from service.domain.payments.notification import Notification, signed
 from service.log_setup import configure_logging
 from service.settings import Settings
 

@@ -7,7 +7,7 @@ import hmac
 
 import pytest
 
-from service.domain.payments.service import SignatureInvalid, sign, verify
+from service.domain.payments.notification import SignatureInvalid, sign, verify
 
 SECRETS = {"mockpay": "s" * 32}
 BODY = b'{"order_no": "X", "amount": 1500}'

@@ -10,7 +10,8 @@ from litestar.di import NamedDependency
 from service.api.media import JSON_BODY_OPT
 from service.api.openapi import REQUEST_SCHEMA_OPT, problems
 from service.api.params import SignatureHeader
-from service.domain.payments.service import Notification, NotifyResult, PaymentService
+from service.domain.payments.notification import Notification
+from service.domain.payments.service import NotifyResult, PaymentService
 
 
 class PaymentController(Controller):

@@ -33,7 +33,8 @@ from service.adapters.redis.stores import RedisStores
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound
 from service.domain.order_numbers.format import require_valid_order_no
 from service.domain.orders.lifecycle import load_order
-from service.domain.payments.service import ChannelDown, Notification, NotifyResult, OrderQueued, PaymentService
+from service.domain.payments.notification import Notification
+from service.domain.payments.service import ChannelDown, NotifyResult, OrderQueued, PaymentService
 
 log = structlog.get_logger(__name__)
 

@@ -26,7 +26,8 @@ from db.queries import payments
 from service.adapters.channel_client import BillLine, ChannelClient, ChannelUnavailable
 from service.domain.errors import DomainError, InvalidInput
 from service.domain.orders import actors
-from service.domain.payments.service import Notification, PaymentService
+from service.domain.payments.notification import Notification
+from service.domain.payments.service import PaymentService
 
 log = structlog.get_logger(__name__)
 

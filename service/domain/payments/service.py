@@ -1,5 +1,5 @@
-"""Payment notifications and refunds (seeds "Payment Order Number Design and Idempotency Tables"
-and the dedup-table design notes).
+"""Payment notifications and refunds (docs/ARCHITECTURE.md, "Payments": every settlement is
+matched by channel, channel transaction id and order).
 
 A channel notification is verified (HMAC-SHA256 over the raw body; fields it does not know are
 ignored), then handled in one MySQL transaction that row-locks the order, so it serialises with
@@ -22,14 +22,10 @@ a cancel or another notification:
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass
-from typing import Annotated, Literal
 
 import msgspec
 import structlog
-from msgspec import Meta
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -38,7 +34,7 @@ from db.models import OrderStatus as S
 from db.queries import attempts, payments, refunds
 from service.adapters.channel_client import ChannelClient, ChannelUnavailable
 from service.adapters.redis.stores import RedisStores
-from service.domain.errors import Conflict, DomainError, InvalidInput, OrderNotFound, Unavailable
+from service.domain.errors import Conflict, InvalidInput, OrderNotFound, Unavailable
 from service.domain.order_numbers.format import require_valid_order_no
 from service.domain.orders import actors
 from service.domain.orders.lifecycle import (
@@ -50,33 +46,10 @@ from service.domain.orders.lifecycle import (
     return_stock,
     transition,
 )
+from service.domain.payments.notification import Notification, verify
+from service.domain.payments.refunds import RefundRequest, abandon_refund, request_refund
 
 log = structlog.get_logger(__name__)
-
-
-Event = Literal["paid", "refunded", "refund_failed", "refund_rejected"]
-"""What a notification tells: a payment, a refund done, a refund the channel failed or rejected."""
-
-TxnId = Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,64}$")]
-
-
-class Notification(msgspec.Struct, omit_defaults=True):
-    """A channel's notification. ``amount`` in minor currency units; ``currency`` ISO 4217.
-
-    Unknown fields are ignored (channels add fields such as ``paid_at`` or ``fee``; the signature
-    covers the raw body, so nothing unread can be forged). On refund events ``payment_txn_id``
-    names the channel's transaction of the payment being refunded and ``refund_no`` our refund
-    request; both optional (a refund the channel started on its own carries neither).
-    """
-
-    channel: Annotated[str, Meta(pattern=r"^[a-z0-9_-]{1,32}$")]
-    channel_txn_id: TxnId
-    order_no: Annotated[str, Meta(min_length=26, max_length=26)]
-    amount: Annotated[int, Meta(ge=0, le=2**62)]
-    currency: Annotated[str, Meta(pattern=r"^[A-Z]{3}$")]
-    event: Event
-    payment_txn_id: TxnId | None = None
-    refund_no: Annotated[str, Meta(pattern=r"^[\x21-\x7e]{1,32}$")] | None = None
 
 
 class ChannelTxnReused(Conflict):
@@ -107,16 +80,6 @@ class ChannelDown(Unavailable):
         super().__init__(f"Channel {channel} did not answer; retry.")
 
 
-class SignatureInvalid(DomainError):
-    """Missing or wrong ``X-Signature``, or a channel without a configured secret (``invalid_signature``)."""
-
-    code = "invalid_signature"
-
-    def __init__(self, channel: str) -> None:
-        super().__init__("Missing or wrong X-Signature for this channel.")
-        self.channel = channel
-
-
 @dataclass(frozen=True, slots=True)
 class NotifyResult:
     """``result``: ``paid``, ``refunded``, ``already_processed``, ``amount_mismatch``,
@@ -126,31 +89,6 @@ class NotifyResult:
 
     result: str
     order_status: str
-
-
-def sign(secret: str, body: bytes) -> str:
-    """``hex(HMAC-SHA256(secret, body))``, as a channel signs a notification."""
-    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-
-
-def signed(secret: str, note: Notification) -> tuple[bytes, dict[str, str]]:
-    """The raw JSON body of ``note`` and its headers (``X-Signature`` = :func:`sign` of that body),
-    as a channel sends them."""
-    body = msgspec.json.encode(note)
-    return body, {"Content-Type": "application/json", "X-Signature": sign(secret, body)}
-
-
-def verify(secrets: dict[str, str], channel: str, body: bytes, signature: str | None) -> None:
-    """Constant-time check of ``signature`` over the raw ``body`` with ``channel``'s secret.
-
-    Raises:
-        SignatureInvalid: unknown channel, missing or wrong signature.
-    """
-    secret = secrets.get(channel)
-    if secret is None or not signature or not signature.isascii():
-        raise SignatureInvalid(channel)
-    if not hmac.compare_digest(sign(secret, body).encode(), signature.lower().encode()):
-        raise SignatureInvalid(channel)
 
 
 async def _record(conn: AsyncConnection, note: Notification, raw: str, status: str, flagged: bool) -> int | None:
@@ -347,64 +285,6 @@ async def _refund_failed(conn: AsyncConnection, payment_id: int, note: Notificat
     await conn.execute(refunds.SETTLE, {"s": note.event.removeprefix("refund_"), "r": request.refund_no})
     await _settle(conn, payment_id, "applied", idem_key=f"refund:{request.refund_no}:{note.event}")
     return note.event
-
-
-@dataclass(frozen=True, slots=True)
-class RefundRequest:
-    """A refund to ask of ``channel``: its transaction ``payment_txn_id`` of order ``order_no``,
-    ``amount`` minor units in ``currency``; ``refund_no`` is ours (``<order_no>R<n>``)."""
-
-    refund_no: str
-    order_no: str
-    channel: str
-    payment_txn_id: str
-    amount: int
-    currency: str
-
-
-async def request_refund(engine: AsyncEngine, order_no: str, restock: bool, actor: str) -> RefundRequest:
-    """Operator refund of a paid order: ``paid -> refunding`` (logged with ``actor``, the
-    operator) and a ``refunds`` row for the channel that took the payment, one transaction.
-    ``restock``: the units go back on sale once the channel confirms the refund (never before:
-    it may still fail).
-
-    Raises:
-        OrderNotFound: unknown order.
-        TransitionLost: the order is not paid (already refunding, cancelled, ...).
-    """
-    async with engine.begin() as conn:
-        order = await load_order(conn, order_no, for_update=True)
-        if order is None:
-            raise OrderNotFound(order_no)
-        reason = "admin:refund_restock" if restock else "admin:refund"
-        await transition(conn, order_no, S.PAID, S.REFUNDING, reason, actor=actor)
-        paying = (await conn.execute(payments.APPLIED_PAYMENT, {"idem": f"pay:{order_no}:paid"})).one()
-        count = (await conn.execute(refunds.COUNT_OF_ORDER, {"o": order_no})).scalar_one()
-        request = RefundRequest(
-            f"{order_no}R{count + 1}", order_no, paying.channel, paying.channel_txn_id, paying.amount, paying.currency
-        )
-        await conn.execute(
-            refunds.INSERT,
-            {
-                "r": request.refund_no,
-                "o": order_no,
-                "c": request.channel,
-                "t": request.payment_txn_id,
-                "amount": request.amount,
-                "restock": restock,
-            },
-        )
-    return request
-
-
-async def abandon_refund(engine: AsyncEngine, request: RefundRequest, actor: str) -> None:
-    """The channel did not take ``request`` in: ``refunding -> paid`` (logged with ``actor``, the
-    operator whose request it undoes), the refund ``failed``. Should the channel have refunded
-    after all, its ``refunded`` notification (naming the payment) still refunds the order from
-    ``paid``."""
-    async with engine.begin() as conn:
-        await conn.execute(refunds.SETTLE, {"s": "failed", "r": request.refund_no})
-        await transition(conn, request.order_no, S.REFUNDING, S.PAID, "channel_unavailable", actor=actor)
 
 
 _notification = msgspec.json.Decoder(Notification)

@@ -12,7 +12,7 @@ from sqlalchemy import bindparam, text
 
 from db.models import OrderStatus as S
 from service.domain.orders.lifecycle import IllegalTransition, expire_unpaid, transition
-from service.domain.payments.service import sign
+from service.domain.payments.notification import sign
 from service.domain.stock.realign import Realigner
 from tests.support import (
     buy_and_settle,

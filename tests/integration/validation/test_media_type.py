@@ -8,7 +8,7 @@ import json
 import pytest
 from sqlalchemy import text
 
-from service.domain.payments.service import Notification, signed
+from service.domain.payments.notification import Notification, signed
 from tests.support import order_rows, redis_state
 
 NOT_JSON = [
