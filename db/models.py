@@ -48,7 +48,7 @@ class Base(DeclarativeBase):
 
 
 class StockMode(StrEnum):
-    """How a product's stock is taken (seed "order system database design")."""
+    """How a product's stock is taken (docs/ARCHITECTURE.md, "Stock modes")."""
 
     DATABASE = "database"
     REDIS = "redis"
@@ -67,8 +67,8 @@ class Product(Base):
     sale_starts_at: Mapped[datetime] = mapped_column(DateTime)
     sale_ends_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     stock_mode: Mapped[str] = mapped_column(String(8), server_default="database")
-    """``database`` (seed scheme 1: conditional UPDATE in the request's transaction) or ``redis``
-    (scheme 2: Redis pre-decrement, queue, consumer)."""
+    """``database`` (conditional UPDATE in the request's transaction) or ``redis``
+    (Redis pre-decrement, queue, consumer)."""
     require_token: Mapped[bool] = mapped_column(Boolean, server_default="0")
     """A purchase needs a server-issued order token (header ``Order-Token``)."""
     buckets: Mapped[int] = mapped_column(SmallInteger, server_default="1")
@@ -76,7 +76,7 @@ class Product(Base):
 
 
 class Inventory(Base):
-    """Stock of one product (seed "order system database design"): stock + sold is constant
+    """Stock of one product: stock + sold is constant
     except when stock is added or returned."""
 
     __tablename__ = "inventory"
@@ -176,8 +176,8 @@ class OrderStatusLog(Base):
 
 
 class Payment(Base):
-    """The payment channel's side of an order (seed "Payment Order Number Design and Idempotency
-    Tables"): the internal ``order_no`` and the channel's ``channel_txn_id`` kept apart; amount in
+    """The payment channel's side of an order (docs/ARCHITECTURE.md,
+    "Payments"): the internal ``order_no`` and the channel's ``channel_txn_id`` kept apart; amount in
     minor units; ``idem_key`` = ``biz_type:order_no:event`` on the notification that changed the
     order (NULL on recorded-only rows); ``raw`` = the notification as received."""
 
@@ -204,7 +204,7 @@ class Payment(Base):
 
 
 class PaymentAttempt(Base):
-    """One order's payment at one channel (seed "Payment Order Number Design": the order's one
+    """One order's payment at one channel (the order's one
     merchant order number is reused on every attempt). ``status``: ``open`` (created at the
     channel), ``closed`` (closed at the channel, it can no longer be paid there) or ``paid``."""
 

@@ -2,8 +2,8 @@
 -- KEYS[1] stock   KEYS[2] sale (starts_ms, ends_ms, limit, price, token, mode)   KEYS[3] journal
 -- KEYS[4] quota   KEYS[5] replay record
 -- KEYS[6] the user's rate bucket   KEYS[7] the client address's rate bucket (both in the product's slot)
--- KEYS[8] order token (user id; seed "order system database design": the anti-duplicate token,
--- deleted atomically on submit)   KEYS[9] units of the journal's entries (realignment reads it)
+-- KEYS[8] order token (user id; the anti-duplicate token, deleted
+-- atomically on submit)   KEYS[9] units of the journal's entries (realignment reads it)
 -- ARGV[1] request id   ARGV[2] user id   ARGV[3] quantity   ARGV[4] order number to use
 -- ARGV[5] replay record ttl (seconds)   ARGV[6] attempt token (unique to this HTTP attempt)
 -- ARGV[7] user emission interval (ms, 0: no user limit)   ARGV[8] user burst (requests)

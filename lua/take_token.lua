@@ -1,5 +1,5 @@
--- Consume an order token for a purchase in stock mode 'database' (seed "order system database
--- design": the anti-duplicate token, taken atomically on submit), just before the MySQL
+-- Consume an order token for a purchase in stock mode 'database' (the
+-- anti-duplicate token, taken atomically on submit), just before the MySQL
 -- transaction. The token is marked used (value 'used:<user>', its expiry kept) rather than
 -- deleted, so that a concurrent second submission is told the first is in progress instead of
 -- being refused; give_token puts it back if the transaction does not take the order.

@@ -1,5 +1,5 @@
 """The merchant's side of a payment channel's HTTP API (create, query, close, refund, bill), as
-``flashsale channel serve`` and the contract of issue 8 define it.
+``flashsale channel serve`` implements it (docs/API.md).
 
 One pooled ``httpx.AsyncClient`` per process (created in the composition root), every call
 bounded by the settings' timeout. The channel's answers are decoded leniently: fields this

@@ -4,7 +4,7 @@ aio-pika wraps every delivery in an ``IncomingMessage`` (it decodes the properti
 twenty attributes) and runs the callback in a task of its own beside the one aiormq already
 runs it in. For the consumer, which only reads the body, two properties and, on its rare
 retry and dead-letter paths, the headers, that was about a third of what receiving a message
-costs (``scripts/bench_receive.py``). Here a delivery stays aiormq's ``DeliveredMessage``
+costs (docs/BENCHMARKS.md). Here a delivery stays aiormq's ``DeliveredMessage``
 behind a small :class:`Delivery`, and :class:`Subscription` subscribes again each time the
 robust channel reopens (after a lost connection, or a channel the broker closed), as aio-pika's
 robust queues do for their own consumers; the queues themselves are declared again by the

@@ -1,8 +1,8 @@
 """A granian worker that cannot lease an order-number shard stops the whole server, once.
 
 Every Redis shard (:data:`~service.domain.order_numbers.minter.REDIS_SHARDS`) leased by other processes is
-not a crash to retry: a respawned worker finds them leased again (the granian crash loop of
-issue 12). So the worker says so in one log line, leaves the reason for ``flashsale serve``
+not a crash to retry: a respawned worker finds them leased again (granian would respawn it in a
+crash loop). So the worker says so in one log line, leaves the reason for ``flashsale serve``
 (a file named after the server's process id), asks the granian main process to stop (SIGTERM,
 its graceful shutdown) and exits with :data:`EXIT_NO_SHARD`; ``flashsale serve`` then prints
 the reason and exits with the same code. Only under ``flashsale serve`` (``FLASHSALE_SERVE_PID``

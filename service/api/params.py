@@ -10,7 +10,7 @@ ProductIdPath = Annotated[int, PathParameter(ge=1, le=2**63 - 1)]
 """A product id in a path: 1 to 2**63 - 1 (BIGINT)."""
 
 ORDER_NO_PATTERN = "^[A-Z]{2}[0-9]{24}$"
-"""An order number's shape (../shared/DESIGN.md): prefix, 14-digit UTC time, shard, sequence,
+"""An order number's shape (docs/ARCHITECTURE.md, "Order numbers"): prefix, 14-digit UTC time, shard, sequence,
 check digits. Documented only: the server checks it with the check digits itself and answers
 ``400 invalid_order_no``."""
 

@@ -1,6 +1,6 @@
 """Domain errors: a rule of the service said no.
 
-Each carries the stable machine ``code`` of the HTTP contract (../shared/DESIGN.md) and a
+Each carries the stable machine ``code`` of the HTTP contract (docs/API.md) and a
 ``detail`` for people; the HTTP edge maps them to RFC 9457 problem details in one place
 (``service.api.problems``). Nothing here knows about HTTP status codes.
 """

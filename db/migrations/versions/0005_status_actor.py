@@ -1,4 +1,4 @@
-"""Who made each status change: ``order_status_log.actor`` (seed "order system database design":
+"""Who made each status change: ``order_status_log.actor`` (the status log records
 time, operator, reason). Rows written before this revision have none.
 
 Revision ID: 0005

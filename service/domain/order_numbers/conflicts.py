@@ -1,7 +1,7 @@
 """Accepted orders whose order number the consumer found taken by another request's order.
 
 The minter should never hand one number to two requests; when it did anyway (Redis lost the
-sequence, issue 11), ``UNIQUE(order_no)`` stops the second order, and the consumer cannot mint a
+sequence), ``UNIQUE(order_no)`` stops the second order, and the consumer cannot mint a
 number (it holds no shard). It records the order as a final ``rejected``/``order_no_conflict`` row
 under its own request id, written under a *stand-in* number derived from that request id (the
 row needs a unique ``order_no``), plus one ``order_no_conflicts`` row that leads the buyer from the

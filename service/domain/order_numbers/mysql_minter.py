@@ -1,5 +1,5 @@
 """Order numbers minted from MySQL: stock mode ``database`` needs no Redis at all (the rollback
-plan of the seed "order system database design": when Redis is down, the hot product is switched
+plan for Redis-backed stock, docs/OPERATIONS.md: when Redis is down, the hot product is switched
 to ``database`` and keeps selling).
 
 Same 26-character layout and ISO 7064 MOD 97-10 check digits as :mod:`service.domain.order_numbers.minter`

@@ -1,5 +1,5 @@
-"""Who changed an order's status (seed "order system database design": the status log records
-time, operator and reason). Stored in ``order_status_log.actor`` and shown in the order's
+"""Who changed an order's status (the status log records time, operator and
+reason; docs/ARCHITECTURE.md, "Order lifecycle"). Stored in ``order_status_log.actor`` and shown in the order's
 ``history``; at most 80 characters (user ids and channel names are at most 64).
 
 - ``buyer:<user id>``: the buyer's own request (a database-mode purchase, a cancel);

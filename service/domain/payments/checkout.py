@@ -1,5 +1,5 @@
-"""Paying an order at a channel, and asking the channel before giving up on an order (seed
-"Payment Order Number Design and Idempotency Tables").
+"""Paying an order at a channel, and asking the channel before giving up on an order (docs/ARCHITECTURE.md,
+"Payments").
 
 - One order, one merchant order number (the order number itself), reused on every click,
   refresh and retry and at every channel: the channel keys its payment by it, so a retry can

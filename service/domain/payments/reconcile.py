@@ -1,6 +1,5 @@
-"""Reconciliation: a channel's daily bill against the ``payments`` table (seed "Payment Order
-Number Design and Idempotency Tables": every settlement keyed by channel + channel transaction
-id + order).
+"""Reconciliation: a channel's daily bill against the ``payments`` table (every settlement
+keyed by channel + channel transaction id + order; docs/ARCHITECTURE.md, "Payments").
 
 Kinds of mismatch, per channel and UTC day:
 

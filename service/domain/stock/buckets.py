@@ -1,4 +1,4 @@
-"""Stock buckets: a hot product's Redis stock split over K key sets (issue 12).
+"""Stock buckets: a hot product's Redis stock split over K key sets (docs/OPERATIONS.md).
 
 One product's keys share one hash tag, so on Redis Cluster every reserve of the product runs on
 one master. With K buckets, bucket ``b`` has its own tag (``{p:ID}`` for 0, ``{p:ID:b}`` for the
