@@ -9,12 +9,14 @@ from __future__ import annotations
 import sys
 
 from consumers import observe
-from service.bootstrap import is_outage, opened, opened_when_reachable
+from service.bootstrap import opened
 from service.cli.render import print_reports
 from service.domain.errors import ProductNotFound
+from service.failures import is_outage
 from service.log_setup import configure_logging
 from service.runtime import watch
 from service.settings import Settings
+from service.startup import opened_when_reachable
 
 
 async def run_realign(

@@ -154,7 +154,7 @@ async def watch(
     (a signal during the wait ends the loop at once; a pass in progress is finished first).
 
     With ``seconds``, a pass that raises an exception ``survive`` accepts (a store is away: see
-    :func:`service.bootstrap.is_outage`) does not end the loop: the next pass follows after a
+    :func:`service.failures.is_outage`) does not end the loop: the next pass follows after a
     back-off (0.5 s doubling, at most ``seconds``), and the outage is logged once when it begins
     and once when a pass succeeds again (:class:`OutageLog`, ``<event>_failing`` /
     ``<event>_recovered``). Any other exception ends the loop, as does every exception of a

@@ -42,6 +42,7 @@ from aio_pika.abc import (
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 
 from service import metrics
+from service.failures import PublishFailed
 from service.log_setup import HTTP_REQUEST_ID
 from service.runtime import Backoff, OutageLog
 from service.settings import AMQPSettings
@@ -90,10 +91,6 @@ def partition_of_body(settings: AMQPSettings, body: bytes) -> int | None:
         return settings.partition_of(decode_order(body).product_id)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-
-
-class PublishFailed(Exception):
-    """The broker did not confirm the message (nack, unroutable, timeout or connection down)."""
 
 
 @contextlib.contextmanager

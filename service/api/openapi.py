@@ -41,6 +41,7 @@ from service.api.auth import BEARER_CHALLENGE, admin_only, requires_token
 from service.api.body import body_spec
 from service.api.media import JSON_BODY_OPT
 from service.api.problems import PROBLEM_MEDIA_TYPE, STATUS_BY_CODE, TITLES
+from service.failures import UNAVAILABLE
 
 PROBLEMS_OPT = "problems"
 REQUEST_SCHEMA_OPT = "request_schema"
@@ -129,7 +130,7 @@ def _codes(route: HTTPRoute, handler: Any, operation: Operation, secured: bool) 
     if takes_json:
         add(415, "unsupported_media_type")
     if "resources" in handler.parsed_fn_signature.parameters:
-        add(503, "unavailable")
+        add(503, UNAVAILABLE)
     for code in handler.opt.get(PROBLEMS_OPT, ()):
         add(STATUS_BY_CODE[code], code)
     return by_status

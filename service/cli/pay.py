@@ -10,13 +10,15 @@ import httpx
 
 from consumers import observe
 from db.queries import orders
-from service.bootstrap import is_outage, opened, opened_when_reachable
+from service.bootstrap import opened
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.orders.lifecycle import expire_unpaid
 from service.domain.payments.service import Notification, signed
+from service.failures import is_outage
 from service.log_setup import configure_logging
 from service.runtime import watch
 from service.settings import Settings
+from service.startup import opened_when_reachable
 
 
 async def _order_amount(settings: Settings, order_no: str) -> int:

@@ -43,9 +43,10 @@ def metrics_directory(enabled: bool) -> Iterator[None]:
 async def shards_short(settings: Settings, workers: int) -> str | None:
     """Why ``workers`` more API workers cannot start on ``settings``'s key prefix (fewer free
     order-number shards than workers, one line), or None (also when Redis does not answer)."""
-    from service.bootstrap import is_outage, make_store
+    from service.bootstrap import make_store
     from service.domain.order_numbers.format import REDIS_SHARDS
     from service.domain.order_numbers.minter import leased_shards
+    from service.failures import is_outage
 
     store = make_store(settings)
     try:

@@ -1,11 +1,13 @@
 """Domain errors: a rule of the service said no.
 
-Each carries the stable machine ``code`` of the HTTP contract (../shared/DESIGN.md) and a
+Each carries the stable machine ``code`` of the HTTP contract (docs/API.md) and a
 ``detail`` for people; the HTTP edge maps them to RFC 9457 problem details in one place
 (``service.api.problems``). Nothing here knows about HTTP status codes.
 """
 
 from __future__ import annotations
+
+from service.failures import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER
 
 
 class DomainError(Exception):
@@ -64,9 +66,9 @@ class OrderNotFound(DomainError):
 class Unavailable(DomainError):
     """A store the use case needs did not answer; retry after ``retry_after`` seconds (``unavailable``)."""
 
-    code = "unavailable"
+    code = UNAVAILABLE
 
-    def __init__(self, detail: str, retry_after: int = 1) -> None:
+    def __init__(self, detail: str, retry_after: int = UNAVAILABLE_RETRY_AFTER) -> None:
         super().__init__(detail, retry_after=retry_after)
 
 

@@ -34,12 +34,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import structlog
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.queries import order_no as generations_sql
 from service.adapters.redis.stock_store import StockStore
 from service.domain.order_numbers.format import COUNTER_MAX, REDIS_SHARDS, compose_in_range
+from service.failures import StoreFailure
 from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)
@@ -226,7 +226,7 @@ class OrderNumberMinter:
             try:
                 seen = await self._generations.current(shard)
                 won = await self._generations.bump(shard, seen)
-            except (DBAPIError, OSError) as exc:  # e.g. too many connections: try again shortly
+            except (StoreFailure, OSError) as exc:  # e.g. too many connections: try again shortly
                 log.warning("order_no_generation_unavailable", shard=shard, error=repr(exc))
                 await asyncio.sleep(0.05)
                 continue

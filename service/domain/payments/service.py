@@ -1,5 +1,5 @@
-"""Payment notifications and refunds (seeds "Payment Order Number Design and Idempotency Tables"
-and the dedup-table design notes).
+"""Payment notifications and refunds, idempotent by their unique keys (docs/ARCHITECTURE.md,
+"Payments").
 
 A channel notification is verified (HMAC-SHA256 over the raw body; fields it does not know are
 ignored), then handled in one MySQL transaction that row-locks the order, so it serialises with
@@ -30,10 +30,8 @@ from typing import Annotated, Literal
 import msgspec
 import structlog
 from msgspec import Meta
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from db.engine import as_duplicate_key
 from db.models import OrderStatus as S
 from db.queries import attempts, payments, refunds
 from service.adapters.channel_client import ChannelClient, ChannelUnavailable
@@ -50,6 +48,7 @@ from service.domain.orders.lifecycle import (
     return_stock,
     transition,
 )
+from service.failures import DuplicateKey
 
 log = structlog.get_logger(__name__)
 
@@ -170,9 +169,7 @@ async def _record(conn: AsyncConnection, note: Notification, raw: str, status: s
                 "raw": raw,
             },
         )
-    except IntegrityError as exc:
-        if as_duplicate_key(exc) is None:
-            raise
+    except DuplicateKey:
         return None
     return inserted.lastrowid
 

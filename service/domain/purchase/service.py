@@ -32,12 +32,11 @@ from dataclasses import dataclass
 
 import structlog
 from redis.exceptions import RedisError
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import StockMode
 from service.adapters.background_publisher import BackgroundPublisher
-from service.adapters.broker import OrderMessage, Publisher, PublishFailed
+from service.adapters.broker import OrderMessage, Publisher
 from service.adapters.redis.results import ReleaseOutcome, ReserveOutcome
 from service.adapters.redis.stock_store import TOKEN_INVALID, TOKEN_USED, StockStore, new_attempt
 from service.domain.errors import DomainError, InvalidInput, ProductNotFound
@@ -53,6 +52,7 @@ from service.domain.purchase.database import (
 from service.domain.purchase.routes import Route, RouteCache
 from service.domain.purchase.sold_out import SoldOutFlags, Token, Verdict
 from service.domain.stock.buckets import bucket_of
+from service.failures import PublishFailed, StoreFailure
 
 log = structlog.get_logger(__name__)
 
@@ -255,7 +255,7 @@ class PurchaseService:
     async def _mint_for_database(self) -> str:
         try:
             return await self._database_minter.take()
-        except (DBAPIError, RedisError, ShardLost, OSError) as exc:
+        except (StoreFailure, RedisError, ShardLost, OSError) as exc:
             log.warning("order_no_unavailable", error=repr(exc))
             raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.") from exc
 
@@ -410,7 +410,7 @@ class PurchaseService:
         answer: DatabaseAnswer | None = None
         try:
             answer = await buy_in_database(self._engine, purchase)
-        except (DBAPIError, OSError) as exc:
+        except (StoreFailure, OSError) as exc:
             log.warning("database_purchase_failed", request_id=request_id, error=repr(exc))
             answer = None
         finally:
@@ -448,7 +448,7 @@ class PurchaseService:
         assert self._engine is not None
         try:
             return await earlier_order(self._engine, request_id)
-        except (DBAPIError, OSError) as exc:
+        except (StoreFailure, OSError) as exc:
             raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.") from exc
 
     async def _take_token(self, product_id: int, order_token: str, user_id: str, bucket: int) -> int:

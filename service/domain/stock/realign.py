@@ -52,12 +52,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
 from service import metrics
-from service.adapters.broker import OrderMessage, Publisher, PublishFailed
+from service.adapters.broker import OrderMessage, Publisher
 from service.adapters.redis.results import JournalEntry, RealignResult, SaleTerms
 from service.adapters.redis.stock_store import StockStore
 from service.domain.errors import ProductNotFound, Unavailable
 from service.domain.purchase.request_id import reissued_request_id
 from service.domain.stock.buckets import bucket_of, split
+from service.failures import PublishFailed
 from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)
@@ -86,7 +87,7 @@ STALE_RETRIES = 3
 """A pass over several buckets that a newer MySQL state made stale runs again, this many times."""
 _LONGEST_BACKOFF_SECONDS = 300.0
 """An overdue reservation is published again after the grace period, then after twice that,
-four times, ... but at least every five minutes (issue 11: once per back-off, not per pass)."""
+four times, ... but at least every five minutes (once per back-off, not per pass)."""
 
 
 class RealignReport(msgspec.Struct, frozen=True):

@@ -20,10 +20,10 @@ import time
 
 import structlog
 from redis.exceptions import RedisError
-from sqlalchemy.exc import DBAPIError
 
 from service.domain.errors import DomainError
 from service.domain.stock.realign import Realigner
+from service.failures import StoreFailure
 
 log = structlog.get_logger(__name__)
 
@@ -58,7 +58,7 @@ class Rebalancer:
     async def _pass(self, product_id: int, favour: tuple[int, int]) -> None:
         try:
             await self._realigner.realign(product_id, favour=favour)
-        except (DomainError, RedisError, DBAPIError, OSError) as exc:
+        except (DomainError, RedisError, StoreFailure, OSError) as exc:
             log.warning("rebalance_failed", product_id=product_id, error=repr(exc))
         finally:
             self._last[product_id] = time.monotonic()

@@ -22,7 +22,7 @@ from db.models import OrderStatus as S
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stock_store import StockStore
 from service.api.auth import issue_token
-from service.bootstrap import DependencyUnreachable, _Tuned, check_dependencies, make_store
+from service.bootstrap import _Tuned, make_store
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.orders.lifecycle import expire_unpaid
@@ -31,6 +31,7 @@ from service.domain.stock.recovery import Recovery
 from service.sale.isolation import environment, free_port, isolated_settings
 from service.sale.stores import tear_down
 from service.settings import Settings
+from service.startup import DependencyUnreachable, check_dependencies
 from tests.support import buy, eventually, flashsale_process, inventory, notify, order_rows, status_of
 
 _next_id = iter(range(5000, 100_000))
