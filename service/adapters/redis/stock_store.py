@@ -18,15 +18,16 @@ follow it (:meth:`StockStore.follow_restocks`) to drop their sold-out flags.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from functools import wraps
 from importlib.resources import files
 from time import perf_counter
-from typing import cast
+from typing import ParamSpec, TypeVar, cast
 
 import structlog
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from service import metrics
 from service.adapters.redis.batcher import CommandBatcher
@@ -57,6 +58,7 @@ from service.adapters.redis.results import (
     parse_realign_reply,
     parse_reservation,
 )
+from service.failures import StoreUnavailable
 
 TOKEN_USED = -2
 """:meth:`StockStore.take_token`: this user already used the order token (a purchase took it)."""
@@ -108,6 +110,25 @@ class RateLimits:
 def _interval_ms(per_second: float) -> int:
     """The GCRA emission interval for ``per_second`` requests a second (0: no limit)."""
     return max(1, round(1000 / per_second)) if per_second > 0 else 0
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _unavailable(method: Callable[_P, Awaitable[_R]]) -> Callable[_P, Awaitable[_R]]:
+    """Until the Redis adapter translates every method (docs/ARCHITECTURE.md, "Failure
+    vocabulary"): the purchase path's calls raise :class:`StoreUnavailable` ``("redis")`` for
+    any redis-py error."""
+
+    @wraps(method)
+    async def translated(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await method(*args, **kwargs)
+        except RedisError as exc:
+            raise StoreUnavailable("redis", str(exc).splitlines()[0][:200] if str(exc) else repr(exc)) from exc
+
+    return translated
 
 
 class StockStore:
@@ -222,6 +243,7 @@ class StockStore:
 
     # -- the purchase path ---------------------------------------------------------------------
 
+    @_unavailable
     async def reserve(
         self,
         product_id: int,
@@ -284,6 +306,7 @@ class StockStore:
         _RESERVE_SECONDS.observe(perf_counter() - started)
         return parse_reservation(reply)
 
+    @_unavailable
     async def release(self, product_id: int, request_id: str, attempt: str, *, bucket: int = 0) -> ReleaseOutcome:
         """``lua/release.lua``, idempotent: give back the reservation that ``attempt`` made for
         ``request_id`` (stock, per-user quota, journal entry) and leave a ``released`` tombstone
@@ -304,6 +327,7 @@ class StockStore:
             self._announce(product_id)
         return outcome
 
+    @_unavailable
     async def mark_queued(
         self, product_id: int, request_id: str, order_no: str, user_id: str, quantity: int, *, bucket: int = 0
     ) -> None:
@@ -324,6 +348,7 @@ class StockStore:
 
     # -- order tokens and stock modes -------------------------------------------------------
 
+    @_unavailable
     async def issue_token(
         self, product_id: int, token: str, user_id: str, ttl_seconds: int, *, bucket: int = 0
     ) -> None:
@@ -333,6 +358,7 @@ class StockStore:
         key = ProductKeys(self._prefix, product_id, bucket).order_token(token)
         await self._redis.set(key, user_id, ex=ttl_seconds)
 
+    @_unavailable
     async def take_token(self, product_id: int, token: str, user_id: str, *, bucket: int = 0) -> int:
         """``lua/take_token.lua``: mark ``token`` used if it is ``user_id``'s. Returns the
         milliseconds it had left (>= 1, for :meth:`give_token`), :data:`TOKEN_USED` when this
@@ -341,6 +367,7 @@ class StockStore:
         key = ProductKeys(self._prefix, product_id, bucket).order_token(token)
         return int(await self._take_token(keys=[key], args=[user_id]))
 
+    @_unavailable
     async def give_token(self, product_id: int, token: str, user_id: str, left_ms: int, *, bucket: int = 0) -> None:
         """Put back a token :meth:`take_token` marked used, for the ``left_ms`` it had left (the
         purchase it was taken for did not happen); nothing when it has expired since."""
@@ -355,6 +382,7 @@ class StockStore:
         for bucket in range(buckets):
             await self._redis.hset(ProductKeys(self._prefix, product_id, bucket).sale, "mode", "database")
 
+    @_unavailable
     async def mint_block(self, shard: int, generation: int, second: str, count: int) -> int | None:
         """``lua/mint.lua``: INCRBY ``count`` the sequence counter of ``shard`` in UTC ``second``
         (``yyyyMMddHHmmss``) and (re)set its expiry, only while the shard's epoch is
@@ -367,6 +395,7 @@ class StockStore:
         )
         return int(reply[1]) if reply[0] == "ok" else None
 
+    @_unavailable
     async def shard_epoch(self, shard: int, install: int | None = None) -> tuple[int | None, bool]:
         """``lua/epoch.lua``: the generation ``shard`` mints in (None: none) and whether it was
         installed on this Redis server. With ``install`` (a generation just taken in MySQL),
@@ -698,6 +727,7 @@ class StockStore:
         stocks = [stock for stock, _ in await self.bucket_states(product_id, buckets)]
         return None if None in stocks else sum(cast(list[int], stocks))
 
+    @_unavailable
     async def bucket_states(self, product_id: int, buckets: int) -> list[tuple[int | None, bool]]:
         """Per bucket 0 .. ``buckets`` - 1: (units it can sell or None when not loaded, whether a
         rebalancing pass drained it and has not filled it yet). One pipeline (on a cluster, one
