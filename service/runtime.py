@@ -1,7 +1,8 @@
 """Process life for the long-running commands: stop on SIGTERM/SIGINT, repeat a pass with
 ``--watch``, wait out an outage with back-off (:class:`Backoff`) and say so once per outage
-(:class:`OutageLog`), not once per attempt; stop a background task for sure (:func:`stop_task`);
-keep what start-up built out of the cyclic garbage collector's passes (:func:`freeze_startup_heap`)."""
+(:class:`OutageLog`), not once per attempt (:func:`when_reachable`, the one such wait); stop a
+background task for sure (:func:`stop_task`); keep what start-up built out of the cyclic garbage
+collector's passes (:func:`freeze_startup_heap`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import structlog
+
+from service.failures import is_outage, outage_of
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -110,6 +113,39 @@ class OutageLog:
             seconds = round(time.monotonic() - self._since, 1)
             log.warning(f"{self._event}_recovered", failures=self.failures, seconds=seconds, **self._fields, **fields)
         self.failures = 0
+
+
+async def when_reachable(
+    attempt: Callable[[], Awaitable[T]],
+    stop: asyncio.Event | None = None,
+    *,
+    backoff: Backoff | None = None,
+    waiting: OutageLog | None = None,
+    survive: Callable[[BaseException], bool] = is_outage,
+) -> T | None:
+    """``await attempt()``, tried again while it fails with an error ``survive`` accepts (a store
+    that is away, :func:`service.failures.is_outage`), with back-off (``backoff``: 0.5 s doubling
+    to 5 s by default) and one log line when the wait begins and one when it ends, however long
+    it takes (``waiting``: a ``dependency`` :class:`OutageLog` by default). Its result, or None
+    when ``stop`` was set first. The one wait of every long-running command.
+
+    Raises:
+        Whatever ``attempt`` raises that ``survive`` refuses.
+    """
+    backoff = backoff or Backoff()
+    waiting = waiting or OutageLog("dependency")
+    while True:
+        try:
+            result = await attempt()
+        except Exception as exc:
+            if not survive(exc):
+                raise
+            waiting.failed(exc, store=outage_of(exc) or "unknown")
+            if await wait_or_stop(stop, backoff.next()):
+                return None
+            continue
+        waiting.recovered()
+        return result
 
 
 async def stop_task(task: asyncio.Task[Any]) -> None:

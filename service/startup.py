@@ -1,6 +1,7 @@
-"""Starting while a store may be away: the start-up check of the stores, and the one wait with
-back-off that every long-running command uses (``serve``'s workers, ``consume``,
-``realign --watch``, ``sweep --watch``).
+"""Starting while a store may be away: the start-up check of the stores, and opening a process's
+resources through the one wait with back-off (:func:`service.runtime.when_reachable`) that
+every long-running command uses (``serve``'s workers, ``consume``, ``realign --watch``,
+``sweep --watch``; the consumer's broker connection too).
 
 What counts as "away" is :mod:`service.failures`' classifier (docs/ARCHITECTURE.md, "Failure
 vocabulary"): a store that is down, restarting, unreachable or timing out is waited for; one that
@@ -11,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TypeVar
 from urllib.parse import urlsplit
 
-import structlog
 from sqlalchemy import text
 
 from db.engine import make_engine
@@ -24,44 +23,8 @@ from service.adapters.broker import quiet_connect_logs
 from service.bootstrap import Resources, make_redis
 from service.domain.order_numbers.minter import ShardsExhausted
 from service.failures import STORE_NAMES, StoreUnavailable, failure_of, is_outage, outage_of
-from service.runtime import Backoff, OutageLog, stop_signal, stop_task, wait_or_stop
+from service.runtime import Backoff, OutageLog, stop_signal, stop_task, when_reachable
 from service.settings import ConfigError, Settings
-
-T = TypeVar("T")
-log = structlog.get_logger(__name__)
-
-
-async def when_reachable(
-    attempt: Callable[[], Awaitable[T]],
-    stop: asyncio.Event | None = None,
-    *,
-    backoff: Backoff | None = None,
-    waiting: OutageLog | None = None,
-    survive: Callable[[BaseException], bool] = is_outage,
-) -> T | None:
-    """``await attempt()``, tried again while it fails with an error ``survive`` accepts (a store
-    that is away, :func:`service.failures.is_outage`), with back-off (``backoff``: 0.5 s doubling
-    to 5 s by default) and one log line when the wait begins and one when it ends, however long
-    it takes (``waiting``: a ``dependency`` :class:`OutageLog` by default). Its result, or None
-    when ``stop`` was set first. The one wait of every long-running command.
-
-    Raises:
-        Whatever ``attempt`` raises that ``survive`` refuses.
-    """
-    backoff = backoff or Backoff()
-    waiting = waiting or OutageLog("dependency")
-    while True:
-        try:
-            result = await attempt()
-        except Exception as exc:
-            if not survive(exc):
-                raise
-            waiting.failed(exc, store=outage_of(exc) or "unknown")
-            if await wait_or_stop(stop, backoff.next()):
-                return None
-            continue
-        waiting.recovered()
-        return result
 
 
 class DependencyUnreachable(ConfigError):
