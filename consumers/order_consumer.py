@@ -10,13 +10,14 @@ the one place where settlements become broker actions:
 
 - ``ACK``: written (applied or rejected), a duplicate, or released by the API: acked (one
   ``multiple`` ack where the window allows).
-- ``RETRY``: a transient failure (MySQL unreachable or failing over, deadlocks or lock waits past
-  the transaction's own retries): a copy goes to the retry queue of its turn (1, 2, 5, 10, 30 s
-  by default, ``FLASHSALE_AMQP__RETRY_DELAYS``) and the delivery is acked, so nothing waits out a
-  back-off in the prefetch window and an outage never spends the order queue's delivery limit
-  (kept for a message that kills the consumer). The copy comes back to the order queue by
-  itself (:mod:`service.adapters.broker`). A failure that is not known to be transient and
-  persists for one order alone is retried :data:`MAX_FAILED_WRITES` times, then dead-lettered.
+- ``RETRY``: a transient failure (:func:`service.failures.is_transient`: MySQL unreachable or
+  failing over, deadlocks or lock waits past the transaction's own retries): a copy goes to the
+  retry queue of its turn (1, 2, 5, 10, 30 s by default, ``FLASHSALE_AMQP__RETRY_DELAYS``) and the
+  delivery is acked, so nothing waits out a back-off in the prefetch window and an outage never
+  spends the order queue's delivery limit (kept for a message that kills the consumer). The copy
+  comes back to the order queue by itself (:mod:`service.adapters.broker`). A failure that is not
+  known to be transient and persists for one order alone is retried :data:`MAX_FAILED_WRITES` times,
+  then dead-lettered.
 - ``DEAD``: a permanent failure (undecodable or out-of-domain body, unknown product, an order
   number that cannot be written at all): dead-lettered at once with a reason header
   (:mod:`service.adapters.redirect`), without holding up the rest of its batch.
@@ -40,19 +41,16 @@ import structlog
 from aio_pika.abc import AbstractChannel
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aiormq.abc import AbstractChannel as AbstractAMQPChannel
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers import worker_metrics
-from db.engine import is_retryable, is_unreachable
 from service.adapters.broker import OrderMessage, connect_when_up, declare_topology
-from service.adapters.failures import StoreUnavailable
 from service.adapters.redirect import Redirector, retries_of
 from service.adapters.redis.stores import RedisStores
 from service.adapters.subscription import Delivery, Subscription
 from service.bootstrap import Resources
 from service.domain.fulfilment.order_writer import InvalidOrder, OrderWriter, Outcome, parse_order
+from service.failures import is_transient
 from service.runtime import freeze_startup_heap, stop_signal
 from service.settings import AMQPSettings
 
@@ -85,21 +83,6 @@ class Settlement:
 
 ACK = Settlement(Action.ACK)
 _DEAD_OUTCOMES = {Outcome.UNKNOWN_PRODUCT: "unknown_product", Outcome.CONFLICT: "order_no_conflict"}
-
-
-def is_transient(exc: BaseException) -> bool:
-    """A failure that passes by itself: MySQL unreachable, gone away, restarting, read-only
-    while failing over, out of connections (SQLAlchemy ``OperationalError``/``InterfaceError``,
-    no pooled connection in time), deadlocks or lock waits past the transaction's retries, a
-    store an adapter found unavailable (:class:`StoreUnavailable`), a socket error or timeout."""
-    return (
-        is_unreachable(exc)
-        or is_retryable(exc)
-        or isinstance(
-            exc, StoreUnavailable | OperationalError | InterfaceError | PoolTimeoutError | OSError | TimeoutError
-        )
-        or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
-    )
 
 
 @dataclass(slots=True)

@@ -14,12 +14,13 @@ from rich.console import Console
 from rich.table import Table
 
 from consumers import worker_metrics
-from service.bootstrap import is_outage, job_opened
 from service.domain.errors import ProductNotFound
 from service.domain.stock.realign import RealignReport
+from service.failures import is_outage
 from service.log_setup import configure_logging
 from service.runtime import watch
 from service.settings import Settings
+from service.startup import job_opened
 
 
 async def run_realign(

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 
 from consumers import worker_metrics
-from service.bootstrap import is_outage, job_opened
 from service.domain.orders.lifecycle import expire_unpaid
+from service.failures import is_outage
 from service.log_setup import configure_logging
 from service.runtime import watch
 from service.settings import Settings
+from service.startup import job_opened
 
 
 async def run_sweep(

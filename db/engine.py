@@ -1,4 +1,15 @@
-"""Async engine and typed MySQL errors (the idea of advanced-alchemy's 1062 mapping)."""
+"""Async engine; MySQL's side of the failure vocabulary (docs/ARCHITECTURE.md, "Failure vocabulary").
+
+The engine is the boundary where SQLAlchemy/asyncmy errors become the vocabulary of
+:mod:`service.failures` (the idea of advanced-alchemy's 1062 mapping, for every error that
+means something to a caller): its ``handle_error`` hook (:func:`_translated`) raises
+:class:`~service.failures.TransientConflict` for a deadlock or lock wait timeout,
+:class:`~service.failures.DuplicateKey` for a 1062 and
+:class:`~service.failures.StoreUnavailable` ``("mysql")`` for a server that cannot be reached or
+went away. Any other database error (a bug, a schema the code does not expect) stays SQLAlchemy's,
+and so does the pool's ``TimeoutError`` (no pooled connection in time: SQLAlchemy raises it
+outside the hook), which the classifier counts as MySQL unavailable.
+"""
 
 from __future__ import annotations
 
@@ -9,51 +20,19 @@ from typing import Any, TypeVar
 
 import structlog
 from sqlalchemy import event
-from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlalchemy.engine import Dialect, ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-ER_DUP_ENTRY = 1062
-ER_LOCK_WAIT_TIMEOUT = 1205
-ER_LOCK_DEADLOCK = 1213
+from service.failures import ER_LOCK_WAIT_TIMEOUT, TransientConflict, mysql_errno, translate
+
+__all__ = ["ER_CONNECTION_LOST", "ER_LOCK_WAIT_TIMEOUT", "in_transaction", "make_engine", "mysql_errno"]
+
 ER_CONNECTION_LOST = 2013
 MAX_TRANSACTION_ATTEMPTS = 6
 """Attempts of one transaction that meets deadlocks or lock wait timeouts (:func:`in_transaction`)."""
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
-
-
-class DuplicateKeyError(Exception):
-    """An INSERT hit a UNIQUE index (MySQL error 1062); ``key`` names the index when known."""
-
-    def __init__(self, key: str | None, message: str) -> None:
-        super().__init__(message)
-        self.key = key
-
-
-def mysql_errno(exc: BaseException) -> int | None:
-    """The MySQL error number behind a SQLAlchemy/asyncmy exception, if any."""
-    orig = getattr(exc, "orig", None)
-    args = getattr(orig, "args", ())
-    return args[0] if args and isinstance(args[0], int) else None
-
-
-UNREACHABLE_ERRNOS = frozenset({1040, 1044, 1045, 1049, 2002, 2003, 2005, 2006, 2013})
-"""Too many connections (1040), access denied (1044, 1045), unknown database (1049), cannot
-connect / host unknown / server gone away / connection lost (2002-2013): MySQL is not reachable
-as configured, or not now."""
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """MySQL could not be reached (a connection error above, or no pooled connection in time)."""
-    return isinstance(exc, PoolTimeoutError) or (isinstance(exc, DBAPIError) and mysql_errno(exc) in UNREACHABLE_ERRNOS)
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """Deadlock (1213) or lock wait timeout (1205): the whole transaction may be retried."""
-    return isinstance(exc, DBAPIError) and mysql_errno(exc) in (ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT)
 
 
 async def in_transaction(
@@ -65,21 +44,23 @@ async def in_transaction(
     on_retry: Callable[[], None] | None = None,
 ) -> T:
     """``work(conn)`` in one transaction (committed when it returns, rolled back when it raises),
-    the whole transaction retried on a deadlock (1213) or lock wait timeout (1205), at most
-    ``attempts`` times, with jittered exponential back-off (40 ms doubling, capped at 1 s).
+    the whole transaction retried on a :class:`~service.failures.TransientConflict` (deadlock
+    1213, lock wait timeout 1205), at most ``attempts`` times, with jittered exponential
+    back-off (40 ms doubling, capped at 1 s).
     ``label`` names the work in the retry log line; ``on_retry`` is called before each retry
     (e.g. a metric).
 
     Raises:
-        sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted.
+        service.failures.TransientConflict: retries exhausted.
+        service.failures.StoreFailure: MySQL failed otherwise (:mod:`service.failures`).
         Whatever ``work`` raises otherwise (after the rollback).
     """
     for attempt in range(1, attempts + 1):
         try:
             async with engine.begin() as conn:
                 return await work(conn)
-        except DBAPIError as exc:
-            if not is_retryable(exc) or attempt == attempts:
+        except TransientConflict:
+            if attempt == attempts:
                 raise
             delay = min(0.02 * 2**attempt, 1.0) * (0.5 + random.random())
             if on_retry is not None:
@@ -87,15 +68,6 @@ async def in_transaction(
             log.info("transaction_retry", work=label, attempt=attempt, delay=round(delay, 3))
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")
-
-
-def as_duplicate_key(exc: DBAPIError) -> DuplicateKeyError | None:
-    """A :class:`DuplicateKeyError` for a 1062 error (``key`` parsed from "for key 'name'"), else None."""
-    if mysql_errno(exc) != ER_DUP_ENTRY:
-        return None
-    message = str(getattr(exc, "orig", exc))
-    key = message.rsplit("for key '", 1)[1].split("'", 1)[0] if "for key '" in message else None
-    return DuplicateKeyError(key.rsplit(".", 1)[-1] if key else None, message)
 
 
 def make_engine(url: str, *, pool_size: int = 20, max_overflow: int = 10) -> AsyncEngine:
@@ -113,7 +85,18 @@ def make_engine(url: str, *, pool_size: int = 20, max_overflow: int = 10) -> Asy
         connect_args={"init_command": "SET time_zone = '+00:00'"},
     )
     event.listen(engine.sync_engine, "do_connect", connect_typed)
+    event.listen(engine.sync_engine, "handle_error", _translated, retval=True)
     return engine
+
+
+def _translated(context: ExceptionContext) -> BaseException | None:
+    """SQLAlchemy's ``handle_error`` hook: the vocabulary's exception for a DBAPI error that means
+    something to callers (:func:`service.failures.translate`), raised in its place (chained:
+    other hooks still see the original), with the driver's error as its cause. Not for the
+    pool's pre-ping, whose failure SQLAlchemy handles by reconnecting."""
+    if context.is_pre_ping:
+        return None
+    return translate(context.sqlalchemy_exception or context.original_exception)
 
 
 def connect_typed(dialect: Dialect, _record: object, cargs: list[Any], cparams: dict[str, Any]) -> Any:
@@ -124,7 +107,8 @@ def connect_typed(dialect: Dialect, _record: object, cargs: list[Any], cparams: 
     database outage (503 on the API) instead of an unknown error (500).
 
     Raises:
-        The DBAPI's ``OperationalError`` (wrapped by SQLAlchemy as ``sqlalchemy.exc.OperationalError``).
+        The DBAPI's ``OperationalError`` (which :func:`_translated` turns into
+        :class:`~service.failures.StoreUnavailable` ``("mysql")``).
     """
     try:
         return dialect.connect(*cargs, **cparams)

@@ -1,7 +1,8 @@
 """Process life for the long-running commands: stop on SIGTERM/SIGINT, repeat a pass with
 ``--watch``, wait out an outage with back-off (:class:`Backoff`) and say so once per outage
-(:class:`OutageLog`), not once per attempt; stop a background task for sure (:func:`stop_task`);
-keep what start-up built out of the cyclic garbage collector's passes (:func:`freeze_startup_heap`)."""
+(:class:`OutageLog`), not once per attempt (:func:`when_reachable`, the one such wait); stop a
+background task for sure (:func:`stop_task`); keep what start-up built out of the cyclic garbage
+collector's passes (:func:`freeze_startup_heap`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import structlog
+
+from service.failures import is_outage, outage_of
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -112,6 +115,39 @@ class OutageLog:
         self.failures = 0
 
 
+async def when_reachable(
+    attempt: Callable[[], Awaitable[T]],
+    stop: asyncio.Event | None = None,
+    *,
+    backoff: Backoff | None = None,
+    waiting: OutageLog | None = None,
+    survive: Callable[[BaseException], bool] = is_outage,
+) -> T | None:
+    """``await attempt()``, tried again while it fails with an error ``survive`` accepts (a store
+    that is away, :func:`service.failures.is_outage`), with back-off (``backoff``: 0.5 s doubling
+    to 5 s by default) and one log line when the wait begins and one when it ends, however long
+    it takes (``waiting``: a ``dependency`` :class:`OutageLog` by default). Its result, or None
+    when ``stop`` was set first. The one wait of every long-running command.
+
+    Raises:
+        Whatever ``attempt`` raises that ``survive`` refuses.
+    """
+    backoff = backoff or Backoff()
+    waiting = waiting or OutageLog("dependency")
+    while True:
+        try:
+            result = await attempt()
+        except Exception as exc:
+            if not survive(exc):
+                raise
+            waiting.failed(exc, store=outage_of(exc) or "unknown")
+            if await wait_or_stop(stop, backoff.next()):
+                return None
+            continue
+        waiting.recovered()
+        return result
+
+
 async def stop_task(task: asyncio.Task[Any]) -> None:
     """Cancel ``task`` and wait until it has ended; an exception it ended with (other than the
     cancellation) is raised here.
@@ -154,7 +190,7 @@ async def watch(
     (a signal during the wait ends the loop at once; a pass in progress is finished first).
 
     With ``seconds``, a pass that raises an exception ``survive`` accepts (a store is away: see
-    :func:`service.bootstrap.is_outage`) does not end the loop: the next pass follows after a
+    :func:`service.failures.is_outage`) does not end the loop: the next pass follows after a
     back-off (0.5 s doubling, at most ``seconds``), and the outage is logged once when it begins
     and once when a pass succeeds again (:class:`OutageLog`, ``<event>_failing`` /
     ``<event>_recovered``). Any other exception ends the loop, as does every exception of a

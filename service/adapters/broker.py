@@ -42,8 +42,9 @@ from aio_pika.abc import (
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 
 from service import metrics
+from service.failures import PublishFailed
 from service.log_setup import HTTP_REQUEST_ID
-from service.runtime import Backoff, OutageLog
+from service.runtime import OutageLog, when_reachable
 from service.settings import AMQPSettings
 
 log = structlog.get_logger(__name__)
@@ -92,10 +93,6 @@ def partition_of_body(settings: AMQPSettings, body: bytes) -> int | None:
         return None
 
 
-class PublishFailed(Exception):
-    """The broker did not confirm the message (nack, unroutable, timeout or connection down)."""
-
-
 @contextlib.contextmanager
 def quiet_connect_logs() -> Iterator[None]:
     """While a first connect is attempted: aiormq and aio-pika log every refused connect as an
@@ -115,21 +112,21 @@ def quiet_connect_logs() -> Iterator[None]:
 async def connect_when_up(url: str, purpose: str) -> AbstractRobustConnection:
     """A robust connection to ``url``, waiting for the broker as long as it takes: aio-pika's
     ``connect_robust`` reconnects by itself only after a first connect succeeded (``fail_fast``:
-    the first failure is raised), so the first one is tried again here with back-off (0.5 s
-    doubling to 5 s), with one log line when the wait begins and one when it ends (``purpose``
-    names the connection in them). Cancel to give up."""
-    backoff = Backoff()
-    waiting = OutageLog("broker_connect", purpose=purpose)
-    while True:
-        try:
-            with quiet_connect_logs():
-                connection = await aio_pika.connect_robust(url)
-        except CONNECTION_EXCEPTIONS as exc:
-            waiting.failed(exc)
-            await asyncio.sleep(backoff.next())
-            continue
-        waiting.recovered()
-        return connection
+    the first failure is raised), so the first one is tried again here with back-off
+    (:func:`service.runtime.when_reachable`: 0.5 s doubling to 5 s), with one log line when the
+    wait begins and one when it ends (``purpose`` names the connection in them). Cancel to give up."""
+
+    async def connect() -> AbstractRobustConnection:
+        with quiet_connect_logs():
+            return await aio_pika.connect_robust(url)
+
+    connection = await when_reachable(
+        connect,
+        waiting=OutageLog("broker_connect", purpose=purpose),
+        survive=lambda exc: isinstance(exc, CONNECTION_EXCEPTIONS),
+    )
+    assert connection is not None  # no stop event: only a connection ends the wait
+    return connection
 
 
 async def declare_topology(

@@ -21,9 +21,11 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aio_pika.exceptions import CONNECTION_EXCEPTIONS, AMQPError
 
 from service.adapters import redirect
 from service.adapters.broker import declare_topology, partition_of_body, queue_depth
+from service.failures import PublishFailed
 from service.settings import AMQPSettings
 
 RETURN_PATIENCE_SECONDS = 5.0
@@ -183,8 +185,8 @@ class DeadLetterQueue:
         queue once the broker confirmed it. Returns them.
 
         Raises:
-            aio_pika.exceptions.DeliveryError and connection errors: a publish was not
-                confirmed; that message and the later ones stay in the dead-letter queue.
+            service.failures.PublishFailed: a publish was not confirmed; that message and the
+                later ones stay in the dead-letter queue.
         """
         async with self._taken(limit) as taken:
             exchange = await taken.channel.get_exchange(self._settings.exchange)
@@ -194,18 +196,22 @@ class DeadLetterQueue:
                 if ids is not None and letter.id not in ids:
                     continue
                 headers = {k: v for k, v in letter.headers.items() if k not in _DROPPED_ON_REDRIVE}
-                await exchange.publish(
-                    aio_pika.Message(
-                        message.body,
-                        headers=headers,
-                        content_type=message.content_type,
-                        message_id=message.message_id,
-                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    ),
-                    routing_key=self._home_queue(letter),
-                    mandatory=True,
-                    timeout=self._settings.confirm_timeout,
+                copy = aio_pika.Message(
+                    message.body,
+                    headers=headers,
+                    content_type=message.content_type,
+                    message_id=message.message_id,
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                 )
+                try:
+                    await exchange.publish(
+                        copy,
+                        routing_key=self._home_queue(letter),
+                        mandatory=True,
+                        timeout=self._settings.confirm_timeout,
+                    )
+                except (AMQPError, TimeoutError, *CONNECTION_EXCEPTIONS) as exc:
+                    raise PublishFailed(repr(exc)) from exc
                 await taken.ack(message)
                 moved.append(letter)
             return moved

@@ -27,9 +27,11 @@ from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel
+from aio_pika.exceptions import CONNECTION_EXCEPTIONS, AMQPError
 
 from service.adapters.broker import partition_of_body
 from service.adapters.subscription import Delivery
+from service.failures import PublishFailed
 from service.settings import AMQPSettings
 
 RETRIES = "x-flashsale-retries"
@@ -83,7 +85,7 @@ class Redirector:
         """Send a copy of ``message`` to the retry queue of its turn; returns the delay.
 
         Raises:
-            aio_pika.exceptions.AMQPError, TimeoutError, ConnectionError: not confirmed.
+            service.failures.PublishFailed: not confirmed.
         """
         retries = retries_of(message)
         delay = self.retry_delay(retries)
@@ -104,7 +106,7 @@ class Redirector:
         """Send a copy of ``message`` to the dead-letter queue with why it died.
 
         Raises:
-            aio_pika.exceptions.AMQPError, TimeoutError, ConnectionError: not confirmed.
+            service.failures.PublishFailed: not confirmed.
         """
         headers = message.headers
         deaths = headers.get(DEATHS)
@@ -128,6 +130,9 @@ class Redirector:
             correlation_id=message.correlation_id,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
-        await self._channel.default_exchange.publish(
-            copy, routing_key=queue, mandatory=True, timeout=self._settings.confirm_timeout
-        )
+        try:
+            await self._channel.default_exchange.publish(
+                copy, routing_key=queue, mandatory=True, timeout=self._settings.confirm_timeout
+            )
+        except (AMQPError, TimeoutError, *CONNECTION_EXCEPTIONS) as exc:
+            raise PublishFailed(repr(exc)) from exc

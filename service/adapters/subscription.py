@@ -25,6 +25,8 @@ from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aiormq.abc import DeliveredMessage
 from pamqp import commands as spec
 
+from service.failures import translate
+
 log = structlog.get_logger(__name__)
 
 STOP_SECONDS = 5.0
@@ -100,10 +102,16 @@ class Subscription:
         """Subscribe to every queue; from now on, again after every reopen of the channel.
 
         Raises:
+            service.failures.StoreUnavailable: the connection or channel failed (``"rabbitmq"``).
             aiormq.exceptions.AMQPError: a queue could not be consumed (missing, exclusive).
         """
         self._channel.reopen_callbacks.add(self._reopened)
-        await self._subscribe_all()
+        try:
+            await self._subscribe_all()
+        except Exception as exc:
+            if (failure := translate(exc)) is None:
+                raise
+            raise failure from exc
 
     async def stop(self) -> None:
         """Stop taking deliveries (deliveries in hand stay the callee's to settle). Best effort

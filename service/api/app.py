@@ -23,11 +23,11 @@ from service.api.no_shard import stop_server
 from service.api.openapi import document_contract
 from service.api.problems import ERROR_HANDLERS, problem_details_plugin
 from service.api.providers import WorkerSlot, providers
-from service.bootstrap import BackgroundResources
 from service.domain.order_numbers.minter import ShardsExhausted
 from service.log_setup import configure_logging
 from service.runtime import freeze_startup_heap
 from service.settings import Settings, get_settings
+from service.startup import BackgroundResources
 
 
 class FlashsalePlugin(InitPluginProtocol):

@@ -42,6 +42,7 @@ from service.api.body import body_spec
 from service.api.media import JSON_BODY_OPT
 from service.api.problems import PROBLEM_MEDIA_TYPE, STATUS_BY_CODE, TITLES
 from service.api.providers import SERVICES
+from service.failures import UNAVAILABLE
 
 PROBLEMS_OPT = "problems"
 REQUEST_SCHEMA_OPT = "request_schema"
@@ -130,7 +131,7 @@ def _codes(route: HTTPRoute, handler: Any, operation: Operation, secured: bool) 
     if takes_json:
         add(415, "unsupported_media_type")
     if not SERVICES.isdisjoint(handler.parsed_fn_signature.parameters):  # 503 while the worker connects
-        add(503, "unavailable")
+        add(503, UNAVAILABLE)
     for code in handler.opt.get(PROBLEMS_OPT, ()):
         add(STATUS_BY_CODE[code], code)
     return by_status

@@ -21,15 +21,12 @@ from litestar.plugins.problem_details import (
 )
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from litestar.types import ExceptionHandlersMap
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from db.engine import is_unreachable
-from service.adapters.failures import StoreUnavailable
 from service.domain.errors import DomainError, InvalidInput
+from service.failures import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER, StoreFailure, is_unavailable
 
 log = structlog.get_logger(__name__)
 
@@ -58,7 +55,7 @@ _GENERIC_CODES = {
     413: "payload_too_large",
     415: "unsupported_media_type",
     429: "too_many_requests",
-    503: "unavailable",
+    503: UNAVAILABLE,
 }
 
 
@@ -154,9 +151,9 @@ STATUS_BY_CODE = {
     "idempotency_key_reused": 422,
     "token_required": 428,
     "too_many_requests": 429,
-    "unavailable": 503,
+    UNAVAILABLE: 503,
 }
-"""The one place where a domain error's ``code`` becomes an HTTP status (docs/ARCHITECTURE.md)."""
+"""The one place where a domain error's ``code`` becomes an HTTP status (docs/API.md)."""
 
 
 def problem_response(exc: DomainError) -> Response[Any]:
@@ -209,12 +206,17 @@ def _domain_error(request: Request[Any, Any, Any], exc: DomainError) -> Response
 
 
 def _store_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    """A store that did not answer outside the purchase path (a read on a lost MySQL or Redis):
-    503 ``unavailable`` with ``Retry-After``, logged once per request; anything else is a 500."""
-    if isinstance(exc, StoreUnavailable | RedisConnectionError | RedisTimeoutError) or is_unreachable(exc):
+    """A store that did not answer outside the purchase path (a read on a lost MySQL or Redis,
+    :func:`service.failures.is_unavailable`): 503 ``unavailable`` with ``Retry-After``, logged
+    once per request; anything else is a 500. The driver errors are listed too: a store's
+    client used without its adapter raises them (docs/ARCHITECTURE.md, "Failure vocabulary")."""
+    if is_unavailable(exc):
         log.warning("store_unavailable", path=request.url.path, error=str(exc).splitlines()[0][:200])
         return Problem(
-            503, "unavailable", "A store did not answer; retry shortly.", headers={"Retry-After": "1"}
+            503,
+            UNAVAILABLE,
+            "A store did not answer; retry shortly.",
+            headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER)},
         ).to_response(request)
     return _unexpected(request, exc)
 
@@ -239,10 +241,10 @@ def problem_details_plugin() -> ProblemDetailsPlugin:
 ERROR_HANDLERS: ExceptionHandlersMap = {
     DomainError: _domain_error,
     RecursionError: _too_deep,
+    StoreFailure: _store_error,
     DBAPIError: _store_error,
     PoolTimeoutError: _store_error,
     RedisError: _store_error,
-    StoreUnavailable: _store_error,
     Exception: _unexpected,
 }
 """Exception handlers of the app: domain errors, too-deep JSON, anything unexpected (500, logged)."""

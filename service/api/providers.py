@@ -15,8 +15,8 @@ from typing import Any
 
 from litestar.di import Provide
 
-from service.bootstrap import BackgroundResources
 from service.domain.errors import Unavailable
+from service.startup import BackgroundResources
 
 SERVICES = frozenset({"purchases", "orders", "catalog", "realigner", "payments", "checkout", "publisher", "settings"})
 """The dependencies held by the opened worker (:class:`service.bootstrap.ApiWorker`'s fields of

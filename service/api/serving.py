@@ -47,9 +47,9 @@ async def shards_short(settings: Settings, workers: int) -> str | None:
     """Why ``workers`` more API workers cannot start on ``settings``'s key prefix (fewer free
     order-number shards than workers, one line), or None (also when Redis does not answer)."""
     from service.adapters.redis.stores import make_stores
-    from service.bootstrap import is_outage
     from service.domain.order_numbers.format import REDIS_SHARDS
     from service.domain.order_numbers.minter import leased_shards
+    from service.failures import is_outage
 
     store = make_stores(settings)
     try:
@@ -120,7 +120,7 @@ def serve_api(
     """
     # The multiprocess directory first: the check imports prometheus_client, which reads it once.
     with metrics_directory(settings.metrics.enabled):
-        from service.bootstrap import report_dependencies
+        from service.startup import report_dependencies
 
         for away in run_async(report_dependencies(settings)):
             warn(f"flashsale: {away}; starting anyway, not ready until it answers")

@@ -48,7 +48,7 @@ def _config_problem(exc: Exception) -> str | None:
         settings = load_settings()
     except ConfigError:
         return None
-    from service.bootstrap import unreachable
+    from service.startup import unreachable
 
     problem = unreachable(exc, settings)
     return None if problem is None else str(problem)

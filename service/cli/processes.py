@@ -76,19 +76,16 @@ def consume(prefetch: int | None, partitions_text: str | None, metrics_port: int
     for Redis, RabbitMQ and MySQL when one is away at start. Exits 0 on SIGTERM after finishing
     its messages."""
     from consumers.order_consumer import run_consumer
-    from service.bootstrap import opened_when_reachable, wait_for_dependencies
     from service.log_setup import configure_logging
-    from service.runtime import stop_signal
+    from service.startup import opened_when_reachable
 
     settings = load_settings()
     partitions = parse_partitions(partitions_text, settings.amqp)
     configure_logging(settings.log_level)
 
     async def go() -> None:
-        with stop_signal() as stop:
-            if not await wait_for_dependencies(settings, stop):
-                return
-        async with opened_when_reachable(settings, publish=False) as resources:
+        # every store asked first, RabbitMQ included: the consumer connects to it itself
+        async with opened_when_reachable(settings, publish=False, check=True) as resources:
             if resources is not None:
                 await run_consumer(resources, prefetch or settings.amqp.prefetch, metrics_port, partitions)
 

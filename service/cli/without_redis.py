@@ -11,10 +11,10 @@ written with the product row locked, and the Redis load is left to the next real
 
 from __future__ import annotations
 
-from service.adapters.failures import StoreUnavailable
 from service.adapters.redis.stores import make_stores
 from service.domain.stock.catalog import ProductInput, set_product
 from service.domain.stock.realign import Realigner, RealignReport
+from service.failures import StoreUnavailable
 from service.settings import Settings
 
 

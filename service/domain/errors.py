@@ -7,6 +7,8 @@ Each carries the stable machine ``code`` of the HTTP contract (docs/API.md) and 
 
 from __future__ import annotations
 
+from service.failures import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER
+
 
 class DomainError(Exception):
     """Base of every error a use case raises on purpose.
@@ -64,9 +66,9 @@ class OrderNotFound(DomainError):
 class Unavailable(DomainError):
     """A store the use case needs did not answer; retry after ``retry_after`` seconds (``unavailable``)."""
 
-    code = "unavailable"
+    code = UNAVAILABLE
 
-    def __init__(self, detail: str, retry_after: int = 1) -> None:
+    def __init__(self, detail: str, retry_after: int = UNAVAILABLE_RETRY_AFTER) -> None:
         super().__init__(detail, retry_after=retry_after)
 
 

@@ -37,7 +37,7 @@ def test_the_bench_servers_run_on_the_granian_options_of_flashsale_serve(monkeyp
         return []
 
     monkeypatch.setattr("granian.Granian", Recorder)
-    monkeypatch.setattr("service.bootstrap.report_dependencies", stores_answer)
+    monkeypatch.setattr("service.startup.report_dependencies", stores_answer)
     monkeypatch.setenv("FLASHSALE_ENV", "development")
     get_settings.cache_clear()
     try:

@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from consumers.order_consumer import is_transient
 from service.adapters.redirect import Redirector
 from service.domain.order_numbers.conflicts import stand_in_order_no
 from service.domain.order_numbers.format import is_valid_order_no
+from service.failures import is_transient
 from service.settings import AMQPSettings
 
 

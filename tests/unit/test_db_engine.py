@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from db.engine import ER_CONNECTION_LOST, is_unreachable, make_engine
+from db.engine import ER_CONNECTION_LOST, make_engine
+from service.failures import StoreUnavailable, is_unavailable
 
 
 async def test_a_connection_closed_during_the_handshake_is_an_outage_not_an_unknown_error(
@@ -22,15 +23,15 @@ async def test_a_connection_closed_during_the_handshake_is_an_outage_not_an_unkn
 
     monkeypatch.setattr(dialect, "connect", closed_by_server)
     try:
-        with pytest.raises(OperationalError) as caught:
+        with pytest.raises(StoreUnavailable) as caught:  # the engine's translation of OperationalError
             async with engine.connect():
                 pass
     finally:
         await engine.dispose()
-    assert caught.value.orig.args[0] == ER_CONNECTION_LOST
-    assert is_unreachable(caught.value)  # the API answers 503 unavailable for it
+    assert caught.value.store == "mysql" and caught.value.__cause__.args[0] == ER_CONNECTION_LOST
+    assert is_unavailable(caught.value)  # the API answers 503 unavailable for it
 
 
 def test_too_many_connections_is_an_outage() -> None:
     refused = OperationalError("connect", {}, Exception(1040, "Too many connections"))
-    assert is_unreachable(refused)  # 503 unavailable on the API, one line from the CLI
+    assert is_unavailable(refused)  # 503 unavailable on the API, one line from the CLI

@@ -12,9 +12,9 @@ from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.exc import OperationalError
 
-from service.adapters.broker import PublishFailed
-from service.bootstrap import DependencyUnreachable, is_outage, outage_of
+from service.failures import PublishFailed, is_outage, outage_of
 from service.runtime import Backoff, OutageLog, watch
+from service.startup import DependencyUnreachable
 
 
 class _MySQLError(Exception):

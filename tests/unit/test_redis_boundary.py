@@ -1,6 +1,6 @@
 """The Redis adapter's boundary: redis-py's failures leave it as ``StoreUnavailable("redis")``
-with the driver's exception as the cause, and the outage classifier still tells an outage from
-wrong credentials by that cause."""
+with the driver's exception as the cause (``StoreRefused`` for wrong credentials), so the outage
+classifier still tells an outage from wrong credentials."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import pytest
 from redis.exceptions import AuthenticationError, RedisClusterException, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from service.adapters.failures import StoreUnavailable
 from service.adapters.redis.boundary import translated
-from service.bootstrap import outage_of
+from service.failures import StoreUnavailable, outage_of
 
 
 @pytest.mark.parametrize(
@@ -36,14 +35,17 @@ async def test_other_errors_pass_through() -> None:
         await call()
 
 
-def _translated(error: BaseException) -> StoreUnavailable:
-    try:
-        raise StoreUnavailable("redis") from error
-    except StoreUnavailable as exc:
-        return exc
+async def _translated(error: BaseException) -> StoreUnavailable:
+    @translated
+    async def call() -> None:
+        raise error
+
+    with pytest.raises(StoreUnavailable) as raised:
+        await call()
+    return raised.value
 
 
-def test_the_classifier_reads_the_cause_of_a_translated_error() -> None:
-    assert outage_of(_translated(RedisConnectionError("refused"))) == "Redis"
-    assert outage_of(_translated(AuthenticationError("WRONGPASS"))) is None  # configuration, no outage
+async def test_the_classifier_tells_an_outage_from_wrong_credentials() -> None:
+    assert outage_of(await _translated(RedisConnectionError("refused"))) == "Redis"
+    assert outage_of(await _translated(AuthenticationError("WRONGPASS"))) is None  # configuration, no outage
     assert outage_of(StoreUnavailable("redis")) == "Redis"

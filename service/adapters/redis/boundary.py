@@ -2,8 +2,7 @@
 
 Every public method of the adapter raises nothing of redis-py's: a script call is translated by
 the registry (:mod:`.scripts`), every other command by :func:`translated` on the method. The
-driver's exception stays the ``__cause__`` (for logs and for the outage classifier, which tells
-wrong credentials from an outage by it). See docs/ARCHITECTURE.md, "Failure vocabulary".
+driver's exception stays the ``__cause__`` (for logs). See docs/ARCHITECTURE.md, "Failure vocabulary".
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from redis.exceptions import RedisClusterException, RedisError
 
-from service.adapters.failures import StoreUnavailable
+from service.failures import StoreUnavailable, translate
 
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError)
 """What redis-py raises when a call fails: its own errors (connection, timeout, error replies),
@@ -25,7 +24,12 @@ T = TypeVar("T")
 
 
 def unavailable(exc: BaseException) -> StoreUnavailable:
-    """The :class:`StoreUnavailable` that stands for ``exc`` (raise it ``from exc``)."""
+    """The :class:`StoreUnavailable` that stands for ``exc`` (raise it ``from exc``): the
+    vocabulary's own translation (:func:`service.failures.translate`: wrong credentials are a
+    :class:`~service.failures.StoreRefused`), else a plain one (an error reply, a script error)."""
+    failure = translate(exc)
+    if isinstance(failure, StoreUnavailable):
+        return failure
     return StoreUnavailable("redis", str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
 
 

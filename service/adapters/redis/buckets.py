@@ -2,7 +2,7 @@
 tag (:mod:`service.domain.stock.buckets`), rebalanced by passes that drain a bucket and fill it
 with its share.
 
-Failures raise :class:`~service.adapters.failures.StoreUnavailable` ``("redis")`` only.
+Failures raise :class:`~service.failures.StoreUnavailable` ``("redis")`` only.
 """
 
 from __future__ import annotations

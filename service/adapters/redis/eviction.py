@@ -52,7 +52,7 @@ class EvictionPolicy:
     async def check(self, *, force: bool = False) -> str | None:
         """Read the policy again when the last read is :data:`REFRESH_SECONDS` old (or
         ``force``); returns it (None: unknown). A connection error propagates as
-        :class:`~service.adapters.failures.StoreUnavailable` (Redis is down, readiness says so
+        :class:`~service.failures.StoreUnavailable` (Redis is down, readiness says so
         anyway); a refused ``CONFIG`` leaves the policy unknown."""
         now = time.monotonic()
         if not force and now < self._next_read:

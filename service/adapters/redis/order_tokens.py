@@ -1,7 +1,7 @@
 """Order tokens: a purchase of a product that needs one names a token issued to the buyer when
 the order page opened (``SET token EX ttl``), taken by the reserve that uses it.
 
-Failures raise :class:`~service.adapters.failures.StoreUnavailable` ``("redis")`` only.
+Failures raise :class:`~service.failures.StoreUnavailable` ``("redis")`` only.
 """
 
 from __future__ import annotations

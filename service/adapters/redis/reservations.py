@@ -3,7 +3,7 @@
 
 Every key of one call on a product shares the hash tag of the product's stock bucket
 (:class:`~service.adapters.redis.keys.ProductKeys`), so the scripts run on Redis Cluster.
-Failures raise :class:`~service.adapters.failures.StoreUnavailable` ``("redis")`` only
+Failures raise :class:`~service.failures.StoreUnavailable` ``("redis")`` only
 (:mod:`.boundary`). The scripts that put stock back PUBLISH on the restock channel themselves;
 this process's own listeners are told here (:class:`.restock_channel.RestockChannel`).
 """

@@ -6,7 +6,7 @@ Every key a script touches is passed in KEYS and all keys of one call share a ha
 (:mod:`.keys`), so each call runs unchanged on Redis Cluster; ``SCRIPT LOAD`` and
 ``SCRIPT EXISTS`` go to every master there (redis-py's cluster client).
 
-Failures: every call raises :class:`~service.adapters.failures.StoreUnavailable` ``("redis")``
+Failures: every call raises :class:`~service.failures.StoreUnavailable` ``("redis")``
 from the driver's exception (:mod:`.boundary`), nothing of redis-py's.
 """
 

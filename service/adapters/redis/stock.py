@@ -2,7 +2,7 @@
 quotas, the reservation journal, the realignment script that loads stock from MySQL's figure,
 and the stock-mode marker.
 
-Failures raise :class:`~service.adapters.failures.StoreUnavailable` ``("redis")`` only
+Failures raise :class:`~service.failures.StoreUnavailable` ``("redis")`` only
 (:mod:`.boundary`).
 """
 

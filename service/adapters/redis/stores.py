@@ -2,7 +2,7 @@
 one script registry; each piece owns its own key names (:mod:`.keys`) and answers in the
 domain's types (:mod:`service.domain.model.stock`).
 
-Every method raises :class:`~service.adapters.failures.StoreUnavailable` ``("redis")`` when Redis
+Every method raises :class:`~service.failures.StoreUnavailable` ``("redis")`` when Redis
 fails, never a redis-py exception (:mod:`.boundary`).
 """
 

@@ -9,9 +9,10 @@ from litestar import Controller, Response, get
 from litestar.di import NamedDependency
 from sqlalchemy import text
 
-from service.bootstrap import ApiWorker, BackgroundResources
+from service.bootstrap import ApiWorker
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import leased_shards
+from service.startup import BackgroundResources
 
 
 class Readiness(msgspec.Struct):

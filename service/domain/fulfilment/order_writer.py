@@ -48,15 +48,13 @@ from enum import Enum
 
 import msgspec
 import structlog
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from db.engine import as_duplicate_key, in_transaction
+from db.engine import in_transaction
 from db.models import MAX_AMOUNT, OrderStatus
 from db.queries import inventory, orders, quota
 from service import metrics
 from service.adapters.broker import OrderMessage, decode_order
-from service.adapters.failures import StoreUnavailable
 from service.adapters.redis.stores import RedisStores
 from service.domain.model.stock import ClaimOutcome
 from service.domain.order_numbers.conflicts import stand_in_order_no
@@ -64,6 +62,7 @@ from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.orders.actors import CONSUMER
 from service.domain.purchase import user_quota
 from service.domain.purchase.request_id import USER_ID, reissued_request_id
+from service.failures import DuplicateKey, StoreUnavailable
 
 _WRITE_RETRIED = metrics.retries_of("write_orders", metrics.TRANSACTION_RETRIES.inc)
 
@@ -128,8 +127,8 @@ class OrderWriter:
         """One outcome per order of ``batch`` (delivery order), after the commit.
 
         Raises:
-            sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted
-                (nothing of the batch is written).
+            service.failures.StoreFailure: MySQL failed (unavailable, or a deadlock's retries
+                exhausted; nothing of the batch is written). Any other database error too.
         """
         released = await self._released(batch)
         kept = [order for order, gone in zip(batch, released, strict=True) if not gone]
@@ -179,7 +178,7 @@ async def write_orders(
     record was lost with Redis data) and is recorded ``rejected``/``duplicate_request``.
 
     Raises:
-        sqlalchemy.exc.DBAPIError: a non-retryable database error, or retries exhausted.
+        service.failures.StoreFailure: MySQL failed (unavailable, or a deadlock's retries exhausted).
     """
     return await in_transaction(
         engine,
@@ -273,9 +272,7 @@ async def _insert(
         )
         try:
             inserted = await conn.execute(orders.INSERT_MANY, {"rows": payload, "status": OrderStatus.PENDING_PAYMENT})
-        except IntegrityError as exc:
-            if as_duplicate_key(exc) is None:
-                raise
+        except DuplicateKey:
             before = [(row.index, row.request_id, row.order_no) for row in rows]
             rows = await _settle_collisions(conn, rows, outcomes, replay_window)
             if [(row.index, row.request_id, row.order_no) for row in rows] == before:

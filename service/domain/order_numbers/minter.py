@@ -34,12 +34,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import structlog
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.queries import order_no as generations_sql
 from service.adapters.redis.stores import RedisStores
 from service.domain.order_numbers.format import COUNTER_MAX, REDIS_SHARDS, compose_in_range
+from service.failures import StoreFailure
 from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)
@@ -215,7 +215,7 @@ class OrderNumberMinter:
 
         Raises:
             ShardLost: not established after :data:`_ESTABLISH_TRIES` tries (MySQL kept failing).
-            service.adapters.failures.StoreUnavailable: Redis failed.
+            service.failures.StoreUnavailable: Redis failed.
         """
         if self._epoch is not None and self._epoch[0] == shard:
             return self._epoch[1]
@@ -226,7 +226,7 @@ class OrderNumberMinter:
             try:
                 seen = await self._generations.current(shard)
                 won = await self._generations.bump(shard, seen)
-            except (DBAPIError, OSError) as exc:  # e.g. too many connections: try again shortly
+            except (StoreFailure, OSError) as exc:  # e.g. too many connections: try again shortly
                 log.warning("order_no_generation_unavailable", shard=shard, error=repr(exc))
                 await asyncio.sleep(0.05)
                 continue
@@ -252,7 +252,7 @@ class OrderNumberMinter:
             ShardLost: the process does not hold a shard right now, MySQL failed while the
                 shard's generation had to move on, or the block refill this call queued behind
                 failed (so a stalled Redis costs each waiting caller one refill, not one each).
-            service.adapters.failures.StoreUnavailable: Redis failed.
+            service.failures.StoreUnavailable: Redis failed.
         """
         resets = 0
         while True:

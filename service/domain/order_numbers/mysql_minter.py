@@ -116,7 +116,8 @@ class MysqlOrderNumberMinter:
         """A fresh order number: the next of this process's block, or of a new block.
 
         Raises:
-            sqlalchemy.exc.DBAPIError: MySQL failed (retries of a deadlock or lock wait exhausted).
+            service.failures.StoreFailure: MySQL failed (unavailable, or the retries of a deadlock
+                or lock wait exhausted).
             OSError: MySQL could not be reached.
         """
         if (order_no := self._from_block()) is not None:

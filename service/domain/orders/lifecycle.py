@@ -18,13 +18,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.models import OrderStatus as S
 from db.queries import attempts, inventory, orders
 from service import metrics
-from service.adapters.failures import StoreUnavailable
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import OrderNotFound
 from service.domain.model.stock import RestockOutcome
 from service.domain.orders import actors
 from service.domain.purchase import user_quota
 from service.domain.stock.buckets import bucket_of
+from service.failures import StoreUnavailable
 
 log = structlog.get_logger(__name__)
 

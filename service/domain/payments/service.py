@@ -26,10 +26,8 @@ from dataclasses import dataclass
 
 import msgspec
 import structlog
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from db.engine import as_duplicate_key
 from db.models import OrderStatus as S
 from db.queries import attempts, payments, refunds
 from service.adapters.channel_client import ChannelClient, ChannelUnavailable
@@ -48,6 +46,7 @@ from service.domain.orders.lifecycle import (
 )
 from service.domain.payments.notification import Notification, verify
 from service.domain.payments.refunds import RefundRequest, abandon_refund, request_refund
+from service.failures import DuplicateKey
 
 log = structlog.get_logger(__name__)
 
@@ -108,9 +107,7 @@ async def _record(conn: AsyncConnection, note: Notification, raw: str, status: s
                 "raw": raw,
             },
         )
-    except IntegrityError as exc:
-        if as_duplicate_key(exc) is None:
-            raise
+    except DuplicateKey:
         return None
     return inserted.lastrowid
 

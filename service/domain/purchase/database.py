@@ -28,16 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import msgspec
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from db.engine import as_duplicate_key, in_transaction
+from db.engine import in_transaction
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
 from service import metrics
 from service.domain.model.stock import ReserveOutcome
 from service.domain.orders import actors
 from service.domain.purchase import user_quota
+from service.failures import DuplicateKey
 
 _BUY_RETRIED = metrics.retries_of("buy_in_database")
 _rows_encoder = msgspec.json.Encoder()
@@ -84,8 +84,9 @@ async def buy_in_database(engine: AsyncEngine, purchase: DatabasePurchase) -> Da
     """Run ``purchase`` as one MySQL transaction (see the module docstring).
 
     Raises:
-        sqlalchemy.exc.DBAPIError: MySQL failed (non-retryable, or retries exhausted), or a
-            1062 on the order number (a minter fault; ``UNIQUE(order_no)`` stopped it).
+        service.failures.StoreFailure: MySQL failed (unavailable, or a deadlock's retries
+            exhausted), or :class:`~service.failures.DuplicateKey` on the order number (a minter
+            fault; ``UNIQUE(order_no)`` stopped it).
     """
     try:
         return await in_transaction(
@@ -93,9 +94,7 @@ async def buy_in_database(engine: AsyncEngine, purchase: DatabasePurchase) -> Da
         )
     except _Refused as refused:
         return DatabaseAnswer(refused.outcome)
-    except IntegrityError as exc:
-        if as_duplicate_key(exc) is None:
-            raise
+    except DuplicateKey:
         earlier = await earlier_order(engine, purchase.request_id)
         if earlier is None:
             raise  # not the request id: the order number collided

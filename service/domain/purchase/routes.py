@@ -22,12 +22,12 @@ import time
 from dataclasses import dataclass
 
 import structlog
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import StockMode
 from db.queries import products
 from service.domain.errors import ProductNotFound
+from service.failures import StoreFailure
 
 log = structlog.get_logger(__name__)
 
@@ -130,7 +130,7 @@ class RouteCache:
         try:
             async with self._engine.connect() as conn:
                 row = (await conn.execute(products.ROUTING, {"id": product_id})).first()
-        except (DBAPIError, OSError) as exc:
+        except (StoreFailure, OSError) as exc:
             log.warning("route_unavailable", product_id=product_id, error=repr(exc))
             kept = self._routes.get(product_id)
             if kept is None:

@@ -1,4 +1,4 @@
-"""The purchase path, per product stock mode (seed "order system database design"):
+"""The purchase path, per product stock mode (docs/ARCHITECTURE.md, "How it works"):
 
 - ``redis`` (scheme 2): reserve in Redis (one Lua call), publish with confirm, or give it back
   (publish mode ``confirm``); or reserve, mark queued and publish in the background (``async``).
@@ -29,15 +29,14 @@ import dataclasses
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import Enum
 
 import structlog
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import StockMode
 from service.adapters.background_publisher import BackgroundPublisher
-from service.adapters.broker import OrderMessage, Publisher, PublishFailed
-from service.adapters.failures import StoreUnavailable
+from service.adapters.broker import OrderMessage, Publisher
 from service.adapters.redis.order_tokens import TOKEN_INVALID, TOKEN_USED
 from service.adapters.redis.reservations import new_attempt
 from service.adapters.redis.stores import RedisStores
@@ -55,6 +54,14 @@ from service.domain.purchase.database import (
 from service.domain.purchase.routes import Route, RouteCache
 from service.domain.purchase.sold_out import SoldOutFlags, Token, Verdict
 from service.domain.stock.buckets import bucket_of
+from service.failures import (
+    UNAVAILABLE,
+    UNAVAILABLE_RETRY_AFTER,
+    PublishFailed,
+    StoreFailure,
+    StoreUnavailable,
+    unavailable_detail,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -83,10 +90,22 @@ class PurchaseRejected(DomainError):
     (Redis/RabbitMQ failure, or the stock is not loaded yet; ``retry_after`` seconds)."""
 
     def __init__(self, code: str, detail: str, retry_after: int | None = None) -> None:
-        super().__init__(detail, code=code, retry_after=retry_after or (1 if code == "unavailable" else None))
+        default = UNAVAILABLE_RETRY_AFTER if code == UNAVAILABLE else None
+        super().__init__(detail, code=code, retry_after=retry_after or default)
 
 
-_REJECTIONS = {
+class Down(Enum):
+    """Why a purchase answers ``unavailable`` when no reserve outcome says it: which store failed
+    (or that the buyer's bucket is being refilled)."""
+
+    STOCK = "stock"
+    DATABASE = "database"
+    QUEUE = "queue"
+    TOKENS = "tokens"
+    REBALANCING = "rebalancing"
+
+
+_REJECTIONS: dict[ReserveOutcome | Down, tuple[str, str]] = {
     ReserveOutcome.SOLD_OUT: ("sold_out", "No stock left for this product."),
     ReserveOutcome.LIMIT_EXCEEDED: ("limit_exceeded", "This purchase would take you past the per-user limit."),
     ReserveOutcome.SALE_NOT_ACTIVE: ("sale_not_active", "The sale for this product is not open."),
@@ -95,26 +114,39 @@ _REJECTIONS = {
         "idempotency_key_reused",
         "This Idempotency-Key was used with a different request body.",
     ),
-    ReserveOutcome.NOT_LOADED: ("unavailable", "Stock is not loaded yet, retry shortly."),
+    ReserveOutcome.RATE_LIMITED: ("too_many_requests", "Too many purchase requests; retry later."),
+    ReserveOutcome.NOT_LOADED: (UNAVAILABLE, "Stock is not loaded yet, retry shortly."),
     ReserveOutcome.TOKEN_REQUIRED: ("token_required", "This product needs an Order-Token header."),
     ReserveOutcome.TOKEN_INVALID: ("token_invalid", "The Order-Token is unknown, expired or not yours."),
     # Both sides said the other serves: the product is being switched between stock modes.
-    ReserveOutcome.MOVED: ("unavailable", "The product is switching stock mode, retry shortly."),
+    ReserveOutcome.MOVED: (UNAVAILABLE, "The product is switching stock mode, retry shortly."),
     # Only a reserve that arrives after its own attempt was released answers this, and by then
     # nobody waits for its reply; mapped for completeness.
-    ReserveOutcome.ABANDONED: ("unavailable", "Stock service unavailable, retry shortly."),
+    ReserveOutcome.ABANDONED: (UNAVAILABLE, unavailable_detail("Stock service")),
     # A second 'rebucket' in a row: the product was set up again meanwhile.
-    ReserveOutcome.REBUCKET: ("unavailable", "Stock service unavailable, retry shortly."),
+    ReserveOutcome.REBUCKET: (UNAVAILABLE, unavailable_detail("Stock service")),
+    Down.STOCK: (UNAVAILABLE, unavailable_detail("Stock service")),
+    Down.DATABASE: (UNAVAILABLE, unavailable_detail("Order database")),
+    Down.QUEUE: (UNAVAILABLE, unavailable_detail("Order queue")),
+    Down.TOKENS: (UNAVAILABLE, unavailable_detail("Token store")),
+    Down.REBALANCING: (UNAVAILABLE, "Stock is being rebalanced, retry shortly."),
 }
-"""Reserve outcome -> (error code of the HTTP contract, detail) for every rejection."""
+"""Every rejection of the purchase path, in both stock modes: reserve outcome (or why a store
+failed) -> (error code of the HTTP contract, detail)."""
 _OVER_LIMIT = "quantity is above the product's per-user limit."
+
+
+def rejected(why: ReserveOutcome | Down, retry_after: int | None = None) -> PurchaseRejected:
+    """The rejection ``why`` answers (:data:`_REJECTIONS`)."""
+    code, detail = _REJECTIONS[why]
+    return PurchaseRejected(code, detail, retry_after)
 
 
 def _flag_answer(verdict: Verdict) -> DomainError:
     """The error a standing sold-out flag answers: the same as ``reserve.lua`` would."""
     if verdict is Verdict.OVER_LIMIT:
         return InvalidInput("quantity", _OVER_LIMIT)
-    return PurchaseRejected(*_REJECTIONS[ReserveOutcome.SOLD_OUT])
+    return rejected(ReserveOutcome.SOLD_OUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +165,17 @@ class _Ask:
     def bucket(self) -> int:
         """The buyer's stock bucket (:func:`~service.domain.stock.buckets.bucket_of`)."""
         return bucket_of(self.user_id, self.buckets)
+
+
+@dataclass(frozen=True, slots=True)
+class _Again:
+    """A route's answer that is not the purchase's yet: try stock mode ``mode`` next, the other
+    route (a move) or the same one once more; ``route``: the ``database`` route to use; ``ask``:
+    the request as it goes on (when the product's bucket count was learned)."""
+
+    mode: StockMode
+    route: Route | None = None
+    ask: _Ask | None = None
 
 
 class PurchaseService:
@@ -225,14 +268,29 @@ class PurchaseService:
             token = flags.token(product_id)
         route = self._routes.cached(product_id) or await self._routes.load(product_id)
         ask = _Ask(user_id, product_id, quantity, request_id, order_token, client, route.buckets)
-        if route.mode is StockMode.DATABASE:
-            return await self._in_database(ask, route, False)
-        return await self._in_redis(ask, token, False)
+        # At most two routes (one move: both sides saying "the other one" means a switch is under
+        # way), each tried at most twice (a rebucket, a rebalancing or a token requirement learned).
+        step = _Again(route.mode, route)
+        moved = retried = False
+        for _ in range(4):
+            if step.mode is StockMode.DATABASE:
+                assert step.route is not None
+                result = await self._in_database(ask, step.route, moved)
+            else:
+                result = await self._in_redis(ask, token, moved, retried)
+            if isinstance(result, Accepted):
+                return result
+            if result.mode is step.mode:
+                retried = True
+            else:
+                moved, retried, token = True, False, None
+            ask, step = result.ask or ask, result
+        raise AssertionError("a purchase took more than two routes, twice each")
 
     async def issue_token(self, user_id: str, product_id: int) -> str:
         """A new order token for ``user_id`` and ``product_id`` (32 URL-safe characters), kept in
-        the product's Redis slot for ``token_ttl_seconds`` (seed "order system database design":
-        the anti-duplicate token issued when the order page opens).
+        the product's Redis slot for ``token_ttl_seconds`` (the anti-duplicate token issued when
+        the order page opens).
 
         Raises:
             ProductNotFound: MySQL has no such product.
@@ -244,7 +302,7 @@ class PurchaseService:
         try:
             await self._store.tokens.issue(product_id, token, user_id, self.token_ttl_seconds, bucket=bucket)
         except (StoreUnavailable, OSError) as exc:
-            raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
+            raise rejected(Down.STOCK) from exc
         return token
 
     async def _mint(self) -> str:
@@ -252,41 +310,42 @@ class PurchaseService:
             return await self._minter.take()
         except (StoreUnavailable, ShardLost, OSError) as exc:
             log.warning("order_no_unavailable", error=repr(exc))
-            raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
+            raise rejected(Down.STOCK) from exc
 
     async def _mint_for_database(self) -> str:
         try:
             return await self._database_minter.take()
-        except (DBAPIError, StoreUnavailable, ShardLost, OSError) as exc:
+        except (StoreFailure, ShardLost, OSError) as exc:
             log.warning("order_no_unavailable", error=repr(exc))
-            raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.") from exc
+            raise rejected(Down.DATABASE) from exc
 
-    async def _redis_failed(self, ask: _Ask, bounced: bool, exc: Exception) -> Accepted:
+    async def _redis_failed(self, ask: _Ask, moved: bool, exc: Exception) -> _Again:
         """Redis failed for a purchase routed to it: the product may have been switched to
         ``database`` since this process learned its route (the rollback plan, made while Redis
         is down, leaves no marker in Redis), so MySQL is asked again and, if it says
-        ``database``, the purchase is made there. Otherwise ``503 unavailable``.
+        ``database``, the purchase goes there. Otherwise ``503 unavailable``.
 
         Raises:
-            PurchaseRejected: ``unavailable`` (or the database purchase's answer).
+            PurchaseRejected: ``unavailable``.
             ProductNotFound: MySQL has no such product.
         """
-        if self._engine is not None and not bounced:
+        if self._engine is not None and not moved:
             route = await self._routes.refresh(ask.product_id)
             if route.mode is StockMode.DATABASE:
-                return await self._in_database(ask, route, True)
-        raise PurchaseRejected("unavailable", "Stock service unavailable, retry shortly.") from exc
+                return _Again(StockMode.DATABASE, route)
+        raise rejected(Down.STOCK) from exc
 
-    async def _in_redis(self, ask: _Ask, flag_token: Token | None, bounced: bool, retried: bool = False) -> Accepted:
-        """Scheme 2: reserve in Redis, publish. ``bounced``: MySQL already said the product is in
+    async def _in_redis(self, ask: _Ask, flag_token: Token | None, moved: bool, retried: bool) -> Accepted | _Again:
+        """Scheme 2: reserve in Redis, publish. ``moved``: MySQL already said the product is in
         ``redis`` mode (a second ``moved`` then means the switch is under way). ``retried``: this
-        is the one retry after a ``rebucket`` answer or a rebalancing of the product's buckets."""
+        is the one retry after a ``rebucket`` answer or a rebalancing of the product's buckets.
+        Returns the order, or where to try next (:meth:`purchase`'s loop)."""
         flags = self._sold_out
         product_id, quantity, request_id = ask.product_id, ask.quantity, ask.request_id
         try:
             candidate = await self._mint()
         except PurchaseRejected as exc:
-            return await self._redis_failed(ask, bounced, exc)
+            return await self._redis_failed(ask, moved, exc)
         # This HTTP attempt's token: a release names it, so it gives back only what this attempt
         # reserved (never the confirmed original of a retry, nor a concurrent attempt's).
         attempt = new_attempt()
@@ -311,15 +370,15 @@ class PurchaseService:
             # wire: give back what this attempt holds, or mark it abandoned so it never takes effect.
             log.warning("reserve_failed", request_id=request_id, error=repr(exc))
             await self._give_back(ask, attempt)
-            return await self._redis_failed(ask, bounced, exc)
+            return await self._redis_failed(ask, moved, exc)
         if others is not None:
             if others >= quantity:
                 # Units are left, in other buckets: rebalanced, the buyer's bucket gets what it asks.
                 self._minter.give_back(candidate)
                 if retried or self._rebalance is None:
-                    raise PurchaseRejected("unavailable", "Stock is being rebalanced, retry shortly.")
+                    raise rejected(Down.REBALANCING)
                 await self._rebalance(product_id, (ask.bucket, quantity))
-                return await self._in_redis(ask, flag_token, bounced, True)
+                return _Again(StockMode.REDIS)
             reservation = dataclasses.replace(reservation, stock=others)
         if flags is not None and flag_token is not None and reservation.outcome is ReserveOutcome.SOLD_OUT:
             flags.sold_out(
@@ -337,23 +396,21 @@ class PurchaseService:
         if outcome is ReserveOutcome.REBUCKET and not retried:
             # This process had not met the product's bucket count (K is fixed at creation).
             self._routes.forget(product_id)
-            return await self._in_redis(
-                dataclasses.replace(ask, buckets=reservation.buckets), flag_token, bounced, True
-            )
+            return _Again(StockMode.REDIS, ask=dataclasses.replace(ask, buckets=reservation.buckets))
         if outcome is ReserveOutcome.OVER_LIMIT:
             raise InvalidInput("quantity", _OVER_LIMIT)
         if outcome is ReserveOutcome.RATE_LIMITED:
             wait = -(-reservation.retry_after_ms // 1000)  # whole seconds, rounded up (RFC 9110 Retry-After)
-            raise PurchaseRejected("too_many_requests", "Too many purchase requests; retry later.", retry_after=wait)
+            raise rejected(outcome, retry_after=wait)
         if outcome is ReserveOutcome.MOVED or (outcome is ReserveOutcome.NOT_LOADED and self._engine is not None):
             # Off the hot path: the product sells from MySQL, or Redis does not know it.
             route = await self._routes.refresh(product_id)
-            if route.mode is StockMode.DATABASE and not bounced:
-                return await self._in_database(ask, route, True)
+            if route.mode is StockMode.DATABASE and not moved:
+                return _Again(StockMode.DATABASE, route)
             if outcome is ReserveOutcome.NOT_LOADED and self._not_loaded is not None:
                 self._not_loaded(product_id)  # MySQL sells it through Redis: Redis lost its state
         if outcome is not ReserveOutcome.RESERVED:
-            raise PurchaseRejected(*_REJECTIONS[outcome])
+            raise rejected(outcome)
 
         message = OrderMessage(
             request_id,
@@ -374,16 +431,16 @@ class PurchaseService:
             await self._publisher.publish(message)
         except PublishFailed as exc:
             if await self._give_back(ask, attempt) is not ReleaseOutcome.CLAIMED:
-                raise PurchaseRejected("unavailable", "Order queue unavailable, retry shortly.") from exc
+                raise rejected(Down.QUEUE) from exc
             # A consumer already holds the message: the confirm was lost, the order was not.
         await self._mark_queued(message)
         return accepted
 
-    async def _in_database(self, ask: _Ask, route: Route, bounced: bool) -> Accepted:
+    async def _in_database(self, ask: _Ask, route: Route, moved: bool) -> Accepted | _Again:
         """Scheme 1: one MySQL transaction (:func:`buy_in_database`). An order token is taken
         from Redis atomically just before the transaction and put back when the transaction
-        does not write the order (the compensation). ``bounced``: Redis already said the product
-        sells from MySQL."""
+        does not write the order (the compensation). ``moved``: Redis already said the product
+        sells from MySQL. Returns the order, or where to try next (:meth:`purchase`'s loop)."""
         assert self._engine is not None  # a database route is only ever learned from MySQL
         user_id, product_id, request_id, order_token = ask.user_id, ask.product_id, ask.request_id, ask.order_token
         purchase = DatabasePurchase(user_id, product_id, ask.quantity, request_id, "")
@@ -391,7 +448,7 @@ class PurchaseService:
         if route.require_token:
             if order_token is None:
                 if (await self._routes.refresh(product_id)).require_token:
-                    raise PurchaseRejected(*_REJECTIONS[ReserveOutcome.TOKEN_REQUIRED])
+                    raise rejected(ReserveOutcome.TOKEN_REQUIRED)
             else:
                 token_left = await self._take_token(product_id, order_token, user_id, ask.bucket)
                 if token_left in (TOKEN_USED, TOKEN_INVALID):
@@ -401,7 +458,7 @@ class PurchaseService:
                     if replay is not None:
                         return self._answered(replay, purchase)
                     refusal = ReserveOutcome.IN_FLIGHT if token_left == TOKEN_USED else ReserveOutcome.TOKEN_INVALID
-                    raise PurchaseRejected(*_REJECTIONS[refusal])
+                    raise rejected(refusal)
         try:
             candidate = await self._mint_for_database()
         except PurchaseRejected:
@@ -412,7 +469,7 @@ class PurchaseService:
         answer: DatabaseAnswer | None = None
         try:
             answer = await buy_in_database(self._engine, purchase)
-        except (DBAPIError, OSError) as exc:
+        except (StoreFailure, OSError) as exc:
             log.warning("database_purchase_failed", request_id=request_id, error=repr(exc))
             answer = None
         finally:
@@ -420,18 +477,18 @@ class PurchaseService:
             if token_left is not None and not kept:
                 await self._give_token(product_id, order_token or "", user_id, token_left, ask.bucket)
         if answer is None:  # the outcome is unknown (the commit may have happened): the number is not reused
-            raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.")
+            raise rejected(Down.DATABASE)
         if answer.outcome is not ReserveOutcome.RESERVED:
             self._database_minter.give_back(candidate)
         if answer.outcome is ReserveOutcome.MOVED:
             self._routes.forget(product_id)
-            if not bounced:
-                return await self._in_redis(ask, None, True)
+            if not moved:
+                return _Again(StockMode.REDIS)
         if answer.outcome is ReserveOutcome.TOKEN_REQUIRED and not route.require_token:
             # The kept route predates require_token: with a token in hand, take it this time.
             fresh = await self._routes.refresh(product_id)
             if order_token is not None and fresh.require_token:
-                return await self._in_database(ask, fresh, bounced)
+                return _Again(StockMode.DATABASE, fresh)
         if answer.outcome is ReserveOutcome.NOT_LOADED:
             self._routes.forget(product_id)
             raise ProductNotFound(product_id)
@@ -444,20 +501,20 @@ class PurchaseService:
             return Accepted(answer.order_no, purchase.request_id, purchase.product_id, purchase.quantity, answer.status)
         if answer.outcome is ReserveOutcome.OVER_LIMIT:
             raise InvalidInput("quantity", _OVER_LIMIT)
-        raise PurchaseRejected(*_REJECTIONS[answer.outcome])
+        raise rejected(answer.outcome)
 
     async def _earlier(self, request_id: str) -> tuple[str, int, int, int] | None:
         assert self._engine is not None
         try:
             return await earlier_order(self._engine, request_id)
-        except (DBAPIError, OSError) as exc:
-            raise PurchaseRejected("unavailable", "Order database unavailable, retry shortly.") from exc
+        except (StoreFailure, OSError) as exc:
+            raise rejected(Down.DATABASE) from exc
 
     async def _take_token(self, product_id: int, order_token: str, user_id: str, bucket: int) -> int:
         try:
             return await self._store.tokens.take(product_id, order_token, user_id, bucket=bucket)
         except (StoreUnavailable, OSError) as exc:
-            raise PurchaseRejected("unavailable", "Token store unavailable, retry shortly.") from exc
+            raise rejected(Down.TOKENS) from exc
 
     async def _give_token(self, product_id: int, order_token: str, user_id: str, left_ms: int, bucket: int) -> None:
         try:
@@ -488,7 +545,7 @@ class PurchaseService:
         ``ask.quantity`` (as if enough were left) while a rebalancing pass is filling them.
 
         Raises:
-            service.adapters.failures.StoreUnavailable: Redis failed.
+            service.failures.StoreUnavailable: Redis failed.
         """
         states = await self._store.buckets.states(ask.product_id, ask.buckets)
         if any(filling for _, filling in states):

@@ -14,12 +14,12 @@ from db.engine import in_transaction
 from db.models import MAX_AMOUNT, StockMode
 from db.queries import inventory, products
 from service import metrics
-from service.adapters.failures import StoreUnavailable
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import InvalidInput, ProductNotFound
 from service.domain.stock.buckets import MAX_BUCKETS
 from service.domain.stock.modes import switch_to_database, switch_to_redis
 from service.domain.stock.realign import Realigner, RealignReport
+from service.failures import StoreUnavailable
 
 _SET_RETRIED = metrics.retries_of("set_product")
 
@@ -94,7 +94,7 @@ async def set_product(
         InvalidProduct: ``sale_ends_at`` is not after ``sale_starts_at``, ``price x
             per_user_limit`` does not fit a BIGINT amount, or ``buckets`` differs from the
             product's (nothing is written).
-        service.adapters.failures.StoreUnavailable: Redis failed for a product in stock mode ``redis`` (MySQL
+        service.failures.StoreUnavailable: Redis failed for a product in stock mode ``redis`` (MySQL
             is written; run it again).
     """
     starts = _utc_naive(data.sale_starts_at) if data.sale_starts_at else None

@@ -43,11 +43,11 @@ from db.engine import in_transaction
 from db.models import StockMode
 from db.queries import inventory, orders, products
 from service import metrics
-from service.adapters.failures import StoreUnavailable
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound
 from service.domain.stock.buckets import bucket_of
 from service.domain.stock.realign import Realigner, RealignReport
+from service.failures import StoreUnavailable
 
 _SWITCH_RETRIED = metrics.retries_of("set_stock_mode")
 
@@ -114,7 +114,7 @@ async def switch_to_redis(
 
     Raises:
         ProductNotFound: no such product.
-        service.adapters.failures.StoreUnavailable: Redis failed (MySQL says ``redis``; purchases answer ``503``
+        service.failures.StoreUnavailable: Redis failed (MySQL says ``redis``; purchases answer ``503``
             until a pass succeeds: run the switch again).
     """
     await set_mode(engine, product_id, StockMode.REDIS)

@@ -51,13 +51,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
 from service import metrics
-from service.adapters.broker import OrderMessage, Publisher, PublishFailed
-from service.adapters.failures import StoreUnavailable
+from service.adapters.broker import OrderMessage, Publisher
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound, Unavailable
 from service.domain.model.stock import JournalEntry, RealignResult, SaleTerms
 from service.domain.purchase.request_id import reissued_request_id
 from service.domain.stock.buckets import bucket_of, split
+from service.failures import PublishFailed, StoreUnavailable
 from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)

@@ -19,11 +19,10 @@ import asyncio
 import time
 
 import structlog
-from sqlalchemy.exc import DBAPIError
 
-from service.adapters.failures import StoreUnavailable
 from service.domain.errors import DomainError
 from service.domain.stock.realign import Realigner
+from service.failures import StoreFailure
 
 log = structlog.get_logger(__name__)
 
@@ -58,7 +57,7 @@ class Rebalancer:
     async def _pass(self, product_id: int, favour: tuple[int, int]) -> None:
         try:
             await self._realigner.realign(product_id, favour=favour)
-        except (DomainError, StoreUnavailable, DBAPIError, OSError) as exc:
+        except (DomainError, StoreFailure, OSError) as exc:
             log.warning("rebalance_failed", product_id=product_id, error=repr(exc))
         finally:
             self._last[product_id] = time.monotonic()

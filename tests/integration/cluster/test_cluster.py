@@ -19,20 +19,20 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from db.models import OrderStatus as S
-from service.adapters.failures import StoreUnavailable
 from service.adapters.redis.client import _Tuned
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stores import RedisStores, make_stores
 from service.api.auth import issue_token
-from service.bootstrap import DependencyUnreachable, check_dependencies
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.orders.lifecycle import expire_unpaid
 from service.domain.stock.realign import Realigner
 from service.domain.stock.recovery import Recovery
+from service.failures import StoreUnavailable
 from service.sale.isolation import environment, free_port, isolated_settings
 from service.sale.stores import tear_down
 from service.settings import Settings
+from service.startup import DependencyUnreachable, check_dependencies
 from tests.support import buy, eventually, flashsale_process, inventory, notify, order_rows, status_of
 
 _next_id = iter(range(5000, 100_000))
