@@ -20,7 +20,7 @@ the one place where settlements become broker actions:
   then dead-lettered.
 - ``DEAD``: a permanent failure (undecodable or out-of-domain body, unknown product, an order
   number that cannot be written at all): dead-lettered at once with a reason header
-  (:mod:`service.adapters.redirect`), without holding up the rest of its batch.
+  (:mod:`service.adapters.retry_routing`), without holding up the rest of its batch.
 
 A failed batch whose error is not known to be transient is written again order by order, so one
 poison order cannot fail the others. If a copy cannot be published (the broker is failing too),
@@ -44,12 +44,14 @@ from aiormq.abc import AbstractChannel as AbstractAMQPChannel
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers import worker_metrics
-from service.adapters.broker import OrderMessage, connect_when_up, declare_topology
-from service.adapters.redirect import Redirector, retries_of
+from service.adapters.broker import connect_when_up, declare_topology
 from service.adapters.redis.stores import RedisStores
+from service.adapters.retry_routing import RetryRouter, times_retried
 from service.adapters.subscription import Delivery, Subscription
 from service.bootstrap import Resources
-from service.domain.fulfilment.order_writer import InvalidOrder, OrderWriter, Outcome, parse_order
+from service.domain.fulfilment.incoming import InvalidOrder, parse_order
+from service.domain.fulfilment.order_writer import OrderWriter, Outcome
+from service.domain.model.order_message import OrderMessage
 from service.failures import is_transient
 from service.runtime import freeze_startup_heap, stop_signal
 from service.settings import AMQPSettings
@@ -97,7 +99,7 @@ class OrderConsumer:
     """Handles the deliveries of one channel in batches, one batch transaction at a time;
     tracks the ones not yet settled for a clean shutdown. ``batch_size``: orders in one
     transaction at most (a batch never holds more than the prefetch window). Without a
-    :class:`Redirector` (:meth:`redirect_with`; :func:`consuming` gives it one) a retry is a
+    :class:`RetryRouter` (:meth:`route_with`; :func:`consuming` gives it one) a retry is a
     requeue and a dead letter a reject."""
 
     def __init__(
@@ -112,7 +114,7 @@ class OrderConsumer:
         self._writer = OrderWriter(engine, store, replay_window_seconds)
         self._batch_size = batch_size
         self._linger = linger_seconds
-        self._redirector: Redirector | None = None
+        self._router: RetryRouter | None = None
         self._waiting: list[_Waiting] = []
         self._batch_full = asyncio.Event()
         self._writing: asyncio.Task[None] | None = None
@@ -122,9 +124,9 @@ class OrderConsumer:
         self._stopping = asyncio.Event()
         self.counts: dict[str, int] = {}
 
-    def redirect_with(self, redirector: Redirector | None) -> None:
-        """Send retries and dead letters through ``redirector`` from now on."""
-        self._redirector = redirector
+    def route_with(self, router: RetryRouter | None) -> None:
+        """Send retries and dead letters through ``router`` from now on."""
+        self._router = router
 
     @property
     def in_hand(self) -> int:
@@ -237,7 +239,7 @@ class OrderConsumer:
     def _failed(self, message: Delivery, exc: BaseException) -> Settlement:
         """The settlement for ``message`` after ``exc``: retried, or dead-lettered when the error is
         not known to be transient and it has been retried :data:`MAX_FAILED_WRITES` times."""
-        if not is_transient(exc) and retries_of(message) >= MAX_FAILED_WRITES:
+        if not is_transient(exc) and times_retried(message) >= MAX_FAILED_WRITES:
             return Settlement(Action.DEAD, "write_failed", repr(exc))
         return Settlement(Action.RETRY, "transient" if is_transient(exc) else "failed", repr(exc))
 
@@ -245,7 +247,7 @@ class OrderConsumer:
         """The one place where settlements become broker actions. Retry and dead-letter copies are
         published (confirmed, side by side), then every delivery settled so is acked together
         with the written ones. Returns the deliveries whose copy could not be published (the
-        broker is failing too, or no redirector), with their settlements: still unsettled, for
+        broker is failing too, or no router), with their settlements: still unsettled, for
         their own tasks to requeue (:meth:`_requeue_later`)."""
         redirected = [(m, v) for m, v in zip(messages, settlements, strict=True) if v.action is not Action.ACK]
         sent = await asyncio.gather(*(self._redirect(message, settlement) for message, settlement in redirected))
@@ -257,13 +259,13 @@ class OrderConsumer:
     async def _requeue_later(self, message: Delivery, settlement: Settlement) -> None:
         """The fallback when no copy could be published: after :data:`FALLBACK_SECONDS` (cut
         short by a shutdown) the delivery goes back to the order queue (nack), or, for a dead
-        letter without a redirector, is rejected to the queue's dead-letter exchange."""
+        letter without a router, is rejected to the queue's dead-letter exchange."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), FALLBACK_SECONDS)
         async with self._frames:
             self._unsettled.discard(message)
             try:
-                if self._redirector is None and settlement.action is Action.DEAD:
+                if self._router is None and settlement.action is Action.DEAD:
                     await message.reject(requeue=False)
                 else:
                     await message.nack(requeue=True)
@@ -273,17 +275,17 @@ class OrderConsumer:
     async def _redirect(self, message: Delivery, settlement: Settlement) -> bool:
         """Publish ``message``'s copy to a retry queue or the dead-letter queue; True once the
         broker confirmed it (the delivery may then be acked)."""
-        if self._redirector is None:
+        if self._router is None:
             return False
         try:
             if settlement.action is Action.DEAD:
-                await self._redirector.dead_letter(message, settlement.reason, settlement.detail)
+                await self._router.dead_letter(message, settlement.reason, settlement.detail)
                 log.error(
                     "dead_lettered", message_id=message.message_id, reason=settlement.reason, error=settlement.detail
                 )
                 self._count("dead_lettered")
             else:
-                delay = await self._redirector.retry(message, settlement.detail)
+                delay = await self._router.retry(message, settlement.detail)
                 log.info("retry_later", message_id=message.message_id, seconds=delay, why=settlement.reason)
                 self._count("retried")
         except Exception as exc:  # the broker is failing too: requeue instead
@@ -358,7 +360,7 @@ async def consuming(
         async def confirming() -> AbstractChannel:
             return await connection.channel(publisher_confirms=True, on_return_raises=True)
 
-        consumer.redirect_with(Redirector(await confirming(), amqp, confirming))
+        consumer.route_with(RetryRouter(await confirming(), amqp, confirming))
         subscription = Subscription(channel, [queues[partition].name for partition in chosen], consumer.handle)
         await subscription.start()
         try:

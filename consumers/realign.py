@@ -15,7 +15,7 @@ from rich.table import Table
 
 from consumers import worker_metrics
 from service.domain.errors import ProductNotFound
-from service.domain.stock.realign import RealignReport
+from service.domain.stock.realign_report import RealignReport
 from service.failures import is_outage
 from service.log_setup import configure_logging
 from service.runtime import watch

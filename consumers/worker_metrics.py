@@ -13,8 +13,9 @@ import aio_pika
 import structlog
 
 from service import metrics
-from service.adapters.broker import OrderMessage, connect_when_up, queue_depth
+from service.adapters.broker import connect_when_up, queue_depth
 from service.domain.fulfilment.order_writer import Outcome
+from service.domain.model.order_message import OrderMessage
 from service.runtime import OutageLog, stop_task
 from service.settings import Settings
 

@@ -3,7 +3,7 @@ classifier that reads it (docs/ARCHITECTURE.md, "Failure vocabulary").
 
 The types. Each adapter translates its driver's exceptions into them at its own boundary, once
 (MySQL: the engine's ``handle_error`` hook and its pool, :func:`db.engine.make_engine`; Redis: the
-Redis adapter's methods; RabbitMQ: the publisher, the redirector and the dead-letter queue), so
+Redis adapter's methods; RabbitMQ: the publisher, the router and the dead-letter queue), so
 the domain and the edges catch only these, never a driver's exception:
 
 - :class:`StoreUnavailable` ``(store)``: not reached, or no answer in time; the call may or may

@@ -211,7 +211,7 @@ def purchase_outcome(code: str, answered_by: str = "redis") -> LocalCounter:
     return local_counter(PURCHASE_OUTCOMES, code, answered_by)
 
 
-def retries_of(work: str, *also: Callable[[], None]) -> Callable[[], None]:
+def retry_counter(work: str, *also: Callable[[], None]) -> Callable[[], None]:
     """The ``on_retry`` of :func:`db.engine.in_transaction` for the transactions of ``work`` (a
     fixed name: a label value): one more in ``flashsale_transaction_retries_total{work}``, then
     each of ``also``."""

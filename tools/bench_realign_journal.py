@@ -24,9 +24,9 @@ from redis.exceptions import RedisError
 
 from db.migrate import upgrade
 from db.models import StockMode
-from service.adapters.broker import OrderMessage
 from service.bootstrap import Job, open_job
 from service.domain.fulfilment.order_writer import apply_order
+from service.domain.model.order_message import OrderMessage
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.stock.catalog import ProductInput
 from service.log_setup import configure_logging

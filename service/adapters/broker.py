@@ -1,4 +1,5 @@
-"""RabbitMQ: topology, the order message, and the confirmed publisher.
+"""RabbitMQ: topology and the confirmed publisher of order messages
+(:mod:`service.domain.model.order_message`).
 
 Topology: a durable direct exchange routes to a durable quorum queue whose dead-letter exchange
 leads to a durable dead-letter queue; ``x-delivery-limit`` bounds redeliveries of one message
@@ -42,6 +43,7 @@ from aio_pika.abc import (
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 
 from service import metrics
+from service.domain.model.order_message import OrderMessage, decode_order, encode_order
 from service.failures import PublishFailed
 from service.log_setup import HTTP_REQUEST_ID
 from service.runtime import OutageLog, when_reachable
@@ -51,38 +53,6 @@ log = structlog.get_logger(__name__)
 _CONFIRM_SECONDS = metrics.local_histogram(metrics.PUBLISH_CONFIRM_SECONDS)
 _PUBLISH_FAILURES = metrics.local_counter(metrics.PUBLISH_FAILURES)
 _PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)
-
-
-class OrderMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """An accepted reservation, to be written to MySQL by the consumer (JSON body).
-
-    ``quantity`` in units; ``reserved_at_ms`` in Unix milliseconds (Redis server time);
-    ``amount`` in minor currency units, priced when the stock was reserved; ``bucket`` the stock
-    bucket it was reserved in (:mod:`service.domain.stock.buckets`; left out of the body when 0).
-    """
-
-    request_id: str
-    order_no: str
-    user_id: str
-    product_id: int
-    quantity: int
-    reserved_at_ms: int
-    amount: int
-    bucket: int = 0
-
-
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(OrderMessage)
-
-
-def encode_order(message: OrderMessage) -> bytes:
-    """JSON body of an order message."""
-    return _encoder.encode(message)
-
-
-def decode_order(body: bytes) -> OrderMessage:
-    """Raises ``msgspec.DecodeError``/``msgspec.ValidationError`` for a body that is not an order."""
-    return _decoder.decode(body)
 
 
 def partition_of_body(settings: AMQPSettings, body: bytes) -> int | None:

@@ -23,7 +23,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS, AMQPError
 
-from service.adapters import redirect
+from service.adapters import retry_routing
 from service.adapters.broker import declare_topology, partition_of_body, queue_depth
 from service.failures import PublishFailed
 from service.settings import AMQPSettings
@@ -33,7 +33,7 @@ RETURN_PATIENCE_SECONDS = 5.0
 DEFAULT_LIMIT = 10_000
 """Messages one operation looks at, at most (they are held unacked, in memory, meanwhile)."""
 
-_DROPPED_ON_REDRIVE = ("x-delivery-count", redirect.RETRIES)
+_DROPPED_ON_REDRIVE = ("x-delivery-count", retry_routing.RETRIES)
 """Headers that belong to one trip through the order queue (and its retry queues); x-death and
 the consumer's death count are kept, so a message that dies again shows how often it died."""
 
@@ -44,7 +44,7 @@ class DeadLetter:
 
     ``id``: its AMQP ``message_id`` (the order's request id) or, for a message without one,
     ``sha256:`` + the first 16 hex digits of its body's SHA-256. For a message the consumer
-    dead-lettered (:mod:`service.adapters.redirect`), ``reason`` is the consumer's
+    dead-lettered (:mod:`service.adapters.retry_routing`), ``reason`` is the consumer's
     (``invalid_order``, ``unknown_product``, ``order_no_conflict``, ``write_failed``), ``count``
     how many times it was dead-lettered, ``queue`` and ``died_at`` where and when; for one the
     broker dead-lettered (``delivery_limit``, ``rejected``, ``expired``, ...) they come from the
@@ -77,20 +77,20 @@ def _dead_letter(message: AbstractIncomingMessage) -> DeadLetter:
     headers = dict(message.headers or {})
     deaths = headers.get("x-death")
     newest: dict[str, Any] = deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}
-    count, died_at = headers.get(redirect.DEATHS), headers.get(redirect.DIED_AT)
+    count, died_at = headers.get(retry_routing.DEATHS), headers.get(retry_routing.DIED_AT)
     broker_time = newest.get("time")
-    if redirect.REASON in headers and not (  # dead-lettered by the consumer, with its reason, last
+    if retry_routing.REASON in headers and not (  # dead-lettered by the consumer, with its reason, last
         isinstance(broker_time, datetime) and isinstance(died_at, datetime) and broker_time > died_at
     ):
         return DeadLetter(
             id=dead_letter_id(message.message_id, message.body),
             body=message.body,
-            reason=_text(headers[redirect.REASON]),
+            reason=_text(headers[retry_routing.REASON]),
             count=count if isinstance(count, int) else 1,
-            queue=_text(headers.get(redirect.DIED_IN)),
+            queue=_text(headers.get(retry_routing.DIED_IN)),
             died_at=died_at if isinstance(died_at, datetime) else None,
             headers=headers,
-            error=_text(headers.get(redirect.ERROR)),
+            error=_text(headers.get(retry_routing.ERROR)),
         )
     count = newest.get("count")
     died_at = broker_time

@@ -20,7 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
-from service.adapters.broker import OrderMessage, Publisher, declare_topology
+from service.adapters.broker import Publisher, declare_topology
 from service.bench.context import (
     DRAIN,
     PRICE,
@@ -33,6 +33,7 @@ from service.bench.procstat import CpuSample
 from service.bench.raw_writer import RawOrder, make_orders, write_orders
 from service.bench.rows import DRAIN_ROWS, Row, merge_rounds
 from service.bench.server import Child, flashsale_argv
+from service.domain.model.order_message import OrderMessage
 from service.settings import Settings
 
 POLL_SECONDS = 0.05

@@ -113,7 +113,7 @@ def product_set(
     from service.bootstrap import open_job, opened
     from service.cli.without_redis import redis_answers, set_product_without_redis
     from service.domain.stock.catalog import InvalidProduct, ProductInput
-    from service.domain.stock.realign import RealignReport
+    from service.domain.stock.realign_report import RealignReport
     from service.log_setup import configure_logging
 
     async def load(data: ProductInput) -> RealignReport:

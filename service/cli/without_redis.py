@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from service.adapters.redis.stores import make_stores
 from service.domain.stock.catalog import ProductInput, set_product
-from service.domain.stock.realign import Realigner, RealignReport
+from service.domain.stock.realign import Realigner
+from service.domain.stock.realign_report import RealignReport
 from service.failures import StoreUnavailable
 from service.settings import Settings
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.domain.stock.realign import RealignReport
+from service.domain.stock.realign_report import RealignReport
 from service.sale.plan import Wave
 
 

@@ -39,7 +39,7 @@ import msgspec
 from rich.console import Console
 
 from service.api.auth import issue_token
-from service.domain.stock.realign import RealignReport
+from service.domain.stock.realign_report import RealignReport
 from service.sale.errors import SetupError, stderr
 from service.sale.facts import LifecycleRun
 from service.sale.isolation import Sale, simulator_url

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from consumers.realign import print_reports
-from service.domain.stock.realign import RealignReport
+from service.domain.stock.realign_report import RealignReport
 from service.sale.facts import Measured
 from service.sale.invariants import INVARIANT_TITLES, check_all
 from service.sale.report import sections, summarize_run

@@ -29,7 +29,7 @@ from service.adapters.redis.stores import RedisStores
 from service.bootstrap import Job, open_job, opened
 from service.domain.orders.lifecycle import expire_unpaid
 from service.domain.payments.reconcile import ReconcileReport
-from service.domain.stock.realign import RealignReport
+from service.domain.stock.realign_report import RealignReport
 from service.sale.errors import SetupError, stderr, where
 from service.sale.facts import ChannelPayment, PaymentRow, SaleOrderRow, StoreFacts, UnpaidOrder
 from service.sale.isolation import Sale

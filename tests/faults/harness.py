@@ -62,11 +62,12 @@ from db.engine import make_engine
 from db.migrate import upgrade
 from db.models import OrderStatus
 from db.queries import orders as order_queries
-from service.adapters.broker import declare_topology, decode_order, encode_order
+from service.adapters.broker import declare_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import RedisStores, make_stores
 from service.api.auth import issue_token
 from service.bootstrap import open_job, opened
+from service.domain.model.order_message import decode_order, encode_order
 from service.domain.stock.catalog import ProductInput
 from service.sale.isolation import environment, free_port, new_run_id, sale_settings
 from service.sale.plan import ACCEPTED, Answer, Job, Kind, Shot, build_plan

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from service.adapters.redirect import Redirector
+from service.adapters.retry_routing import RetryRouter
 from service.domain.order_numbers.conflicts import stand_in_order_no
 from service.domain.order_numbers.format import is_valid_order_no
 from service.failures import is_transient
@@ -44,8 +44,8 @@ def test_retry_queues_follow_the_order_queue_and_the_delays() -> None:
     amqp = AMQPSettings(queue="run_1.orders", retry_delays=[5, 0.5, 5, 30])
     assert amqp.retry_queue(0.5) == "run_1.orders.retry.500ms"
     assert amqp.retry_queues() == [f"run_1.orders.retry.{ms}ms" for ms in (500, 5000, 30000)]
-    redirector = Redirector(channel=None, settings=amqp)  # type: ignore[arg-type]  # no publish here
-    assert [redirector.retry_delay(n) for n in range(6)] == [5, 0.5, 5, 30, 30, 30]
+    router = RetryRouter(channel=None, settings=amqp)  # type: ignore[arg-type]  # no publish here
+    assert [router.retry_delay(n) for n in range(6)] == [5, 0.5, 5, 30, 30, 30]
 
 
 def test_retry_delays_are_checked() -> None:

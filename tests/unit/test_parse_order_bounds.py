@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from service.domain.fulfilment.order_writer import InvalidOrder, parse_order
+from service.domain.fulfilment.incoming import InvalidOrder, parse_order
 from service.domain.order_numbers.format import compose_order_no
 
 GOOD = {

@@ -13,7 +13,7 @@ from service.adapters.redis.replies import (
     parse_reservation,
 )
 from service.domain.model.stock import JournalEntry, QueuedOrder, RealignResult, Reservation, ReserveOutcome, SaleTerms
-from service.domain.stock.realign import sale_terms
+from service.domain.stock.snapshot import sale_terms
 
 
 def test_a_reserved_reply_carries_time_and_integer_price():

@@ -6,8 +6,9 @@ import pytest
 
 from service.domain.errors import InvalidInput
 from service.domain.model.stock import Reservation, ReserveOutcome
-from service.domain.purchase.service import PurchaseRejected, PurchaseService
-from service.domain.purchase.sold_out import SoldOutFlags, Verdict
+from service.domain.purchase.answers import PurchaseRejected
+from service.domain.purchase.service import PurchaseService
+from service.domain.purchase.sold_out import FlagAnswer, SoldOutFlags
 
 
 class Clock:
@@ -32,15 +33,15 @@ def flags(clock: Clock) -> SoldOutFlags:
 
 def test_a_sold_out_answer_raises_the_flag_with_what_it_needs(flags: SoldOutFlags) -> None:
     assert flags.sold_out(7, flags.token(7), stock=0, per_user_limit=2, sale_left_ms=None)
-    assert flags.verdict(7, 1) is Verdict.SOLD_OUT
-    assert flags.verdict(7, 3) is Verdict.OVER_LIMIT  # reserve.lua checks the limit before the stock
+    assert flags.verdict(7, 1) is FlagAnswer.SOLD_OUT
+    assert flags.verdict(7, 3) is FlagAnswer.OVER_LIMIT  # reserve.lua checks the limit before the stock
     assert flags.verdict(8, 1) is None  # other products are not flagged
 
 
 def test_a_flag_answers_only_quantities_above_the_stock_redis_reported(flags: SoldOutFlags) -> None:
     assert flags.sold_out(7, flags.token(7), stock=1, per_user_limit=5, sale_left_ms=None)  # 2 asked, 1 left
     assert flags.verdict(7, 1) is None  # one unit may still be there: ask Redis
-    assert flags.verdict(7, 2) is Verdict.SOLD_OUT
+    assert flags.verdict(7, 2) is FlagAnswer.SOLD_OUT
 
 
 def test_a_clear_between_the_token_and_the_answer_keeps_the_flag_down(flags: SoldOutFlags) -> None:
@@ -66,7 +67,7 @@ def test_a_clear_after_the_flag_rose_drops_it(flags: SoldOutFlags) -> None:
 def test_a_flag_expires_after_its_ttl(flags: SoldOutFlags, clock: Clock) -> None:
     assert flags.sold_out(7, flags.token(7), stock=0, per_user_limit=1, sale_left_ms=None)
     clock.now += 0.999
-    assert flags.verdict(7, 1) is Verdict.SOLD_OUT
+    assert flags.verdict(7, 1) is FlagAnswer.SOLD_OUT
     clock.now += 0.001
     assert flags.verdict(7, 1) is None
 
@@ -177,7 +178,7 @@ async def test_keyed_requests_always_ask_redis(flags: SoldOutFlags) -> None:
     for n in range(3):
         with pytest.raises(PurchaseRejected):
             await service.purchase("u", 7, 1, f"keyed-{n}", keyed=True)
-    assert store.calls == 3 and flags.verdict(7, 1) is Verdict.SOLD_OUT  # they still raise the flag
+    assert store.calls == 3 and flags.verdict(7, 1) is FlagAnswer.SOLD_OUT  # they still raise the flag
 
 
 async def test_a_sold_out_that_raced_a_restock_does_not_stick(flags: SoldOutFlags) -> None:
@@ -190,4 +191,4 @@ async def test_a_sold_out_that_raced_a_restock_does_not_stick(flags: SoldOutFlag
     with pytest.raises(PurchaseRejected):
         await service.purchase("u", 7, 1, "r2", keyed=False)
     assert store.calls == 2  # the second one asked Redis, and now the flag stands
-    assert flags.verdict(7, 1) is Verdict.SOLD_OUT
+    assert flags.verdict(7, 1) is FlagAnswer.SOLD_OUT

@@ -14,7 +14,8 @@ from service.api.openapi import problems
 from service.api.params import OrderNoPath, ProductIdPath
 from service.domain.payments.service import PaymentService
 from service.domain.stock.catalog import CatalogService, ProductInput
-from service.domain.stock.realign import Realigner, RealignReport
+from service.domain.stock.realign import Realigner
+from service.domain.stock.realign_report import RealignReport
 
 
 class RefundBody(msgspec.Struct, forbid_unknown_fields=True):

@@ -22,7 +22,8 @@ from litestar.params import QueryParameter
 from service import metrics
 from service.adapters.broker import Publisher
 from service.api.auth import admin_only, decode_admin
-from service.domain.stock.realign import Realigner, RealignReport
+from service.domain.stock.realign import Realigner
+from service.domain.stock.realign_report import RealignReport
 from service.settings import Settings
 
 _PAGE = files("service.api.static").joinpath("ops.html").read_bytes()

@@ -23,12 +23,13 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.queries import orders
-from service.adapters.broker import OrderMessage
 from service.adapters.dead_letters import DEFAULT_LIMIT, DeadLetter, DeadLetterQueue
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound
-from service.domain.fulfilment.order_writer import InvalidOrder, parse_order
-from service.domain.stock.realign import Realigner, RealignReport
+from service.domain.fulfilment.incoming import InvalidOrder, parse_order
+from service.domain.model.order_message import OrderMessage
+from service.domain.stock.realign import Realigner
+from service.domain.stock.realign_report import RealignReport
 
 log = structlog.get_logger(__name__)
 

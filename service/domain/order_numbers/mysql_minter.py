@@ -35,7 +35,7 @@ from db.queries import order_no_sequences as queries
 from service import metrics
 from service.domain.order_numbers.format import REDIS_SHARDS, SEQUENCE_MAX, SHARDS, compose_order_no
 
-_MINT_RETRIED = metrics.retries_of("mint_order_no")
+_MINT_RETRIED = metrics.retry_counter("mint_order_no")
 
 MYSQL_SHARDS = range(REDIS_SHARDS, SHARDS)
 """The shards only this minter uses (90-99)."""

@@ -39,7 +39,7 @@ from service.domain.orders import actors
 from service.domain.purchase import user_quota
 from service.failures import DuplicateKey
 
-_BUY_RETRIED = metrics.retries_of("buy_in_database")
+_BUY_RETRIED = metrics.retry_counter("buy_in_database")
 _rows_encoder = msgspec.json.Encoder()
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 
-class Verdict(Enum):
+class FlagAnswer(Enum):
     """What a standing flag answers for a request."""
 
     OVER_LIMIT = "over_limit"  # the quantity alone is above the per-user limit (400)
@@ -76,7 +76,7 @@ class SoldOutFlags:
         """True while the process follows the restock announcements (flags can be raised)."""
         return self._live
 
-    def verdict(self, product_id: int, quantity: int) -> Verdict | None:
+    def verdict(self, product_id: int, quantity: int) -> FlagAnswer | None:
         """The answer of a standing flag for ``quantity`` units, or None: ask Redis."""
         flag = self._flags.get(product_id)
         if flag is None:
@@ -85,9 +85,9 @@ class SoldOutFlags:
             del self._flags[product_id]
             return None
         if quantity > flag.per_user_limit:
-            return Verdict.OVER_LIMIT
+            return FlagAnswer.OVER_LIMIT
         if quantity > flag.stock:
-            return Verdict.SOLD_OUT
+            return FlagAnswer.SOLD_OUT
         return None
 
     def token(self, product_id: int) -> Token:

@@ -18,10 +18,11 @@ from service.adapters.redis.stores import RedisStores
 from service.domain.errors import InvalidInput, ProductNotFound
 from service.domain.stock.buckets import MAX_BUCKETS
 from service.domain.stock.modes import switch_to_database, switch_to_redis
-from service.domain.stock.realign import Realigner, RealignReport
+from service.domain.stock.realign import Realigner
+from service.domain.stock.realign_report import RealignReport
 from service.failures import StoreUnavailable
 
-_SET_RETRIED = metrics.retries_of("set_product")
+_SET_RETRIED = metrics.retry_counter("set_product")
 
 log = structlog.get_logger(__name__)
 

@@ -46,10 +46,11 @@ from service import metrics
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound
 from service.domain.stock.buckets import bucket_of
-from service.domain.stock.realign import Realigner, RealignReport
+from service.domain.stock.realign import Realigner
+from service.domain.stock.realign_report import RealignReport
 from service.failures import StoreUnavailable
 
-_SWITCH_RETRIED = metrics.retries_of("set_stock_mode")
+_SWITCH_RETRIED = metrics.retry_counter("set_stock_mode")
 
 log = structlog.get_logger(__name__)
 

@@ -40,24 +40,23 @@ import dataclasses
 import secrets
 import time
 from collections import defaultdict
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import cast
 
 import msgspec
 import structlog
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
-from service import metrics
-from service.adapters.broker import OrderMessage, Publisher
+from service.adapters.broker import Publisher
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound, Unavailable
-from service.domain.model.stock import JournalEntry, RealignResult, SaleTerms
-from service.domain.purchase.request_id import reissued_request_id
+from service.domain.model.stock import RealignResult, SaleTerms
 from service.domain.stock.buckets import bucket_of, split
-from service.failures import PublishFailed, StoreUnavailable
+from service.domain.stock.realign_report import RealignReport, observe
+from service.domain.stock.republish import Republisher
+from service.domain.stock.snapshot import BucketView, resolved_in, sale_terms
+from service.failures import StoreUnavailable
 from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)
@@ -70,7 +69,6 @@ log = structlog.get_logger(__name__)
 # Units a user holds against the per-user limit: every order but cancelled and rejected ones
 # (refunded ones included: the buyer did buy; lua/restock.lua keeps the quota for refunds too).
 _RELEASED_STATUSES = [OrderStatus.CANCELLED, OrderStatus.REJECTED]
-_CHUNK = 1000
 FULL_PASS_MAX_ENTRIES = 2000
 """A journal up to this many entries is realigned in one full Lua call (which also rebuilds the
 per-user quotas from MySQL); a bigger one incrementally, a few hundred entries per call (quotas
@@ -84,50 +82,6 @@ LOCK_WAIT_SECONDS = 30.0
 """How long a pass waits for another pass of the product to release the lock (seconds)."""
 STALE_RETRIES = 3
 """A pass over several buckets that a newer MySQL state made stale runs again, this many times."""
-_LONGEST_BACKOFF_SECONDS = 300.0
-"""An overdue reservation is published again after the grace period, then after twice that,
-four times, ... but at least every five minutes (once per back-off, not per pass)."""
-
-
-class RealignReport(msgspec.Struct, frozen=True):
-    """One product's realignment. Stock and units in units; ``redis_stock_before`` is None when
-    the product was not loaded in Redis. ``drift`` = before - after (None when not loaded).
-    ``skipped_stale``: Redis already reflected a newer MySQL state than this pass's snapshot
-    (another pass, or units returned by a later cancellation), so it wrote nothing.
-    ``redis_unreachable``: no pass ran, Redis did not answer (:meth:`Realigner.without_redis`:
-    MySQL's numbers only, ``in_flight`` and ``in_flight_units`` -1 for unknown)."""
-
-    product_id: int
-    mysql_stock: int
-    mysql_sold: int
-    redis_stock_before: int | None
-    redis_stock_after: int
-    in_flight: int
-    in_flight_units: int
-    drift: int | None
-    resolved_dropped: int
-    republished: int
-    dry_run: bool
-    skipped_stale: bool = False
-    redis_unreachable: bool = False
-
-
-def sale_terms(
-    per_user_limit: int,
-    price: int,
-    starts_at: datetime,
-    ends_at: datetime | None,
-    require_token: bool = False,
-    buckets: int = 1,
-) -> SaleTerms:
-    """The product's sale terms in Redis from its MySQL row: window in Unix milliseconds
-    (``ends_ms`` 0 = no end; MySQL times are naive UTC), per-user limit in units, unit price in
-    minor currency units, whether a purchase needs an order token, its stock buckets K."""
-
-    def epoch_ms(value: datetime | None) -> int:
-        return 0 if value is None else int(value.replace(tzinfo=UTC).timestamp() * 1000)
-
-    return SaleTerms(epoch_ms(starts_at), epoch_ms(ends_at), per_user_limit, price, int(require_token), buckets)
 
 
 class RealignmentBusy(Unavailable):
@@ -136,45 +90,6 @@ class RealignmentBusy(Unavailable):
     def __init__(self, product_id: int) -> None:
         super().__init__(f"A realignment pass of product {product_id} is running; retry shortly.")
         self.product_id = product_id
-
-
-@dataclass(frozen=True, slots=True)
-class _BucketView:
-    """What a pass read of one stock bucket: its journal size before the snapshot (None: Redis
-    lost the bucket), whether it is realigned incrementally, its journal, and its resolved
-    entries (request id -> (entry, rejected))."""
-
-    bucket: int
-    size: int | None
-    incremental: bool
-    journal: list[JournalEntry]
-    resolved: dict[str, tuple[JournalEntry, bool]]
-
-
-async def _resolved(conn: AsyncConnection, journal: list[JournalEntry]) -> dict[str, tuple[JournalEntry, bool]]:
-    """The journal entries whose order has a row in the connection's snapshot: request id ->
-    (entry, rejected)."""
-    by_key = {(entry.order_no, entry.request_id): entry for entry in journal}
-    # An order whose request id an older order holds (a key reused after its replay
-    # window) is written under a reissued request id (service.domain.fulfilment.order_writer).
-    by_key.update({(e.order_no, reissued_request_id(e.request_id, e.order_no)): e for e in journal})
-    order_nos = sorted({entry.order_no for entry in journal})
-    resolved: dict[str, tuple[JournalEntry, bool]] = {}
-    for start in range(0, len(order_nos), _CHUNK):
-        rows = await conn.execute(orders.PRESENT_ORDER_STATUSES, {"order_nos": order_nos[start : start + _CHUNK]})
-        for order_no, request_id, status in rows:
-            entry = by_key.get((order_no, request_id))
-            if entry is not None:
-                resolved[entry.request_id] = (entry, status == OrderStatus.REJECTED)
-    return resolved
-
-
-def _observe(report: RealignReport) -> None:
-    """The pass's drift, units in flight and re-published count, per product."""
-    product = str(report.product_id)
-    metrics.REALIGN_DRIFT.labels(product).set(report.drift or 0)
-    metrics.REALIGN_IN_FLIGHT.labels(product).set(report.in_flight_units)
-    metrics.REALIGN_REPUBLISHED.labels(product).inc(report.republished)
 
 
 class Realigner:
@@ -190,7 +105,7 @@ class Realigner:
         self.engine = engine
         self._store = store
         self._grace_ms = int(grace_seconds * 1000)
-        self._publisher = publisher
+        self._republisher = None if publisher is None else Republisher(store, publisher, self._grace_ms)
         self._buckets: dict[int, int] = {}
 
     async def product_ids(self) -> list[int]:
@@ -307,7 +222,7 @@ class Realigner:
         pass over several buckets) the buckets are drained, then filled."""
         buckets = await self.bucket_count(product_id)
         sizes = [await self._store.stock.journal_size(product_id, bucket=bucket) for bucket in range(buckets)]
-        views: list[_BucketView] = []
+        views: list[BucketView] = []
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="REPEATABLE READ")
             await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
@@ -319,7 +234,7 @@ class Realigner:
             for bucket, size in enumerate(sizes):
                 journal = await self._store.stock.journal(product_id, bucket=bucket)
                 incremental = size is not None and size > FULL_PASS_MAX_ENTRIES
-                views.append(_BucketView(bucket, size, incremental, journal, await _resolved(conn, journal)))
+                views.append(BucketView(bucket, size, incremental, journal, await resolved_in(conn, journal)))
             held: dict[int, list[tuple[str, int]]] = defaultdict(list)
             if not all(view.incremental for view in views):
                 found = await conn.execute(orders.UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
@@ -356,10 +271,12 @@ class Realigner:
         befores = [result.stock_before for result in results]
 
         republished = 0
-        if not dry_run and self._publisher is not None:
+        if not dry_run and self._republisher is not None:
             cutoff = await self._store.stock.server_time_ms() - self._grace_ms
             for view in views:
-                republished += await self._republish_overdue(product_id, row.price, view, cutoff)
+                republished += await self._republisher.overdue(
+                    product_id, row.price, view.journal, view.resolved.keys(), view.bucket, cutoff
+                )
 
         report = RealignReport(
             product_id=product_id,
@@ -377,13 +294,13 @@ class Realigner:
         )
         # a dry run is a read (the stock report, the ops page polling it): not worth an info line
         (log.debug if dry_run else log.info)("realigned", **msgspec.structs.asdict(report))
-        _observe(report)
+        observe(report)
         return report
 
     async def _realign_bucket(
         self,
         product_id: int,
-        view: _BucketView,
+        view: BucketView,
         version: int,
         mysql_stock: int,
         terms: SaleTerms,
@@ -423,19 +340,6 @@ class Realigner:
             result = dataclasses.replace(result, resolved_dropped=len(view.resolved) if dry_run else dropped)
         return result
 
-    async def _republish_overdue(self, product_id: int, price: int, view: _BucketView, cutoff_ms: int) -> int:
-        """Publish again the bucket's reservations older than ``cutoff_ms`` that MySQL has no
-        row of, each once per back-off period (``republish_due.lua``). Returns how many."""
-        overdue = [
-            e.request_id for e in view.journal if e.request_id not in view.resolved and e.reserved_at_ms < cutoff_ms
-        ]
-        due = set(
-            await self._store.stock.republish_due(
-                product_id, overdue, self._grace_ms / 1000, _LONGEST_BACKOFF_SECONDS, bucket=view.bucket
-            )
-        )
-        return await self._republish(product_id, price, [e for e in view.journal if e.request_id in due], view.bucket)
-
     async def without_redis(self, product_id: int) -> RealignReport:
         """The report of a pass that could not run because Redis did not answer: MySQL's stock
         and sold only (a product in stock mode ``database`` sells from MySQL alone; the next
@@ -462,34 +366,3 @@ class Realigner:
             dry_run=False,
             redis_unreachable=True,
         )
-
-    async def _republish(self, product_id: int, price: int, stale: list[JournalEntry], bucket: int) -> int:
-        """Publish overdue reservations again, each priced at the unit price fixed when it was
-        reserved. ``price`` (the product's price now, minor units) only prices entries written
-        before the journal recorded the unit price (left in a live journal by an upgrade): for
-        those nothing better is known, as before."""
-        assert self._publisher is not None
-        count = 0
-        published: list[dict[str, str]] = []
-        for entry in stale:
-            message = OrderMessage(
-                entry.request_id,
-                entry.order_no,
-                entry.user_id,
-                product_id,
-                entry.quantity,
-                entry.reserved_at_ms,
-                (price if entry.unit_price is None else entry.unit_price) * entry.quantity,
-                bucket,
-            )
-            try:
-                await self._publisher.publish(message)
-            except PublishFailed:
-                log.warning("republish_failed", request_id=entry.request_id, order_no=entry.order_no)
-                continue
-            count += 1
-            published.append({"request_id": entry.request_id, "order_no": entry.order_no})
-            await self._store.replays.mark_queued_if_pending(product_id, entry.request_id, bucket=bucket)
-        if count:
-            log.warning("republished_stale_reservations", product_id=product_id, count=count, orders=published)
-        return count

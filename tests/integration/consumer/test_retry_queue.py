@@ -15,8 +15,9 @@ from sqlalchemy import text
 from consumers.order_consumer import OrderConsumer, consuming
 from db.engine import make_engine
 from db.migrate import upgrade
-from service.adapters.broker import encode_order, queue_depth
-from service.adapters.redirect import RETRIES
+from service.adapters.broker import queue_depth
+from service.adapters.retry_routing import RETRIES
+from service.domain.model.order_message import encode_order
 from tests.servers import PrivateMariaDB, private_server, scratch
 from tests.support import (
     eventually,

@@ -20,8 +20,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.adapters.broker import encode_order
 from service.adapters.redis.reservations import new_attempt
+from service.domain.model.order_message import encode_order
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.database import DatabasePurchase, buy_in_database
 from service.domain.purchase.request_id import mint_request_id

@@ -21,9 +21,10 @@ import pytest
 
 from consumers.order_consumer import OrderConsumer, consuming
 from db.engine import make_engine
-from service.adapters.broker import OrderMessage, declare_topology, decode_order, encode_order, queue_depth
+from service.adapters.broker import declare_topology, queue_depth
 from service.adapters.dead_letters import DeadLetterQueue
 from service.bootstrap import open_api
+from service.domain.model.order_message import OrderMessage, decode_order, encode_order
 from service.domain.purchase.request_id import mint_request_id
 from service.sale.isolation import environment, free_port
 from service.settings import AMQPSettings, Settings

@@ -9,10 +9,11 @@ from collections import Counter
 import pytest
 from sqlalchemy import text
 
-from service.adapters.broker import OrderMessage, Publisher
+from service.adapters.broker import Publisher
 from service.adapters.redis.reservations import new_attempt
 from service.adapters.redis.stores import open_stores
 from service.domain.fulfilment.order_writer import apply_order
+from service.domain.model.order_message import OrderMessage
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock.realign import Realigner
@@ -186,8 +187,8 @@ async def test_realignment_during_live_purchases_and_consumers_ends_exact(
 async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     engine, redis, store, settings, put_product, product_id
 ):
-    from service.adapters.broker import OrderMessage
     from service.domain.fulfilment.order_writer import apply_order
+    from service.domain.model.order_message import OrderMessage
 
     await put_product(product_id, stock=10, limit=1)
     keys = store.product_keys(product_id)

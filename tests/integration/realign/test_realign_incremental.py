@@ -8,9 +8,10 @@ import asyncio
 
 import pytest
 
-from service.adapters.broker import OrderMessage, Publisher
+from service.adapters.broker import Publisher
 from service.adapters.redis.reservations import new_attempt
 from service.domain.fulfilment.order_writer import apply_order
+from service.domain.model.order_message import OrderMessage
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock import realign as realign_module

@@ -23,7 +23,7 @@ from sqlalchemy import text
 
 from service.api.app import create_app
 from service.domain.orders.lifecycle import expire_unpaid
-from service.domain.purchase.sold_out import SoldOutFlags, Verdict
+from service.domain.purchase.sold_out import FlagAnswer, SoldOutFlags
 from service.domain.stock.realign import Realigner
 from tests.support import buy, eventually, inventory, order_rows, rows_at_least, running_consumer, serving
 
@@ -104,7 +104,7 @@ async def test_a_unit_returned_mid_sale_is_bought_again_through_the_other_proces
 
     refused = await buy(second.client, token("late"), product_id)
     assert refused.status_code == 409 and refused.json()["code"] == "sold_out"
-    assert second.flags.verdict(product_id, 1) is Verdict.SOLD_OUT  # the second process is flagged
+    assert second.flags.verdict(product_id, 1) is FlagAnswer.SOLD_OUT  # the second process is flagged
 
     if give_back == "cancel":  # through the first process's route
         cancelled = await first.client.post(f"/api/v1/orders/{order_no}/cancel", headers=token("early"))
@@ -194,7 +194,7 @@ async def test_a_keyed_replay_of_an_accepted_purchase_still_answers_its_202_whil
 
     refused = await buy(api.client, token("other"), product_id)
     assert refused.status_code == 409 and refused.json()["code"] == "sold_out"
-    assert api.flags.verdict(product_id, 1) is Verdict.SOLD_OUT
+    assert api.flags.verdict(product_id, 1) is FlagAnswer.SOLD_OUT
 
     replay = await api.client.post("/api/v1/orders", json=body, headers=keyed)
     assert (replay.status_code, replay.json()) == (202, accepted.json())

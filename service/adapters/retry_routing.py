@@ -6,7 +6,7 @@ queue named, after which the consumer acks the delivery. Nothing of it waits in 
 prefetch window, and neither spends the order queue's delivery limit:
 
 - a retry copy goes to the retry queue of its turn (:meth:`AMQPSettings.retry_queue`) of the
-  partition it came from (:meth:`Redirector.partition_of`) and comes back to that order queue by
+  partition it came from (:meth:`RetryRouter.partition_of`) and comes back to that order queue by
   itself when that queue's TTL is up (see :mod:`service.adapters.broker`), carrying
   :data:`RETRIES` (how many times it was sent there);
 - a dead-letter copy goes straight to the dead-letter queue, carrying why: :data:`REASON`
@@ -46,7 +46,7 @@ _BROKER_HEADERS = ("x-delivery-count", "x-death")
 ``x-first-death-*`` / ``x-last-death-*`` ones)."""
 
 
-def retries_of(message: Delivery) -> int:
+def times_retried(message: Delivery) -> int:
     """How many times ``message`` was sent to a retry queue before (0 for a first delivery)."""
     value = message.headers.get(RETRIES)
     return value if isinstance(value, int) and value >= 0 else 0
@@ -60,7 +60,7 @@ def _carried(headers: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class Redirector:
+class RetryRouter:
     """Publishes retry and dead-letter copies on ``channel`` (a confirming channel of the
     consumer's connection: ``publisher_confirms=True, on_return_raises=True``); ``reopen`` gives a
     new one when the broker closed it (a robust channel comes back by itself only after a
@@ -87,7 +87,7 @@ class Redirector:
         Raises:
             service.failures.PublishFailed: not confirmed.
         """
-        retries = retries_of(message)
+        retries = times_retried(message)
         delay = self.retry_delay(retries)
         headers = _carried(message.headers) | {RETRIES: retries + 1, ERROR: why[:200]}
         await self._publish(message, headers, self._settings.retry_queue(delay, self.partition_of(message)))
