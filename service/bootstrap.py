@@ -14,14 +14,13 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TypedDict, TypeVar
 
-import httpx
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import make_engine
 from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher
-from service.adapters.channel_client import ChannelClient
+from service.adapters.channel_client import ChannelClient, make_channel_client
 from service.adapters.dead_letters import DeadLetterQueue
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stores import RedisStores, make_stores
@@ -42,18 +41,6 @@ from service.runtime import stop_task
 from service.settings import Settings
 
 log = structlog.get_logger(__name__)
-
-
-def make_channel_client(settings: Settings) -> ChannelClient:
-    """The channels' HTTP API on one pooled client per process: every call bounded by
-    ``channel_timeout`` seconds (connect, read, write and the wait for a pooled connection), at
-    most 20 connections."""
-    payment = settings.payment
-    http = httpx.AsyncClient(
-        timeout=httpx.Timeout(payment.channel_timeout),
-        limits=httpx.Limits(max_connections=20, max_keepalive_connections=10),
-    )
-    return ChannelClient(payment.channel_urls, http)
 
 
 @dataclass(kw_only=True)
@@ -77,16 +64,6 @@ class Resources:
         ``confirm_timeout`` seconds; the rest is left to realignment), release the shard lease
         and close every connection: whatever the builder opened, the last opened first."""
         await self._stack.aclose()
-
-    @classmethod
-    async def open(cls, settings: Settings, *, publish: bool = True, purchase: bool = True) -> Resources:
-        """The builder of the kind of process the flags name, for the start-up loops that take
-        flags (:func:`open_when_reachable`, :class:`BackgroundResources`): ``purchase`` (with
-        ``publish``) the API worker (:func:`open_api`), otherwise a job (:func:`open_job`, with a
-        publisher when ``publish``)."""
-        if purchase and publish:
-            return await open_api(settings)
-        return await open_job(settings, publish=publish)
 
 
 @dataclass(kw_only=True)
@@ -275,7 +252,7 @@ def _payments(
 ) -> tuple[ChannelClient, PaymentService, Checkout]:
     """The payment channels' client (closed first), the payment service and the checkout."""
     payment = settings.payment
-    channels = make_channel_client(settings)
+    channels = make_channel_client(settings.payment)
     stack.push_async_callback(channels.aclose)
     payments = PaymentService(engine, store, payment.channel_secrets, payment.currency, channels)
     checkout = Checkout(engine, store, channels, payments, payment.currency, payment.notify_url)

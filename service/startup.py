@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from sqlalchemy import text
@@ -21,11 +23,13 @@ from sqlalchemy import text
 from db.engine import make_engine
 from service.adapters.broker import quiet_connect_logs
 from service.adapters.redis.client import make_redis
-from service.bootstrap import Job, Resources, open_job, opened
+from service.bootstrap import ApiWorker, Job, Resources, open_api, open_job, opened
 from service.domain.order_numbers.minter import ShardsExhausted
 from service.failures import STORE_NAMES, StoreUnavailable, failure_of, is_outage, outage_of
 from service.runtime import Backoff, OutageLog, stop_signal, stop_task, when_reachable
 from service.settings import ConfigError, Settings
+
+R = TypeVar("R", bound=Resources)
 
 
 class DependencyUnreachable(ConfigError):
@@ -155,40 +159,39 @@ async def wait_for_dependencies(
 
 async def open_when_reachable(
     settings: Settings,
+    build: Callable[[Settings], Awaitable[R]],
     stop: asyncio.Event | None = None,
     *,
-    publish: bool = True,
-    purchase: bool = False,
     check: bool = False,
-) -> Resources | None:
-    """:meth:`Resources.open` once the stores answer (:func:`when_reachable`); with ``check``,
-    each attempt first asks every store, RabbitMQ included (:func:`check_dependencies`: the
-    consumer's own connection needs it even when ``publish`` is False). None when ``stop`` was
-    set first. Close the result.
+) -> R | None:
+    """``build(settings)`` (a builder of :mod:`service.bootstrap`) once the stores answer
+    (:func:`when_reachable`); with ``check``, each attempt first asks every store, RabbitMQ
+    included (:func:`check_dependencies`: the consumer's own connection needs it though its
+    builder opens no publisher). None when ``stop`` was set first. Close the result.
 
     Raises:
         DependencyUnreachable: with ``check``, a store refused as configured.
-        Whatever :meth:`Resources.open` raises that is no outage (:func:`service.failures.is_outage`).
+        Whatever ``build`` raises that is no outage (:func:`service.failures.is_outage`).
     """
 
-    async def attempt() -> Resources:
+    async def attempt() -> R:
         if check:
             await check_dependencies(settings)
-        return await Resources.open(settings, publish=publish, purchase=purchase)
+        return await build(settings)
 
     return await when_reachable(attempt, stop)
 
 
 @asynccontextmanager
 async def opened_when_reachable(
-    settings: Settings, *, publish: bool = True, purchase: bool = False, check: bool = False
-) -> AsyncIterator[Resources | None]:
-    """``async with opened_when_reachable(settings) as resources``: for a long-running command
-    started while a store may be away (``consume``, ``realign --watch``, ``sweep --watch``):
-    :func:`open_when_reachable` until SIGTERM/SIGINT (then ``resources`` is None: stop at once),
-    closed on exit."""
+    settings: Settings, build: Callable[[Settings], Awaitable[R]], *, check: bool = False
+) -> AsyncIterator[R | None]:
+    """``async with opened_when_reachable(settings, open_consumer) as resources``: for a
+    long-running command started while a store may be away (``consume``, ``realign --watch``,
+    ``sweep --watch``): :func:`open_when_reachable` until SIGTERM/SIGINT (then ``resources`` is
+    None: stop at once), closed on exit."""
     with stop_signal() as stop:
-        resources = await open_when_reachable(settings, stop, publish=publish, purchase=purchase, check=check)
+        resources = await open_when_reachable(settings, build, stop, check=check)
     try:
         yield resources
     finally:
@@ -200,7 +203,7 @@ class BackgroundResources:
     """The API worker's resources, opened in a task of their own so that a worker starts (and
     answers ``/health/live``, and ``/health/ready`` 503) while Redis or RabbitMQ is away:
     granian never sees a start-up failure, so there is no crash loop. The task tries
-    :meth:`Resources.open` with back-off (:func:`when_reachable`, 0.5 s doubling to
+    :func:`~service.bootstrap.open_api` with back-off (:func:`when_reachable`, 0.5 s doubling to
     :data:`OPEN_BACKOFF_CAP` s), one log line when the wait begins and one when it ends.
     ``current`` is None until it succeeds; meanwhile ``reachable`` says which stores answered the
     last attempt (for readiness). ``on_no_shard``: called when an attempt (the first or a
@@ -210,19 +213,10 @@ class BackgroundResources:
     OPEN_BACKOFF_CAP = 3.0
     OPEN_TIMEOUT = 15.0
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        publish: bool = True,
-        purchase: bool = True,
-        on_no_shard: Callable[[ShardsExhausted], None] | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, *, on_no_shard: Callable[[ShardsExhausted], None] | None = None) -> None:
         self._settings = settings
-        self._publish = publish
-        self._purchase = purchase
         self._on_no_shard = on_no_shard
-        self.current: Resources | None = None
+        self.current: ApiWorker | None = None
         self.reachable: dict[str, bool] = {"redis": False, "rabbitmq": False, "mysql": False}
         self._task: asyncio.Task[None] | None = None
         self._waiting = OutageLog("dependency", process="api")
@@ -246,12 +240,10 @@ class BackgroundResources:
             return
         self._waiting.recovered()
 
-    async def _open(self) -> Resources:
+    async def _open(self) -> ApiWorker:
         """One attempt; on a failure, which stores answer is asked (``reachable``)."""
         try:
-            return await asyncio.wait_for(
-                Resources.open(self._settings, publish=self._publish, purchase=self._purchase), self.OPEN_TIMEOUT
-            )
+            return await asyncio.wait_for(open_api(self._settings), self.OPEN_TIMEOUT)
         except ShardsExhausted as exc:  # not an outage: waiting frees no shard
             if self._on_no_shard is not None:
                 self._on_no_shard(exc)
@@ -289,6 +281,5 @@ async def job_opened(settings: Settings, *, publish: bool = True, wait: bool = F
         async with opened(open_job(settings, publish=publish)) as job:
             yield job
         return
-    async with opened_when_reachable(settings, publish=publish) as resources:
-        assert resources is None or isinstance(resources, Job)  # opened without purchase: a job
-        yield resources
+    async with opened_when_reachable(settings, functools.partial(open_job, publish=publish)) as job:
+        yield job

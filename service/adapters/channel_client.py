@@ -13,6 +13,8 @@ from datetime import date, datetime
 import httpx
 import msgspec
 
+from service.settings import PaymentSettings
+
 
 class ChannelUnavailable(Exception):
     """The channel did not answer in time, or answered 5xx or something unexpected: nothing is
@@ -144,3 +146,14 @@ class ChannelClient:
         if response.status_code != 200:
             raise ChannelUnavailable(f"{channel}: bill {response.status_code}")
         return msgspec.json.decode(response.content, type=_Bill).transactions
+
+
+def make_channel_client(payment: PaymentSettings) -> ChannelClient:
+    """The channels' HTTP API on one pooled client per process: every call bounded by
+    ``channel_timeout`` seconds (connect, read, write and the wait for a pooled connection), at
+    most 20 connections."""
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(payment.channel_timeout),
+        limits=httpx.Limits(max_connections=20, max_keepalive_connections=10),
+    )
+    return ChannelClient(payment.channel_urls, http)

@@ -47,7 +47,7 @@ class FlashsalePlugin(InitPluginProtocol):
             # Never raises for a store that is away: the worker serves (readiness 503, every
             # other route 503 unavailable) and connects in the background (no crash loop). Every
             # order-number shard leased is not an outage: waiting frees none, so the server stops.
-            slot.opening = opening = BackgroundResources(settings, purchase=True, on_no_shard=stop_server)
+            slot.opening = opening = BackgroundResources(settings, on_no_shard=stop_server)
             try:
                 await opening.start()
             except ShardsExhausted:  # stop_server was told (under flashsale serve it did not return)

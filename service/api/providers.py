@@ -2,7 +2,7 @@
 out the object the worker built once at start-up (:func:`service.bootstrap.open_api`), so a
 request constructs nothing (docs/ARCHITECTURE.md).
 
-The worker opens its stores in the background (:class:`service.bootstrap.BackgroundResources`):
+The worker opens its stores in the background (:class:`service.startup.BackgroundResources`):
 until it has, every provider of :data:`SERVICES` raises :class:`Unavailable` (503
 ``unavailable``, which :mod:`service.api.openapi` documents for the routes that take one). The
 providers do not cache (``use_cache``): what they hand out belongs to one lifespan of the app.

@@ -76,6 +76,7 @@ def consume(prefetch: int | None, partitions_text: str | None, metrics_port: int
     for Redis, RabbitMQ and MySQL when one is away at start. Exits 0 on SIGTERM after finishing
     its messages."""
     from consumers.order_consumer import run_consumer
+    from service.bootstrap import open_consumer
     from service.log_setup import configure_logging
     from service.startup import opened_when_reachable
 
@@ -85,7 +86,7 @@ def consume(prefetch: int | None, partitions_text: str | None, metrics_port: int
 
     async def go() -> None:
         # every store asked first, RabbitMQ included: the consumer connects to it itself
-        async with opened_when_reachable(settings, publish=False, check=True) as resources:
+        async with opened_when_reachable(settings, open_consumer, check=True) as resources:
             if resources is not None:
                 await run_consumer(resources, prefetch or settings.amqp.prefetch, metrics_port, partitions)
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 import msgspec
 from litestar import Controller, Response, get
 from litestar.di import NamedDependency
 from sqlalchemy import text
 
-from service.bootstrap import ApiWorker
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import leased_shards
 from service.startup import BackgroundResources
@@ -61,7 +58,7 @@ class HealthController(Controller):
         lost are loaded again, publisher channels the broker closed re-opened. It also reports the
         order-number shards leased and free (the fleet limit: one shard per API worker process,
         90 per key prefix)."""
-        resources = cast("ApiWorker | None", worker_resources.current)  # the API opens an ApiWorker
+        resources = worker_resources.current
         if resources is None:
             seen = worker_resources.reachable
             waiting = Readiness(False, seen["redis"], seen["rabbitmq"], seen["mysql"], None, connecting=True)
