@@ -9,6 +9,8 @@ the domain and the edges catch only these, never a driver's exception:
 - :class:`StoreUnavailable` ``(store)``: not reached, or no answer in time; the call may or may
   not have taken effect. :class:`StoreRefused` is the kind that waiting does not cure (wrong
   credentials, unknown database); :class:`PublishFailed` is RabbitMQ's not-confirmed publish.
+- :class:`StoreError`: the store answered with an error that is no outage (a Redis error reply,
+  a MySQL statement error): a ``500`` outside the purchase path, as a bug is.
 - :class:`TransientConflict`: MySQL chose the transaction as a deadlock victim or its lock wait
   timed out; nothing was written, running the whole transaction again may succeed.
 - :class:`DuplicateKey`: an insert met a UNIQUE index.
@@ -43,7 +45,10 @@ def unavailable_detail(what: str = "Stock service") -> str:
 
 
 class StoreFailure(Exception):
-    """A store did not do what was asked; the subclass says what the caller may assume."""
+    """A store did not do what was asked; the subclass says what the caller may assume.
+    ``store`` names the store."""
+
+    store: Store
 
 
 class StoreUnavailable(StoreFailure):
@@ -62,23 +67,45 @@ class StoreRefused(StoreUnavailable):
     database): unavailable all the same, but no outage that waiting would end."""
 
 
-class PublishFailed(StoreUnavailable):
+class StoreError(StoreFailure):
+    """``store`` answered, with an error that is neither an outage nor a conflict: a Redis error
+    reply (OOM, READONLY, WRONGTYPE, a script error), a MySQL statement error (a schema the code
+    does not expect, a value out of range, a statement timeout). Not ``503 unavailable`` outside
+    the purchase path, and no outage to wait for. ``transient``: MySQL's
+    ``OperationalError``/``InterfaceError`` kind, which the consumer retries rather than
+    dead-letters (a schema being migrated under it)."""
+
+    def __init__(self, store: Store, detail: str = "", *, transient: bool = False) -> None:
+        super().__init__(f"{store} error" + (f": {detail}" if detail else ""))
+        self.store = store
+        self.detail = detail
+        self.transient = transient
+
+
+class PublishFailed(StoreFailure):
     """RabbitMQ did not confirm a message (nack, unroutable, no confirm in time, connection or
     channel down). The message may still have reached the broker after a timeout: the
-    outcome is unknown, and the consumer's claim on the reservation settles it."""
+    outcome is unknown, and the consumer's claim on the reservation settles it. An outage for
+    the ``--watch`` loops; for the one-line start-up errors only when its cause is one."""
+
+    store: Store = "rabbitmq"
 
     def __init__(self, detail: str) -> None:
-        super().__init__("rabbitmq", detail)
-        self.args = (detail,)
+        super().__init__(detail)
+        self.detail = detail
 
 
 class TransientConflict(StoreFailure):
     """MySQL chose this transaction as a deadlock victim or its lock wait timed out (1213, 1205):
     nothing was written; running the whole transaction again may succeed."""
 
+    store: Store = "mysql"
+
 
 class DuplicateKey(StoreFailure):
     """An insert met a UNIQUE index (MySQL error 1062); ``key`` names the index when known."""
+
+    store: Store = "mysql"
 
     def __init__(self, key: str | None, detail: str = "") -> None:
         super().__init__(detail or f"duplicate key {key}")
@@ -151,15 +178,22 @@ def _mysql(exc: BaseException) -> StoreFailure | None:
     wrapped = isinstance(exc, DBAPIError)
     if errno in MYSQL_AWAY or (isinstance(exc, DBAPIError) and exc.connection_invalidated):
         return StoreUnavailable("mysql", _first_line(exc))
-    if isinstance(exc, OperationalError | InterfaceError) or (
+    operational = isinstance(exc, OperationalError | InterfaceError) or (
         not wrapped and type(exc).__name__ in ("OperationalError", "InterfaceError")
-    ):
-        return StoreUnavailable("mysql", _first_line(exc))
-    return None
+    )
+    if wrapped or errno is not None or operational:  # any other error of the server or the driver
+        return StoreError("mysql", _first_line(exc), transient=operational)
+    return None  # SQLAlchemy's own (a result with no row, a misused API): a bug
 
 
 def _redis(exc: BaseException) -> StoreFailure | None:
-    from redis.exceptions import AuthenticationError, AuthorizationError, BusyLoadingError, MaxConnectionsError
+    from redis.exceptions import (
+        AuthenticationError,
+        AuthorizationError,
+        BusyLoadingError,
+        MaxConnectionsError,
+        RedisError,
+    )
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -167,6 +201,8 @@ def _redis(exc: BaseException) -> StoreFailure | None:
         return StoreRefused("redis", _first_line(exc))
     if isinstance(exc, RedisConnectionError | RedisTimeoutError | BusyLoadingError | MaxConnectionsError):
         return StoreUnavailable("redis", _first_line(exc))
+    if isinstance(exc, RedisError):  # an error reply: OOM, READONLY, WRONGTYPE, a script's error
+        return StoreError("redis", _first_line(exc))
     return None
 
 
@@ -201,15 +237,16 @@ def outage_of(exc: BaseException) -> str | None:
     """Which store is away when ``exc`` says one is (``"Redis"``, ``"MySQL"``, ``"RabbitMQ"``, or
     ``"a store"`` for a bare refused connection or timeout), else None: a store that is down,
     restarting, unreachable or timing out may come back, so a long-running process waits for it.
-    A store that refuses as configured (:class:`StoreRefused`), a conflict, a duplicate key and
-    a bug are no outage. The exception's causes are looked at too."""
+    A publish RabbitMQ did not confirm counts as its outage. A store that refuses as configured
+    (:class:`StoreRefused`), an error reply (:class:`StoreError`), a conflict, a duplicate key
+    and a bug are no outage. The exception's causes are looked at too."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         failure = translate(current)
         if failure is not None:
-            if isinstance(failure, StoreUnavailable) and not isinstance(failure, StoreRefused):
+            if isinstance(failure, StoreUnavailable | PublishFailed) and not isinstance(failure, StoreRefused):
                 return STORE_NAMES[failure.store]
             return None
         if isinstance(current, OSError | TimeoutError):  # refused, reset, timed out: may come back
@@ -232,5 +269,11 @@ def is_unavailable(exc: BaseException) -> bool:
 def is_transient(exc: BaseException) -> bool:
     """A failure that passes by itself: a store unavailable (:func:`is_unavailable`: MySQL
     unreachable, gone away, restarting, read-only while failing over, out of connections), a
-    deadlock or lock wait past the transaction's own retries, a socket error or timeout."""
-    return isinstance(translate(exc), StoreUnavailable | TransientConflict) or isinstance(exc, OSError | TimeoutError)
+    deadlock or lock wait past the transaction's own retries, MySQL's operational errors
+    (:attr:`StoreError.transient`), a socket error or timeout."""
+    failure = translate(exc)
+    return (
+        isinstance(failure, StoreUnavailable | TransientConflict)
+        or (isinstance(failure, StoreError) and failure.transient)
+        or isinstance(exc, OSError | TimeoutError)
+    )

@@ -25,7 +25,7 @@ from service.adapters.broker import quiet_connect_logs
 from service.adapters.redis.client import make_redis
 from service.bootstrap import ApiWorker, Job, Resources, open_api, open_job, opened
 from service.domain.order_numbers.minter import ShardsExhausted
-from service.failures import STORE_NAMES, StoreUnavailable, failure_of, is_outage, outage_of
+from service.failures import STORE_NAMES, PublishFailed, StoreUnavailable, failure_of, is_outage, outage_of
 from service.runtime import Backoff, OutageLog, stop_signal, stop_task, when_reachable
 from service.settings import ConfigError, Settings
 
@@ -50,6 +50,8 @@ def unreachable(exc: BaseException, settings: Settings) -> DependencyUnreachable
     the settings cannot be reached (MySQL, Redis or RabbitMQ, :class:`StoreUnavailable`); None
     for any other exception."""
     failure = exc if isinstance(exc, StoreUnavailable) else failure_of(exc)
+    if isinstance(failure, PublishFailed) and failure.__cause__ is not None:
+        failure = failure_of(failure.__cause__)  # a publish not confirmed: unreachable only if its cause says so
     if not isinstance(failure, StoreUnavailable):
         return None
     url = {"redis": settings.redis.url, "mysql": settings.db.url, "rabbitmq": settings.amqp.url}[failure.store]

@@ -15,7 +15,7 @@ from service.adapters.redis.stores import make_stores
 from service.domain.stock.catalog import ProductInput, set_product
 from service.domain.stock.realign import Realigner
 from service.domain.stock.realign_report import RealignReport
-from service.failures import StoreUnavailable
+from service.failures import StoreFailure
 from service.settings import Settings
 
 
@@ -24,7 +24,7 @@ async def redis_answers(settings: Settings) -> bool:
     stores = make_stores(settings)
     try:
         return await stores.ping()
-    except StoreUnavailable:
+    except StoreFailure:
         return False
     finally:
         await stores.aclose()

@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from service.failures import (
     DuplicateKey,
     PublishFailed,
+    StoreError,
     StoreRefused,
     StoreUnavailable,
     TransientConflict,
@@ -35,14 +36,23 @@ def test_mysql_errors_become_the_vocabulary() -> None:
     assert isinstance(refused, StoreRefused) and refused.store == "mysql"
     gone = translate(_mysql(OperationalError, 2006))
     assert type(gone) is StoreUnavailable and gone.store == "mysql"
-    assert translate(_mysql(IntegrityError, 1452)) is None  # a foreign key: the caller's fault
-    assert translate(_mysql(ProgrammingError, 1146)) is None  # a missing table: a bug
+    for statement_error in (_mysql(IntegrityError, 1452), _mysql(ProgrammingError, 1146)):  # a foreign key, a bug
+        failure = translate(statement_error)
+        assert isinstance(failure, StoreError) and failure.store == "mysql" and not failure.transient
+        assert not is_unavailable(statement_error) and outage_of(statement_error) is None  # 500, no waiting
+        assert not is_transient(statement_error)  # the consumer dead-letters after its retries
+    unknown_column = _mysql(OperationalError, 1054)  # a schema the code does not expect
+    assert isinstance(translate(unknown_column), StoreError)
+    assert not is_unavailable(unknown_column) and outage_of(unknown_column) is None
+    assert is_transient(unknown_column)  # the consumer retries (a migration under way)
 
 
 def test_redis_and_rabbitmq_errors_become_the_vocabulary() -> None:
     redis_down = translate(RedisConnectionError("Error 111"))
     assert isinstance(redis_down, StoreUnavailable) and redis_down.store == "redis"
-    assert translate(ResponseError("WRONGTYPE")) is None  # an answer, not an outage
+    reply = ResponseError("OOM command not allowed")  # an answer, not an outage
+    assert isinstance(translate(reply), StoreError) and translate(reply).store == "redis"  # type: ignore[union-attr]
+    assert not is_unavailable(reply) and outage_of(reply) is None and not is_transient(reply)
     broker_down = translate(AMQPConnectionError("refused"))
     assert isinstance(broker_down, StoreUnavailable) and broker_down.store == "rabbitmq"
 
@@ -52,7 +62,6 @@ def test_redis_and_rabbitmq_errors_become_the_vocabulary() -> None:
     [
         (StoreUnavailable("redis", "Error 111"), "Redis"),  # what the Redis adapter raises
         (StoreUnavailable("mysql"), "MySQL"),
-        (PublishFailed("nack"), "RabbitMQ"),
     ],
 )
 def test_the_classifier_reads_the_vocabulary(failure: StoreUnavailable, store: str) -> None:
@@ -66,3 +75,5 @@ def test_refusals_conflicts_and_duplicates() -> None:
     assert outage_of(TransientConflict()) is None and is_transient(TransientConflict())
     assert outage_of(DuplicateKey("uq")) is None and not is_transient(DuplicateKey("uq"))
     assert str(PublishFailed("broker connection is down")) == "broker connection is down"
+    nack = PublishFailed("nack")  # an outage for the --watch loops; outside the purchase path a 500
+    assert outage_of(nack) == "RabbitMQ" and not is_unavailable(nack) and not is_transient(nack)

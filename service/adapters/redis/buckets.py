@@ -2,7 +2,7 @@
 tag (:mod:`service.domain.stock.buckets`), rebalanced by passes that drain a bucket and fill it
 with its share.
 
-Failures raise :class:`~service.failures.StoreUnavailable` ``("redis")`` only.
+Failures raise the vocabulary only (:mod:`.boundary`).
 """
 
 from __future__ import annotations

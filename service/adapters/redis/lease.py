@@ -4,7 +4,7 @@ One :class:`Lease` type for both kinds the service takes: an order-number shard'
 mints in a shard at a time) and a named lock of the deployment (e.g. ``recovery``: one
 self-healing pass at a time). Taken with SET NX PX, renewed and released by scripts that check
 the holder (``lua/lease_renew.lua``, ``lua/lease_release.lua``).
-Failures raise :class:`~service.failures.StoreUnavailable` ``("redis")`` only.
+Failures raise the vocabulary only (:mod:`.boundary`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Order tokens: a purchase of a product that needs one names a token issued to the buyer when
 the order page opened (``SET token EX ttl``), taken by the reserve that uses it.
 
-Failures raise :class:`~service.failures.StoreUnavailable` ``("redis")`` only.
+Failures raise the vocabulary only (:mod:`.boundary`).
 """
 
 from __future__ import annotations

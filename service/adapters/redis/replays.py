@@ -3,7 +3,7 @@
 ``lua/reserve.lua`` writes a record (``pending``) with each reservation, and the purchase path
 marks it ``queued`` once the broker confirmed (:meth:`.reservations.Reservations.mark_queued`).
 Here: the records realignment and the stock modes write for orders MySQL already holds.
-Failures raise :class:`~service.failures.StoreUnavailable` ``("redis")`` only.
+Failures raise the vocabulary only (:mod:`.boundary`).
 """
 
 from __future__ import annotations

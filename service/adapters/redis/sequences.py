@@ -1,7 +1,7 @@
 """Order-number sequences: per shard, a counter per UTC second, minted in blocks while the
 shard's epoch (the generation it mints in, installed on this very Redis server) holds.
 
-Failures raise :class:`~service.failures.StoreUnavailable` ``("redis")`` only.
+Failures raise the vocabulary only (:mod:`.boundary`).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ from service.domain.order_numbers.conflicts import stand_in_order_no
 from service.domain.orders.actors import CONSUMER
 from service.domain.purchase import user_quota
 from service.domain.purchase.request_id import reissued_request_id
-from service.failures import DuplicateKey, StoreUnavailable
+from service.failures import DuplicateKey, StoreFailure
 
 _WRITE_RETRIED = metrics.retry_counter("write_orders", metrics.TRANSACTION_RETRIES.inc)
 
@@ -116,7 +116,7 @@ class OrderWriter:
                     for (product_id, bucket), indexes in by_bucket.items()
                 )
             )
-        except StoreUnavailable as exc:
+        except StoreFailure as exc:
             # Without Redis, MySQL's unique request id still decides: never drop an order for it.
             log.warning("claim_failed", orders=len(batch), error=repr(exc))
             return [False] * len(batch)

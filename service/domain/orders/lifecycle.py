@@ -24,7 +24,7 @@ from service.domain.model.stock import RestockOutcome
 from service.domain.orders import actors
 from service.domain.purchase import user_quota
 from service.domain.stock.buckets import bucket_of
-from service.failures import StoreUnavailable
+from service.failures import StoreFailure
 
 log = structlog.get_logger(__name__)
 
@@ -188,7 +188,7 @@ async def give_back_to_redis(store: RedisStores, returned: ReturnedUnits) -> Res
             release_quota=returned.release_quota,
             bucket=returned.bucket,
         )
-    except StoreUnavailable as exc:
+    except StoreFailure as exc:
         log.warning("restock_failed", order_no=returned.order_no, error=repr(exc))
         return None
 

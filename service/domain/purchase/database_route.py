@@ -23,7 +23,7 @@ from service.domain.purchase.database import (
     replay_of,
 )
 from service.domain.purchase.routes import Route, RouteCache
-from service.failures import StoreFailure, StoreUnavailable
+from service.failures import StoreFailure
 
 log = structlog.get_logger(__name__)
 
@@ -123,13 +123,13 @@ class DatabaseRoute:
     async def _take_token(self, product_id: int, order_token: str, user_id: str, bucket: int) -> int:
         try:
             return await self._tokens.take(product_id, order_token, user_id, bucket=bucket)
-        except (StoreUnavailable, OSError) as exc:
+        except (StoreFailure, OSError) as exc:
             raise rejected(Down.TOKENS) from exc
 
     async def _give_token(self, product_id: int, order_token: str, user_id: str, left_ms: int, bucket: int) -> None:
         try:
             await self._tokens.give_back(product_id, order_token, user_id, left_ms, bucket=bucket)
-        except (StoreUnavailable, OSError) as exc:
+        except (StoreFailure, OSError) as exc:
             # The buyer asks for a new token; nothing was bought with this one.
             log.warning("give_token_failed", product_id=product_id, error=repr(exc))
 

@@ -51,10 +51,7 @@ from service.domain.purchase.database_route import DatabaseRoute
 from service.domain.purchase.routes import RouteCache
 from service.domain.purchase.sold_out import SoldOutFlags, Token
 from service.domain.stock.buckets import bucket_of
-from service.failures import (
-    PublishFailed,
-    StoreUnavailable,
-)
+from service.failures import PublishFailed, StoreFailure
 
 log = structlog.get_logger(__name__)
 
@@ -187,14 +184,14 @@ class PurchaseService:
         bucket = bucket_of(user_id, route.buckets)
         try:
             await self._store.tokens.issue(product_id, token, user_id, self.token_ttl_seconds, bucket=bucket)
-        except (StoreUnavailable, OSError) as exc:
+        except (StoreFailure, OSError) as exc:
             raise rejected(Down.STOCK) from exc
         return token
 
     async def _mint(self) -> str:
         try:
             return await self._minter.take()
-        except (StoreUnavailable, ShardLost, OSError) as exc:
+        except (StoreFailure, ShardLost, OSError) as exc:
             log.warning("order_no_unavailable", error=repr(exc))
             raise rejected(Down.STOCK) from exc
 
@@ -244,7 +241,7 @@ class PurchaseService:
             others = None
             if reservation.outcome is ReserveOutcome.SOLD_OUT and ask.buckets > 1:
                 others = await self._other_buckets(ask)
-        except (StoreUnavailable, OSError) as exc:
+        except (StoreFailure, OSError) as exc:
             # The script may have run and only its reply been lost, or it may still be on the
             # wire: give back what this attempt holds, or mark it abandoned so it never takes effect.
             log.warning("reserve_failed", request_id=request_id, error=repr(exc))
@@ -326,7 +323,7 @@ class PurchaseService:
                 message.quantity,
                 bucket=message.bucket,
             )
-        except (StoreUnavailable, OSError) as exc:
+        except (StoreFailure, OSError) as exc:
             # The order is queued all the same; a replay answers 409 until realignment resolves
             # its journal entry, then it is answered as a replay (reserve.lua).
             log.warning("mark_queued_failed", request_id=message.request_id, error=repr(exc))
@@ -349,7 +346,7 @@ class PurchaseService:
         product_id, request_id = ask.product_id, ask.request_id
         try:
             return await self._store.reservations.release(product_id, request_id, attempt, bucket=ask.bucket)
-        except (StoreUnavailable, OSError) as exc:
+        except (StoreFailure, OSError) as exc:
             # Whatever this attempt reserved stays in the journal; realignment re-publishes it after
             # the grace period (so an attempt answered 503 can still become an order here: the one
             # case the abandoned mark cannot cover, since it could not be written).

@@ -20,7 +20,7 @@ from service.domain.stock.buckets import MAX_BUCKETS
 from service.domain.stock.modes import switch_to_database, switch_to_redis
 from service.domain.stock.realign import Realigner
 from service.domain.stock.realign_report import RealignReport
-from service.failures import StoreUnavailable
+from service.failures import StoreFailure
 
 _SET_RETRIED = metrics.retry_counter("set_product")
 
@@ -143,7 +143,7 @@ async def set_product(
         return await switch_to_redis(engine, store, realigner, product_id)
     try:
         return await realigner.realign(product_id)
-    except StoreUnavailable as exc:
+    except StoreFailure as exc:
         if mode != StockMode.DATABASE or exc.store != "redis":
             raise
         # MySQL alone sells this product; the next realignment pass once Redis answers writes

@@ -48,7 +48,7 @@ from service.domain.errors import ProductNotFound
 from service.domain.stock.buckets import bucket_of
 from service.domain.stock.realign import Realigner
 from service.domain.stock.realign_report import RealignReport
-from service.failures import StoreUnavailable
+from service.failures import StoreFailure
 
 _SWITCH_RETRIED = metrics.retry_counter("set_stock_mode")
 
@@ -98,7 +98,7 @@ async def switch_to_database(
                 log.warning("stock_mode_drain_timeout", product_id=product_id, in_flight=in_flight)
                 break
             await asyncio.sleep(_POLL_SECONDS)
-    except StoreUnavailable as exc:
+    except StoreFailure as exc:
         if exc.store != "redis":
             raise
         log.warning("stock_mode_switch_without_redis", product_id=product_id, error=repr(exc))

@@ -56,7 +56,7 @@ from service.domain.stock.buckets import bucket_of, split
 from service.domain.stock.realign_report import RealignReport, observe
 from service.domain.stock.republish import Republisher
 from service.domain.stock.snapshot import BucketView, resolved_in, sale_terms
-from service.failures import StoreUnavailable
+from service.failures import StoreFailure
 from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)
@@ -200,7 +200,7 @@ class Realigner:
             try:
                 if not await self._store.leases.lock(lock).renew(holder, lock_ms):
                     log.warning("realign_lock_lost", lock=lock)
-            except StoreUnavailable as exc:
+            except StoreFailure as exc:
                 log.warning("realign_lock_renewal_failed", lock=lock, error=repr(exc))
 
     async def bucket_count(self, product_id: int) -> int:
