@@ -98,7 +98,8 @@ SWEEP_SECONDS = 5.0  # sweep --watch (the payment window is 15 minutes: it cance
 # -- what the suite demands ----------------------------------------------------------------------
 STRANDED_BOUND = 15.0
 """Seconds a reservation may stay in the journal without a row once the fault is over (the
-README's bound for stranded reservations, with this deployment's grace and watch interval)."""
+bound for stranded reservations in docs/ARCHITECTURE.md, "Self-healing", with this deployment's
+grace and watch interval)."""
 RECOVERY_TIMEOUT = 120.0  # seconds after the load (and the fault) for everything to settle
 BUYER_PATIENCE = 90.0  # seconds a buyer keeps retrying one purchase
 LOAD_DEADLINE = 150.0

@@ -149,7 +149,7 @@ async def test_the_bucket_count_is_fixed_and_a_caller_with_another_is_told(
 
 
 async def _until_answered(client, token, user: str, product_id: int, quantity: int, tries: int = 20):
-    """The buyer retries a ``503`` with the same Idempotency-Key, as the README asks."""
+    """The buyer retries a ``503`` with the same Idempotency-Key, as docs/API.md asks."""
     for _ in range(tries):
         response = await buy(client, token(user), product_id, quantity, key=f"{user}-key")
         if response.status_code != 503:
