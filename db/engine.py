@@ -23,9 +23,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Dialect, ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from service.failures import ER_LOCK_WAIT_TIMEOUT, TransientConflict, mysql_errno, translate
-
-__all__ = ["ER_CONNECTION_LOST", "ER_LOCK_WAIT_TIMEOUT", "in_transaction", "make_engine", "mysql_errno"]
+from service.failures import TransientConflict, translate
 
 ER_CONNECTION_LOST = 2013
 MAX_TRANSACTION_ATTEMPTS = 6

@@ -49,7 +49,7 @@ def unreachable(exc: BaseException, settings: Settings) -> DependencyUnreachable
     """The one-line :class:`DependencyUnreachable` for an exception that means a store named by
     the settings cannot be reached (MySQL, Redis or RabbitMQ, :class:`StoreUnavailable`); None
     for any other exception."""
-    failure = exc if isinstance(exc, StoreUnavailable) else failure_of(exc)
+    failure = failure_of(exc)  # exc itself when it is already in the vocabulary
     if isinstance(failure, PublishFailed) and failure.__cause__ is not None:
         failure = failure_of(failure.__cause__)  # a publish not confirmed: unreachable only if its cause says so
     if not isinstance(failure, StoreUnavailable):

@@ -29,7 +29,7 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers.order_consumer import OrderConsumer, consuming
-from db.engine import ER_LOCK_WAIT_TIMEOUT, make_engine, mysql_errno
+from db.engine import make_engine
 from db.models import OrderStatus
 from service.adapters.broker import delete_topology
 from service.adapters.redis.keys import ProductKeys
@@ -41,6 +41,7 @@ from service.domain.order_numbers.format import compose_order_no
 from service.domain.payments.notification import sign
 from service.domain.purchase.answers import PurchaseRejected
 from service.domain.purchase.request_id import mint_request_id
+from service.failures import ER_LOCK_WAIT_TIMEOUT, mysql_errno
 from service.sale.isolation import environment, free_port
 from service.settings import Settings
 from tests.servers import PrivateMariaDB, PrivateRabbitMQ, PrivateRedis, private_server, scratch  # noqa: F401
