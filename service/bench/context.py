@@ -12,7 +12,6 @@ from service.settings import Settings
 
 WARMUP_SECONDS = 1.0
 PRICE = 100  # minor currency units
-ACCEPT_USERS = 1000  # tokens the accept row rotates through
 SOLD_OUT, ACCEPT = 1, 2  # product ids of the HTTP rows (stock mode redis)
 DB_SOLD_OUT, DB_ACCEPT = 3, 4  # the same two products in stock mode database
 DRAIN, RAW_ONE, RAW_BATCH = 100, 200, 300  # product ids of the drain rows: + round number
@@ -53,8 +52,7 @@ class BenchError(RuntimeError):
 @dataclass
 class Context:
     """The run: its settings, options, subprocess environment and log directory, the store
-    processes to watch, where to print progress, the pre-minted tokens (``one``: a single
-    buyer; ``many``: :data:`ACCEPT_USERS` buyers) and the profile summaries collected."""
+    processes to watch, where to print progress and the profile summaries collected."""
 
     settings: Settings
     options: Options
@@ -62,5 +60,4 @@ class Context:
     log_dir: Path
     stores: dict[str, list[int]]
     console: Console
-    tokens: dict[str, list[str]]
     profiles: dict[str, ProfileSummary]

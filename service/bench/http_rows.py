@@ -7,11 +7,13 @@ import asyncio
 import json
 import os
 import time
+from pathlib import Path
 
 import httpx
 
 from service.api.auth import issue_token
 from service.bench import profile
+from service.bench.buyers import BUYERS, REQUESTS_PER_BUYER, buyers_reached, mint_tokens
 from service.bench.context import (
     ACCEPT,
     ACCEPT_LIMIT,
@@ -36,8 +38,6 @@ from service.sale.isolation import free_port
 PATHS = {"bare_noop": "/noop", "noop": "/api/v1/bench/noop"}
 """Targets that are not purchases; every other target is ``POST /api/v1/orders`` of :data:`PRODUCTS`."""
 PRODUCTS = {"sold_out": SOLD_OUT, "accept": ACCEPT, "db_sold_out": DB_SOLD_OUT, "db_accept": DB_ACCEPT}
-MANY_BUYERS = {"accept", "db_accept"}
-"""Targets whose load rotates through many buyers (a single one would meet the per-user limit)."""
 
 
 def _target(row: HttpRow, port: int) -> tuple[str, bytes]:
@@ -103,17 +103,32 @@ async def _probe(row: HttpRow, url: str, body: bytes, token: str) -> None:
         raise BenchError(f"{row.key}: a probe got {answer.status_code} {answer.text[:200]}, expected {row.expect}")
 
 
+def buyers_script(ctx: Context, name: str, body: bytes) -> tuple[Path, str]:
+    """wrk's script for one load of :data:`BUYERS` new buyers (``name`` makes their ids and the
+    script's file unique in the run) and one of their tokens, for a probe."""
+    tokens = mint_tokens(ctx.settings.auth.jwt_secret, name, BUYERS)
+    script = ctx.log_dir / f"{name}.lua"
+    return write_script(script, body, tokens, REQUESTS_PER_BUYER, ctx.options.threads), tokens[0]
+
+
 async def _measure(
-    ctx: Context, row: HttpRow, child: Child, port: int, profiled: bool, together: asyncio.Barrier | None = None
+    ctx: Context,
+    row: HttpRow,
+    child: Child,
+    port: int,
+    round_no: int,
+    profiled: bool,
+    together: asyncio.Barrier | None = None,
 ) -> Row:
     """One round of ``row``: a probe, a warm-up, then ``duration`` seconds measured (started at
-    once with the other rows of ``together``, when given)."""
+    once with the other rows of ``together``, when given); the warm-up and the measured load each
+    with buyers of their own."""
     opts = ctx.options
     url, body = _target(row, port)
-    tokens = ctx.tokens["many" if row.target in MANY_BUYERS else "one"]
-    await _probe(row, url, body, tokens[0])
-    script = write_script(ctx.log_dir / f"{row.key}.lua", body, tokens)
-    await asyncio.to_thread(run_wrk, url, script, WARMUP_SECONDS, opts.connections, opts.threads)
+    warmup, token = buyers_script(ctx, f"{row.key}-r{round_no}-w", body)
+    await _probe(row, url, body, token)
+    await asyncio.to_thread(run_wrk, url, warmup, WARMUP_SECONDS, opts.connections, opts.threads)
+    script, _ = buyers_script(ctx, f"{row.key}-r{round_no}", body)
     if together is not None:
         await together.wait()
     groups = {"server": child.pids(), **ctx.stores}
@@ -146,6 +161,7 @@ async def _measure(
         unexpected=sum(statuses.values()) - ok,
         socket_errors=e["connect"] + e["read"] + e["write"] + e["timeout"],
         cpu=cpu,
+        buyers=buyers_reached(s["requests"], BUYERS),
     )
 
 
@@ -178,7 +194,7 @@ async def http_rows(ctx: Context, *, products: bool = True) -> list[Row]:
                 for row in group:
                     servers[row.server][0].check_alive()
                 answers = await asyncio.gather(
-                    *(_measure(ctx, row, *servers[row.server], profiled=r == 0, together=together) for row in group)
+                    *(_measure(ctx, row, *servers[row.server], r, profiled=r == 0, together=together) for row in group)
                 )
                 for row, answer in zip(group, answers, strict=True):
                     measured[row.key].append(answer)

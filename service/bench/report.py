@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from service.bench import profile
+from service.bench.buyers import REQUESTS_PER_BUYER
 from service.bench.context import Options
 from service.bench.procstat import MachineInfo
 from service.bench.profile import ProfileSummary
@@ -128,7 +129,8 @@ def render(report: Report, console: Console) -> None:
     console.print(rates)
     console.print(cpu_table)
     for row in report.rows:
-        note = f" ({row.note})" if row.note else ""
+        buyers = f"{row.buyers:,} distinct buyers, {REQUESTS_PER_BUYER} requests each" if row.buyers else ""
+        note = f" ({'; '.join(n for n in (buyers, row.note) if n)})" if buyers or row.note else ""
         console.print(f"  {row.label}: {DESCRIPTIONS.get(row.key, '')}{note}", highlight=False, soft_wrap=True)
     targets = Table(title="performance targets (docs/BENCHMARKS.md; reported, not enforced)")
     targets.add_column("target")

@@ -104,7 +104,8 @@ DESCRIPTIONS = {
 class Row:
     """One measured row. ``rate`` in req/s or orders/s (successes only); latencies in ms (None
     where not measured); ``cpu`` in cores per group (``client``, ``server``, stores) plus
-    ``machine`` (share of all CPUs busy, 0-1); ``statuses`` counts every HTTP answer."""
+    ``machine`` (share of all CPUs busy, 0-1); ``statuses`` counts every HTTP answer; ``buyers``:
+    the distinct buyers whose tokens the load sent (every round's new ones)."""
 
     key: str
     label: str
@@ -124,6 +125,7 @@ class Row:
     rounds: list[float] = field(default_factory=list)
     per_server_cpu: float | None = None
     cpu_ratio: float | None = None
+    buyers: int = 0
 
 
 def merge_rounds(rounds: list[Row]) -> Row:
@@ -156,6 +158,7 @@ def merge_rounds(rounds: list[Row]) -> Row:
         cpu={k: round(sum(r.cpu.get(k, 0.0) for r in rounds) / len(rounds), 3) for k in first.cpu},
         note=first.note,
         rounds=[r.rate for r in rounds],
+        buyers=sum(r.buyers for r in rounds),
     )
 
 

@@ -35,9 +35,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import make_engine
 from db.migrate import upgrade
-from service.api.auth import issue_token
 from service.bench import profile
-from service.bench.context import ACCEPT_USERS, BenchError, Context, Options
+from service.bench.context import BenchError, Context, Options
 from service.bench.drain import drain_rows
 from service.bench.http_rows import http_rows
 from service.bench.procstat import machine_info, store_pids
@@ -96,13 +95,8 @@ async def measure(base: Settings, options: Options, console: Console) -> Report:
     log_dir = Path(tempfile.mkdtemp(prefix=f"{run_id}-"))
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     machine = machine_info()
-    secret = settings.auth.jwt_secret
-    tokens = {
-        "one": [issue_token(secret, "bench-user")],
-        "many": [issue_token(secret, f"bench-{i}") for i in range(ACCEPT_USERS)],
-    }
     env = {**os.environ, **environment(settings)}
-    ctx = Context(settings, options, env, log_dir, store_pids(), console, tokens, {})
+    ctx = Context(settings, options, env, log_dir, store_pids(), console, {})
     async with AsyncExitStack() as stack:
         stack.push_async_callback(tear_down, settings)
         console.print(f"{run_id}: creating database and topology (logs in {log_dir})", soft_wrap=True)

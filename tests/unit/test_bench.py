@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jwt
+import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+from service.api.token_verifier import TokenVerifier
 from service.bench import server
+from service.bench.buyers import TOKEN_TTL_SECONDS, buyers_reached, mint_tokens
 from service.bench.context import Options
 from service.bench.procstat import machine_info
 from service.bench.profile import RUNTIME, summarize
@@ -75,11 +79,27 @@ def test_ratios_and_targets_follow_the_references():
     assert verdicts["accept >= 0.40 x product no-op"]["pass"] is None  # not measured
 
 
-def test_the_wrk_script_rotates_tokens_and_reports_json(tmp_path):
-    script = write_script(tmp_path / "s.lua", b'{"product_id":1,"quantity":1}', ["a.b.c", "d.e.f"]).read_text()
+def test_the_wrk_script_sends_each_buyer_a_few_times_and_reports_json(tmp_path):
+    body = b'{"product_id":1,"quantity":1}'
+    script = write_script(tmp_path / "s.lua", body, ["a.b.c", "d.e.f"], repeats=3, threads=2).read_text()
     assert '"Bearer a.b.c", "Bearer d.e.f"' in script
+    assert "local repeats = 3" in script and "math.floor(ntokens / 2)" in script
     assert "function request()" in script and "function done(" in script
     assert 'wrk.body = "{\\"product_id\\":1,\\"quantity\\":1}"' in script
+
+
+def test_the_buyers_tokens_are_what_the_api_verifies():
+    secret = "a-bench-secret-of-at-least-32-characters"
+    tokens = mint_tokens(secret, "bench-x", 50)
+    assert len(set(tokens)) == 50
+    verifier = TokenVerifier(secret, leeway=0, required=["exp", "sub", "iat"])
+    for n, token in enumerate(tokens):
+        claims = jwt.decode(token, secret, algorithms=["HS256"])
+        assert claims["sub"] == f"bench-x-{n}" and claims["exp"] - claims["iat"] == TOKEN_TTL_SECONDS
+        assert verifier.verify(token) == claims
+    with pytest.raises(jwt.InvalidSignatureError):
+        jwt.decode(tokens[0], "another-secret-that-is-32-chars-long!", algorithms=["HS256"])
+    assert buyers_reached(7, 100) == 3 and buyers_reached(10_000, 100) == 100 and buyers_reached(0, 5) == 0
 
 
 def test_profile_summary_drops_the_process_trunk(tmp_path):
