@@ -1,10 +1,11 @@
 """Authentication: Litestar's JWT auth (HS256). ``sub`` is the user id; ``role: admin`` marks admins.
 
-Tokens are verified with PyJWT's checks (:mod:`service.api.token_verifier`) under a clock-skew allowance (``FLASHSALE_AUTH__LEEWAY_SECONDS``) for
-``exp``, ``nbf`` and ``iat`` (RFC 7519 section 4.1.4 allows "some small leeway"), and, when
-configured, an audience and an issuer (``FLASHSALE_AUTH__AUDIENCE`` / ``__ISSUER``). Every 401
-carries ``WWW-Authenticate: Bearer`` (RFC 6750 section 3): ``error="invalid_token"`` when a token
-was sent but refused, no error code when none was sent.
+Tokens are verified with PyJWT's checks (:mod:`service.api.token_verifier`) under a clock-skew
+allowance (``FLASHSALE_AUTH__LEEWAY_SECONDS``) for ``exp``, ``nbf`` and ``iat`` (RFC 7519 section
+4.1.4 allows "some small leeway"), and, when configured, an audience and an issuer
+(``FLASHSALE_AUTH__AUDIENCE`` / ``__ISSUER``). Every 401 carries ``WWW-Authenticate: Bearer``
+(RFC 6750 section 3): ``error="invalid_token"`` when a token was sent but refused, no error code
+when none was sent.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ certain to pass:
   ``alg`` is the pinned HS256, ``none`` and every other algorithm never get here) and carries
   nothing but ``alg``, ``typ`` and ``kid``;
 - its signature segment is exactly the base64url (unpadded) of HMAC-SHA256 over the signing
-  input with the prepared key (stdlib :func:`hmac.digest`, compared by :func:`hmac.compare_digest`);
+  input (stdlib :mod:`hmac`, keyed once with the key PyJWT prepares, a copy per token; compared
+  by :func:`hmac.compare_digest`);
 - its payload segment is canonical base64url of a JSON object whose ``exp`` (and ``iat``,
   ``nbf`` when present) are integers inside the leeway, whose required claims are present, whose
   ``sub`` and ``jti`` (when present) are strings, and whose ``aud`` / ``iss`` match when an
@@ -26,6 +27,7 @@ Everything else (a first header, padding, times that are not integers, any refus
 from __future__ import annotations
 
 import base64
+import hashlib
 import hmac
 import time
 from collections.abc import Sequence
@@ -56,7 +58,8 @@ class TokenVerifier:
         issuer: str | Sequence[str] | None = None,
     ) -> None:
         self._secret = secret
-        self._key = jwt.algorithms.HMACAlgorithm(jwt.algorithms.HMACAlgorithm.SHA256).prepare_key(secret)
+        key = jwt.algorithms.HMACAlgorithm(jwt.algorithms.HMACAlgorithm.SHA256).prepare_key(secret)
+        self._mac = hmac.new(key, digestmod=hashlib.sha256)  # keyed once; each token hashes a copy
         self._leeway = leeway
         self._required = tuple(required)
         self._audience = [audience] if isinstance(audience, str) else (list(audience) if audience else None)
@@ -108,7 +111,9 @@ class TokenVerifier:
             raw = base64.urlsafe_b64decode(padded)
         except (UnicodeEncodeError, ValueError):
             return None
-        mac = base64.urlsafe_b64encode(hmac.digest(self._key, signing_input, "sha256")).rstrip(b"=")
+        keyed = self._mac.copy()
+        keyed.update(signing_input)
+        mac = base64.urlsafe_b64encode(keyed.digest()).rstrip(b"=")
         if not hmac.compare_digest(mac, signature.encode("ascii", "replace")):
             return None
         if base64.urlsafe_b64encode(raw) != padded:  # not canonical base64url: PyJWT refuses it
