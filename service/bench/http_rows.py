@@ -24,13 +24,15 @@ from service.bench.context import (
     PRICE,
     RAW_BATCH,
     RAW_ONE,
+    RESERVE,
     SOLD_OUT,
     WARMUP_SECONDS,
     BenchError,
     Context,
+    pipeline_product,
 )
 from service.bench.procstat import CpuSample
-from service.bench.rows import HTTP_ROWS, SERVERS, HttpRow, Row, merge_rounds, round_groups
+from service.bench.rows import HTTP_ROWS, PIPELINE_ROWS, SERVERS, HttpRow, Row, merge_rounds, round_groups
 from service.bench.server import PRODUCT_APP, Child, granian_argv
 from service.bench.wrk import run_wrk, write_script
 from service.sale.isolation import free_port
@@ -40,14 +42,18 @@ PATHS = {"bare_noop": "/noop", "noop": "/api/v1/bench/noop"}
 PRODUCTS = {"sold_out": SOLD_OUT, "accept": ACCEPT, "db_sold_out": DB_SOLD_OUT, "db_accept": DB_ACCEPT}
 
 
+def purchase_body(product: int) -> bytes:
+    """The JSON body of a purchase of one unit of ``product``."""
+    return json.dumps({"product_id": product, "quantity": 1}, separators=(",", ":")).encode()
+
+
 def _target(row: HttpRow, port: int) -> tuple[str, bytes]:
     """URL and body of ``row``'s requests."""
-    product = PRODUCTS.get(row.target, SOLD_OUT)
-    body = json.dumps({"product_id": product, "quantity": 1}, separators=(",", ":")).encode()
+    body = purchase_body(PRODUCTS.get(row.target, SOLD_OUT))
     return f"http://127.0.0.1:{port}{PATHS.get(row.target, '/api/v1/orders')}", body
 
 
-async def _start_server(ctx: Context, kind: str, name: str, env: dict[str, str]) -> tuple[Child, int]:
+async def start_server(ctx: Context, kind: str, name: str, env: dict[str, str]) -> tuple[Child, int]:
     port = free_port()
     if kind == "bare":
         argv = granian_argv("service.bench.bare_app:create_app", port, ctx.options.workers)
@@ -63,7 +69,8 @@ async def _start_server(ctx: Context, kind: str, name: str, env: dict[str, str])
 async def create_products(ctx: Context, port: int) -> None:
     """Through the admin route: sold out (stock 0) and the accept product, in stock mode
     ``redis`` and again in ``database``, and per round one product per drain row with
-    ``backlog`` units and a per-user limit as high."""
+    ``backlog`` units and a per-user limit as high, and the pipeline rows' products (stock as
+    the accept product's)."""
     admin = issue_token(ctx.settings.auth.jwt_secret, "bench-admin", admin=True)
     stock = {
         SOLD_OUT: (0, 1, "redis"),
@@ -72,7 +79,10 @@ async def create_products(ctx: Context, port: int) -> None:
         DB_ACCEPT: (ACCEPT_STOCK, ACCEPT_LIMIT, "database"),
     }
     for r in range(ctx.options.rounds):
-        for product in (DRAIN + r, RAW_ONE + r, RAW_BATCH + r):
+        for n in range(len(PIPELINE_ROWS)):
+            for warmup in (False, True):
+                stock[pipeline_product(r, n, warmup=warmup)] = (ACCEPT_STOCK, ACCEPT_LIMIT, "redis")
+        for product in (DRAIN + r, RAW_ONE + r, RAW_BATCH + r, RESERVE + r):
             # the backlog's 1,000 buyers each order backlog/1,000 units: a limit that never bites,
             # so the consumer writes every order as the raw writers do (with a limit of 1 it wrote
             # 19 of 20 as rejected, limit_exceeded, giving each one's quota back)
@@ -179,7 +189,7 @@ async def http_rows(ctx: Context, *, products: bool = True) -> list[Row]:
     try:
         for spec in specs:
             ctx.console.print(f"starting {spec.name} ({ctx.options.workers} granian worker(s))")
-            servers[spec.name] = await _start_server(ctx, spec.kind, spec.name, spec.env)
+            servers[spec.name] = await start_server(ctx, spec.kind, spec.name, spec.env)
         api = next((s.name for s in specs if s.kind == "api"), None)
         if api is not None:
             await create_products(ctx, servers[api][1])

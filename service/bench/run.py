@@ -5,7 +5,9 @@ and a random JWT secret (:mod:`service.sale.isolation`); everything is removed a
 Servers are subprocesses on granian with the same options and ``--workers``; wrk drives them
 (a 1 s warm-up, then ``--duration`` seconds measured; :mod:`service.bench.http_rows`). Then a
 backlog of ``--backlog`` orders is drained by ``--consumers`` ``flashsale consume`` processes and the same number
-written by the raw writers (:mod:`service.bench.drain`). With ``--rounds N`` every row is
+written by the raw writers (:mod:`service.bench.drain`); last, the pipeline rows, HTTP to MySQL
+with the consumers running (:mod:`service.bench.pipeline`), and the floor beside them (the hops
+alone, :func:`service.bench.rows.floor_row`). With ``--rounds N`` every row is
 measured N times, the rounds interleaved. ``--only KEY,...`` measures the named rows alone (the
 drain rows run together when any of them is named).
 
@@ -39,9 +41,10 @@ from service.bench import profile
 from service.bench.context import BenchError, Context, Options
 from service.bench.drain import drain_rows
 from service.bench.http_rows import http_rows
+from service.bench.pipeline import pipeline_rows
 from service.bench.procstat import machine_info, store_pids
 from service.bench.report import Report, render
-from service.bench.rows import DRAIN_ROWS, accept_ceiling, fill_ratios, judge
+from service.bench.rows import DRAIN_ROWS, PIPELINE_ROWS, accept_ceiling, fill_ratios, floor_row, judge
 from service.bench.server import ServerFailed
 from service.bench.wrk import WrkMissing, require_wrk
 from service.sale.isolation import environment, isolated_settings, new_run_id, with_own_secrets
@@ -107,10 +110,15 @@ async def measure(base: Settings, options: Options, console: Console) -> Report:
         rows = await http_rows(ctx)
         if any(options.wants(key) for key, _, _ in DRAIN_ROWS):
             rows += await drain_rows(ctx, engine)
+        if any(options.wants(spec.key) for spec in PIPELINE_ROWS):
+            rows += await pipeline_rows(ctx, engine, machine["cpus_online"])
     suspicious = any(r.unexpected or r.socket_errors or "never written" in r.note for r in rows)
     if not suspicious:
         shutil.rmtree(log_dir, ignore_errors=True)
     fill_ratios(rows)
+    floor = floor_row(rows)
+    if floor is not None:
+        rows.append(floor)
     return Report(
         run_id=run_id,
         started_at=started_at,
