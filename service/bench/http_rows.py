@@ -115,7 +115,8 @@ async def _probe(row: HttpRow, url: str, body: bytes, token: str) -> None:
 
 def buyers_script(ctx: Context, name: str, body: bytes) -> tuple[Path, str]:
     """wrk's script for one load of :data:`BUYERS` new buyers (``name`` makes their ids and the
-    script's file unique in the run) and one of their tokens, for a probe."""
+    script's file unique in the run) and one of their tokens, for a probe. The script holds
+    every token (a few MB): delete it once its wrk ran."""
     tokens = mint_tokens(ctx.settings.auth.jwt_secret, name, BUYERS)
     script = ctx.log_dir / f"{name}.lua"
     return write_script(script, body, tokens, REQUESTS_PER_BUYER, ctx.options.threads), tokens[0]
@@ -138,6 +139,7 @@ async def _measure(
     warmup, token = buyers_script(ctx, f"{row.key}-r{round_no}-w", body)
     await _probe(row, url, body, token)
     await asyncio.to_thread(run_wrk, url, warmup, WARMUP_SECONDS, opts.connections, opts.threads)
+    warmup.unlink()
     script, _ = buyers_script(ctx, f"{row.key}-r{round_no}", body)
     if together is not None:
         await together.wait()
@@ -147,6 +149,7 @@ async def _measure(
         spy = profile.start(child.process.pid, opts.profile_dir / f"{row.key}.txt", opts.duration)
     started, before = time.perf_counter(), CpuSample.take(groups)
     result = await asyncio.to_thread(run_wrk, url, script, opts.duration, opts.connections, opts.threads)
+    script.unlink()
     wall = time.perf_counter() - started
     cpu = {"client": round(result.cpu / wall, 3), **before.shares(CpuSample.take(groups), wall)}
     if spy is not None and opts.profile_dir is not None:

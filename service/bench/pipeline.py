@@ -72,6 +72,7 @@ async def _load(ctx: Context, url: str, name: str, product: int, seconds: float)
     """wrk buying ``product`` for ``seconds`` with new buyers; at least one order must be accepted."""
     script, _ = buyers_script(ctx, name, purchase_body(product))
     result = await asyncio.to_thread(run_wrk, url, script, seconds, ctx.options.connections, ctx.options.threads)
+    script.unlink()
     if _accepted(result) == 0:
         raise BenchError(f"{name}: no purchase accepted: {result.summary['statuses']} {result.summary['errors']}")
     return result

@@ -54,8 +54,8 @@ from service.settings import Settings
 
 def bench_settings(base: Settings, run_id: str) -> Settings:
     """``base`` isolated under ``run_id`` with secrets of its own, no
-    purchase rate limits (wrk sends every request from one address, the sold-out row from one
-    user: the limits would measure themselves) and no self-healing pass in the servers
+    purchase rate limits (wrk sends every request from one address, each buyer's token a few
+    times in a row: the limits would measure themselves) and no self-healing pass in the servers
     (``realign.auto_seconds`` 0). No consumer runs during the HTTP rows, so the accept rows'
     reservations stay unresolved: every pass over that growing journal (and, after the grace
     period, its republishing) would land in whichever row runs next on the ``api`` server, and
