@@ -170,7 +170,9 @@ class Row:
 
 def merge_rounds(rounds: list[Row]) -> Row:
     """One row from its rounds: rate = all successes / all seconds; p50/p99 = the median of the
-    rounds'; CPU = the mean; status counts added up; ``rounds`` = each round's rate."""
+    rounds'; CPU = the mean weighted by each round's seconds (so cores x seconds is every
+    round's CPU-seconds, and CPU per success the total over the total); status counts added up;
+    ``rounds`` = each round's rate."""
     first = rounds[0]
 
     def median(values: list[float | None]) -> float | None:
@@ -195,7 +197,9 @@ def merge_rounds(rounds: list[Row]) -> Row:
         statuses=statuses,
         unexpected=sum(r.unexpected for r in rounds),
         socket_errors=sum(r.socket_errors for r in rounds),
-        cpu={k: round(sum(r.cpu.get(k, 0.0) for r in rounds) / len(rounds), 3) for k in first.cpu},
+        cpu={k: round(sum(r.cpu.get(k, 0.0) * r.seconds for r in rounds) / seconds, 3) for k in first.cpu}
+        if seconds
+        else first.cpu,
         note=first.note,
         rounds=[r.rate for r in rounds],
         buyers=sum(r.buyers for r in rounds),

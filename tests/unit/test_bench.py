@@ -18,7 +18,16 @@ from service.bench.context import Options
 from service.bench.procstat import CpuSample, machine_info
 from service.bench.profile import RUNTIME, summarize
 from service.bench.report import Report, render
-from service.bench.rows import TARGETS, Row, accept_ceiling, fill_cpu_per_order, fill_ratios, floor_row, judge
+from service.bench.rows import (
+    TARGETS,
+    Row,
+    accept_ceiling,
+    fill_cpu_per_order,
+    fill_ratios,
+    floor_row,
+    judge,
+    merge_rounds,
+)
 from service.bench.run import bench_settings
 from service.bench.wrk import write_script
 from service.cli.main import main
@@ -339,3 +348,16 @@ def test_a_process_that_exits_between_two_readings_takes_no_cpu_away():
     before = CpuSample((100, 200), {"rabbitmq": {1: 5.0, 2: 50.0}})
     after = CpuSample((150, 400), {"rabbitmq": {1: 6.0}})  # pid 2 exited
     assert before.shares(after, 2.0) == {"rabbitmq": 0.5, "machine": 0.25}
+
+
+def test_rounds_merge_into_cpu_seconds_per_order_over_all_rounds():
+    # 100 orders in 1 s on 1 core, then 900 in 3 s on 0.5: 2.5 CPU-s for 1,000 orders
+    rounds = [
+        Row("pipeline", "groups", "orders/s", 100.0, 100, 1.0, cpu={"server": 1.0, "machine": 0.6}),
+        Row("pipeline", "groups", "orders/s", 300.0, 900, 3.0, cpu={"server": 0.5, "machine": 0.2}),
+    ]
+    merged = merge_rounds(rounds)
+    assert (merged.rate, merged.rounds) == (250.0, [100.0, 300.0])
+    assert merged.cpu == {"server": 0.625, "machine": 0.3}
+    fill_cpu_per_order(merged, cpus=2)
+    assert merged.cpu_per_order["server"] == 0.0025 and merged.cpu_per_order["machine"] == 0.0024  # 0.3 x 2 CPUs x 4 s
