@@ -64,6 +64,11 @@ def _warm(audience: str | None = None, issuer: str | None = None) -> TokenVerifi
     return verifier
 
 
+def _now() -> int:
+    """Now, when the case's token is made (a module-level time would drift out of the leeway)."""
+    return int(time.time())
+
+
 def _tampered_signature() -> str:
     token = _token()
     return token[:-2] + ("AA" if not token.endswith("AA") else "BB")
@@ -91,7 +96,6 @@ def _padded_signature() -> str:
     return token + "=" * (-len(token.rsplit(".", 1)[1]) % 4)
 
 
-NOW = int(time.time())
 CASES: dict[str, Any] = {
     "valid": _token,
     "tampered signature": _tampered_signature,
@@ -100,17 +104,17 @@ CASES: dict[str, Any] = {
     "alg none": _unsigned,
     "alg HS512": lambda: _token(alg="HS512"),
     "alg HS384": lambda: _token(alg="HS384"),
-    "expired beyond the leeway": lambda: _token({"exp": NOW - 60}),
-    "expired inside the leeway": lambda: _token({"exp": NOW - 2}),
-    "nbf beyond the leeway": lambda: _token({"nbf": NOW + 60}),
-    "nbf inside the leeway": lambda: _token({"nbf": NOW + 2}),
-    "iat beyond the leeway": lambda: _token({"iat": NOW + 60}),
+    "expired beyond the leeway": lambda: _token({"exp": _now() - 60}),
+    "expired inside the leeway": lambda: _token({"exp": _now() - 2}),
+    "nbf beyond the leeway": lambda: _token({"nbf": _now() + 60}),
+    "nbf inside the leeway": lambda: _token({"nbf": _now() + 2}),
+    "iat beyond the leeway": lambda: _token({"iat": _now() + 60}),
     "no exp": lambda: _token({"exp": None}),
     "no sub": lambda: _token({"sub": None}),
     "sub not a string": lambda: _token({"sub": 7}),
     "jti not a string": lambda: _token({"jti": 7}),
-    "exp a float": lambda: _token({"exp": NOW + 60.5}),
-    "exp a numeric string": lambda: _token({"exp": str(NOW + 60)}),
+    "exp a float": lambda: _token({"exp": _now() + 60.5}),
+    "exp a numeric string": lambda: _token({"exp": str(_now() + 60)}),
     "exp a word": lambda: _token({"exp": "soon"}),
     "exp true": lambda: _token({"exp": True}),
     "crit": lambda: _token(crit=["exp"]),
