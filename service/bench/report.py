@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from service.bench import profile
-from service.bench.buyers import REQUESTS_PER_BUYER
+from service.bench.buyers import BUYERS, REQUESTS_PER_BUYER
 from service.bench.context import Options
 from service.bench.procstat import MachineInfo
 from service.bench.profile import ProfileSummary
@@ -85,6 +85,11 @@ def _header(report: Report, console: Console) -> None:
     console.print(
         f"wrk -t{o.threads} -c{o.connections} -d{o.duration:g}s after a 1 s warm-up; granian workers "
         f"{o.workers}; {drain}rounds {o.rounds} (interleaved)" + (f"; rows {', '.join(o.only)}" if o.only else ""),
+        soft_wrap=True,
+    )
+    console.print(
+        f"many buyers: every HTTP and pipeline row and round (and its warm-up) with {BUYERS:,} new buyers' "
+        f"tokens, each sent {REQUESTS_PER_BUYER} times in a row",
         soft_wrap=True,
     )
 

@@ -158,6 +158,7 @@ def test_the_report_renders_and_serializes(tmp_path):
     render(report, console)
     text = console.export_text()
     assert "product no-op" in text and "0.80" in text and "top by own time" in text
+    assert "20,000 new buyers' tokens, each sent 3 times in a row" in text
     loaded = json.loads(json.dumps(report.as_json()))
     assert loaded["options"]["profile_dir"] == str(tmp_path) and Path(loaded["options"]["profile_dir"]).is_dir()
     assert [r["key"] for r in loaded["rows"]] == ["bare_noop", "product_noop"] and loaded["rows"][1]["ratio"] == 0.8
