@@ -19,6 +19,9 @@ from service.bench.procstat import CpuSample, machine_info
 from service.bench.profile import RUNTIME, summarize
 from service.bench.report import Report, render
 from service.bench.rows import (
+    DRAIN_ROWS,
+    HTTP_ROWS,
+    PIPELINE_ROWS,
     TARGETS,
     Row,
     accept_ceiling,
@@ -362,3 +365,23 @@ def test_rounds_merge_into_cpu_seconds_per_order_over_all_rounds():
     assert merged.cpu == {"server": 0.625, "machine": 0.3}
     fill_cpu_per_order(merged, cpus=2)
     assert merged.cpu_per_order["server"] == 0.0025 and merged.cpu_per_order["machine"] == 0.0024  # 0.3 x 2 CPUs x 4 s
+
+
+def test_every_target_reads_a_metric_rows_have():
+    row = Row(
+        "x",
+        "x",
+        "orders/s",
+        1.0,
+        1,
+        1.0,
+        p99_ms=1.0,
+        per_server_cpu=1.0,
+        cpu_per_order=dict.fromkeys(
+            ("server", "consumers", "rabbitmq", "redis", "mysql", "client", "machine", "service"), 1.0
+        ),
+    )
+    known = {r.key for r in HTTP_ROWS} | {key for key, _, _ in DRAIN_ROWS} | {p.key for p in PIPELINE_ROWS}
+    for target in TARGETS:
+        assert target.value(row) == 1.0, target
+        assert {target.row, target.reference} <= known, target
