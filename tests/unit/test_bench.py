@@ -169,7 +169,7 @@ def test_the_report_renders_and_serializes(tmp_path):
 
 
 def test_the_metrics_pairs_are_measured_together():
-    from service.bench.rows import HTTP_ROWS, METRICS_PAIRS, round_groups
+    from service.bench.rows import METRICS_PAIRS, round_groups
 
     keys = [row.key for row in HTTP_ROWS]
     for on, off in METRICS_PAIRS.items():
