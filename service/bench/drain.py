@@ -111,7 +111,8 @@ async def publish_backlog(ctx: Context, orders: list[RawOrder]) -> Row:
     through the API's own :class:`Publisher` (its channels, persistent, mandatory, each publish
     awaiting its confirm), ``--connections`` publishes in flight as the HTTP rows have requests.
 
-    Returns the ``publish`` row: messages per second and the CPU of this process (``server``:
+    Returns the ``publish`` row: orders per second (each in a message of its own, or in groups
+    when the settings say so) and the CPU of this process (``server``:
     nothing else runs in it meanwhile), the publish hop alone.
     """
     settings = ctx.settings
@@ -128,7 +129,7 @@ async def publish_backlog(ctx: Context, orders: list[RawOrder]) -> Row:
             for message in messages:  # shared: each message is taken by one task
                 await publisher.publish(message)
 
-        return await _hop_in_process(ctx, DRAIN_ROWS[1], "msgs/s", len(orders), publish_in_turn)
+        return await _hop_in_process(ctx, DRAIN_ROWS[1], "orders/s", len(orders), publish_in_turn)
     finally:
         await publisher.close()
 

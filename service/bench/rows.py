@@ -124,7 +124,8 @@ DESCRIPTIONS = {
     "reserve": "the API's Reservations.reserve alone (the reserve script, one Redis round trip each, "
     "batched as the API batches them) in the bench process, --connections in flight: the reserve hop's cost",
     "publish": "the API's Publisher alone (no HTTP, no Redis) publishing the drain rows' backlog, confirmed, "
-    "--connections in flight: the publish hop's cost per message",
+    "--connections in flight, on the run's settings (in groups when group publishing is on): the publish hop's "
+    "cost per order",
     "consumer": "--consumers `flashsale consume` processes draining the published backlog into MySQL together",
     "raw_one": "raw asyncmy writer, 8 connections, one order per transaction (the consumer's statements)",
     "raw_batch": "raw asyncmy writer, 8 connections, --batch orders per transaction (multi-row INSERTs)",
