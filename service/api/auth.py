@@ -1,10 +1,11 @@
 """Authentication: Litestar's JWT auth (HS256). ``sub`` is the user id; ``role: admin`` marks admins.
 
-Tokens are verified by PyJWT with a clock-skew allowance (``FLASHSALE_AUTH__LEEWAY_SECONDS``) for
-``exp``, ``nbf`` and ``iat`` (RFC 7519 section 4.1.4 allows "some small leeway"), and, when
-configured, an audience and an issuer (``FLASHSALE_AUTH__AUDIENCE`` / ``__ISSUER``). Every 401
-carries ``WWW-Authenticate: Bearer`` (RFC 6750 section 3): ``error="invalid_token"`` when a token
-was sent but refused, no error code when none was sent.
+Tokens are verified with PyJWT's checks (:mod:`service.api.token_verifier`) under a clock-skew
+allowance (``FLASHSALE_AUTH__LEEWAY_SECONDS``) for ``exp``, ``nbf`` and ``iat`` (RFC 7519 section
+4.1.4 allows "some small leeway"), and, when configured, an audience and an issuer
+(``FLASHSALE_AUTH__AUDIENCE`` / ``__ISSUER``). Every 401 carries ``WWW-Authenticate: Bearer``
+(RFC 6750 section 3): ``error="invalid_token"`` when a token was sent but refused, no error code
+when none was sent.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from litestar.middleware import DefineMiddleware
 from litestar.middleware.authentication import AuthenticationResult
 from litestar.security.jwt import JWTAuth, JWTAuthenticationMiddleware, Token
 
+from service.api.token_verifier import ALGORITHM, TokenVerifier
 from service.domain.purchase.request_id import USER_ID
 
 REALM = "flashsale"
@@ -68,8 +70,9 @@ def _user_from_claims(claims: dict[str, Any]) -> User:
 
 
 class CachingJWTMiddleware(JWTAuthenticationMiddleware):
-    """Litestar's JWT middleware, verifying with PyJWT under a clock-skew leeway, with a
-    per-process cache of verified tokens.
+    """Litestar's JWT middleware, verifying with :class:`service.api.token_verifier.TokenVerifier`
+    (PyJWT's checks, a first-seen token cheap) under a clock-skew leeway, with a per-process
+    cache of verified tokens.
 
     A buyer in a stampede sends the same token many times; verifying its HS256 signature and
     decoding its claims every time was the largest cost on the reject path. The cache maps the
@@ -86,6 +89,15 @@ class CachingJWTMiddleware(JWTAuthenticationMiddleware):
         super().__init__(*args, **kwargs)
         self.leeway_seconds = leeway_seconds
         self._verified: dict[str, tuple[float, AuthenticationResult]] = {}
+        if self.algorithm != ALGORITHM:
+            raise ValueError(f"tokens are {ALGORITHM}, not {self.algorithm}")
+        self._verifier = TokenVerifier(
+            self.token_secret,
+            leeway=leeway_seconds,
+            required=list(self.require_claims or ()),
+            audience=self.token_audience,
+            issuer=self.token_issuer,
+        )
 
     async def authenticate_request(self, connection: ASGIConnection[Any, Any, Any, Any]) -> AuthenticationResult:
         scheme, _, encoded_token = connection.headers.get(self.auth_header, "").partition(" ")
@@ -113,22 +125,9 @@ class CachingJWTMiddleware(JWTAuthenticationMiddleware):
 
     def _verify(self, encoded_token: str) -> dict[str, Any]:
         try:
-            claims: dict[str, Any] = jwt.decode(
-                encoded_token,
-                self.token_secret,
-                algorithms=[self.algorithm],
-                audience=self.token_audience,
-                issuer=self.token_issuer,
-                leeway=self.leeway_seconds,
-                options={
-                    "require": list(self.require_claims or ()),
-                    "verify_aud": bool(self.token_audience),
-                    "verify_iss": bool(self.token_issuer),
-                },
-            )
+            return self._verifier.verify(encoded_token)
         except jwt.InvalidTokenError as exc:
             raise _refused(f"Invalid token: {exc}") from exc
-        return claims
 
 
 @dataclass

@@ -12,13 +12,18 @@ from service.settings import Settings
 
 WARMUP_SECONDS = 1.0
 PRICE = 100  # minor currency units
-ACCEPT_USERS = 1000  # tokens the accept row rotates through
 SOLD_OUT, ACCEPT = 1, 2  # product ids of the HTTP rows (stock mode redis)
 DB_SOLD_OUT, DB_ACCEPT = 3, 4  # the same two products in stock mode database
-DRAIN, RAW_ONE, RAW_BATCH = 100, 200, 300  # product ids of the drain rows: + round number
+DRAIN, RAW_ONE, RAW_BATCH, RESERVE = 100, 200, 300, 400  # product ids of the drain rows: + round number
+PIPELINE = 500  # product ids of the pipeline rows: + 10 x round + 2 x row (+ 1: its warm-up)
 ACCEPT_STOCK = 100_000_000  # units: the accept row never runs out
 ACCEPT_LIMIT = 1_000_000  # per-user limit of the accept product: never bites
 RAW_CONNECTIONS = 8
+
+
+def pipeline_product(round_no: int, row_index: int, *, warmup: bool = False) -> int:
+    """The product of a pipeline row's measured load (or of its warm-up) in round ``round_no``."""
+    return PIPELINE + 10 * round_no + 2 * row_index + int(warmup)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +58,7 @@ class BenchError(RuntimeError):
 @dataclass
 class Context:
     """The run: its settings, options, subprocess environment and log directory, the store
-    processes to watch, where to print progress, the pre-minted tokens (``one``: a single
-    buyer; ``many``: :data:`ACCEPT_USERS` buyers) and the profile summaries collected."""
+    processes to watch, where to print progress and the profile summaries collected."""
 
     settings: Settings
     options: Options
@@ -62,5 +66,4 @@ class Context:
     log_dir: Path
     stores: dict[str, list[int]]
     console: Console
-    tokens: dict[str, list[str]]
     profiles: dict[str, ProfileSummary]

@@ -1,4 +1,5 @@
-"""The drain rows: consumers draining a backlog (N orders published with no consumer, then
+"""The drain rows: the reserve and the publish hop alone (the API's own classes in this
+process), consumers draining a backlog (N orders published with no consumer, then
 ``--consumers`` ``flashsale consume`` processes started and timed until MySQL holds all N), and
 beside them the raw writers (:mod:`service.bench.raw_writer`) writing N orders each on the same
 database.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aio_pika
@@ -21,12 +23,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
 from service.adapters.broker import Publisher, declare_topology
+from service.adapters.redis.reservations import new_attempt
+from service.adapters.redis.stores import make_stores
 from service.bench.context import (
     DRAIN,
     PRICE,
     RAW_BATCH,
     RAW_CONNECTIONS,
     RAW_ONE,
+    RESERVE,
+    BenchError,
     Context,
 )
 from service.bench.procstat import CpuSample
@@ -34,6 +40,7 @@ from service.bench.raw_writer import RawOrder, make_orders, write_orders
 from service.bench.rows import DRAIN_ROWS, Row, merge_rounds
 from service.bench.server import Child, flashsale_argv
 from service.domain.model.order_message import OrderMessage
+from service.domain.model.stock import ReserveOutcome
 from service.settings import Settings
 
 POLL_SECONDS = 0.05
@@ -41,7 +48,7 @@ STALL_SECONDS = 30.0  # no new order row for this long: the drain is over, some 
 DRAIN_TIMEOUT = 300.0  # seconds
 
 
-async def _purge_orders(settings: Settings) -> None:
+async def purge_orders(settings: Settings) -> None:
     """Empty the run's order queues (the accept rows' messages, which no consumer took)."""
     connection = await aio_pika.connect(settings.amqp.url)
     try:
@@ -52,16 +59,64 @@ async def _purge_orders(settings: Settings) -> None:
         await connection.close()
 
 
+async def _hop_in_process(
+    ctx: Context, spec: tuple[str, str, str | None], unit: str, count: int, work: Callable[[], Awaitable[None]]
+) -> Row:
+    """Run ``--connections`` copies of ``work`` (each taking its items from a shared iterator)
+    together; the row of ``spec``: ``count`` items per second and the CPU of this process
+    (``server``: nothing else runs in it meanwhile) and of the stores."""
+    groups = {"server": [os.getpid()], **ctx.stores}
+    started, before = time.perf_counter(), CpuSample.take(groups)
+    await asyncio.gather(*(work() for _ in range(ctx.options.connections)))
+    seconds = time.perf_counter() - started
+    cpu = before.shares(CpuSample.take(groups), seconds)
+    key, label, ref = spec
+    return Row(key, label, unit, round(count / seconds, 1), count, round(seconds, 3), ref, cpu=cpu)
+
+
+async def reserve_only(ctx: Context, orders: list[RawOrder]) -> Row:
+    """Reserve ``orders`` through the API's own :class:`Reservations` (the reserve script, the
+    command batcher), ``--connections`` calls in flight as the HTTP rows have requests.
+
+    Returns the ``reserve`` row: reservations per second and the CPU of this process (``server``)
+    and the stores, the reserve hop alone.
+
+    Raises:
+        BenchError: a reservation was refused (the product is sized for all of them).
+    """
+    stores = make_stores(ctx.settings)
+    try:
+        await stores.scripts.load()
+        todo = iter(orders)
+        refused: list[str] = []
+
+        async def reserve_in_turn() -> None:
+            for o in todo:  # shared: each order is taken by one task
+                answer = await stores.reservations.reserve(
+                    o.product_id, o.request_id, o.user_id, 1, o.order_no, new_attempt()
+                )
+                if answer.outcome is not ReserveOutcome.RESERVED:
+                    refused.append(str(answer.outcome))
+
+        row = await _hop_in_process(ctx, DRAIN_ROWS[0], "res/s", len(orders), reserve_in_turn)
+    finally:
+        await stores.aclose()
+    if refused:
+        raise BenchError(f"reserve only: {len(refused)} reservations refused, e.g. {refused[0]}")
+    return row
+
+
 async def publish_backlog(ctx: Context, orders: list[RawOrder]) -> Row:
     """Empty the run's order queue, then publish ``orders`` for the consumers to find waiting,
     through the API's own :class:`Publisher` (its channels, persistent, mandatory, each publish
     awaiting its confirm), ``--connections`` publishes in flight as the HTTP rows have requests.
 
-    Returns the ``publish`` row: messages per second and the CPU of this process (``server``:
+    Returns the ``publish`` row: orders per second (each in a message of its own, or in groups
+    when the settings say so) and the CPU of this process (``server``:
     nothing else runs in it meanwhile), the publish hop alone.
     """
     settings = ctx.settings
-    await _purge_orders(settings)
+    await purge_orders(settings)
     publisher = Publisher(settings.amqp)
     await publisher.connect()
     try:
@@ -74,15 +129,9 @@ async def publish_backlog(ctx: Context, orders: list[RawOrder]) -> Row:
             for message in messages:  # shared: each message is taken by one task
                 await publisher.publish(message)
 
-        groups = {"server": [os.getpid()], **ctx.stores}
-        started, before = time.perf_counter(), CpuSample.take(groups)
-        await asyncio.gather(*(publish_in_turn() for _ in range(ctx.options.connections)))
-        seconds = time.perf_counter() - started
-        cpu = before.shares(CpuSample.take(groups), seconds)
+        return await _hop_in_process(ctx, DRAIN_ROWS[1], "orders/s", len(orders), publish_in_turn)
     finally:
         await publisher.close()
-    key, label, ref = DRAIN_ROWS[0]
-    return Row(key, label, "msgs/s", round(len(orders) / seconds, 1), len(orders), round(seconds, 3), ref, cpu=cpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,11 +146,21 @@ class DrainResult:
 
 
 async def time_drain(
-    engine: AsyncEngine, product_id: int, expected: int, consumers: list[Child], cpu_groups: dict[str, list[int]]
+    engine: AsyncEngine,
+    product_id: int,
+    expected: int,
+    consumers: list[Child],
+    cpu_groups: dict[str, list[int]],
+    *,
+    start: tuple[float, CpuSample] | None = None,
+    quiet: float = 0.0,
 ) -> DrainResult:
-    """Poll the product's order rows every :data:`POLL_SECONDS` until ``expected``, or until
+    """Poll the product's order rows every :data:`POLL_SECONDS` until ``expected`` (and then
+    until none was added for ``quiet`` seconds: orders of requests still in flight), or until
     no row was added for :data:`STALL_SECONDS` (a message retried past the delivery limit is
     dead-lettered and never arrives): then the rate counts the rows written until the last one.
+    The window starts at the first poll that saw a row, or at ``start`` (a time and a CPU
+    sample taken then, e.g. the load's first request) when given.
 
     Raises:
         RuntimeError: a consumer exited, nothing was written, or the drain passed :data:`DRAIN_TIMEOUT` s.
@@ -120,13 +179,16 @@ async def time_drain(
             if rows > 0 and (last is None or rows > last[1]):
                 last = (now, rows, CpuSample.take(cpu_groups))
                 first = first or last
-            stalled = last is not None and now - last[0] > STALL_SECONDS
-            if first is not None and last is not None and (rows >= expected or stalled):
-                (started, seen, before), (ended, written, after) = first, last
-                if ended - started <= 0:  # everything arrived between two polls
-                    started, seen = ended - POLL_SECONDS, 0
-                wall = ended - started
-                return DrainResult(written - seen, wall, before.shares(after, wall), expected - written)
+            if first is not None and last is not None:
+                stalled = now - last[0] > STALL_SECONDS
+                if stalled or (rows >= expected and now - last[0] >= quiet):
+                    (started, seen, before), (ended, written, after) = first, last
+                    if start is not None:
+                        (started, before), seen = start, 0
+                    elif ended - started <= 0:  # everything arrived between two polls
+                        started, seen = ended - POLL_SECONDS, 0
+                    wall = ended - started
+                    return DrainResult(written - seen, wall, before.shares(after, wall), max(expected - written, 0))
             await asyncio.sleep(POLL_SECONDS)
     logs = ", ".join(str(consumer.log) for consumer in consumers)
     raise RuntimeError(f"the consumers did not drain {expected} orders within {DRAIN_TIMEOUT:.0f}s; see {logs}")
@@ -153,9 +215,11 @@ async def drain_rows(ctx: Context, engine: AsyncEngine) -> list[Row]:
     """Per round: the consumer on a published backlog, then the raw writers on the same
     database, each on products of their own (``backlog`` units each)."""
     opts = ctx.options
-    _, (consumer_key, consumer_label, consumer_ref), one, batch = DRAIN_ROWS
+    _, _, (consumer_key, consumer_label, consumer_ref), one, batch = DRAIN_ROWS
     measured: dict[str, list[Row]] = {key: [] for key, _, _ in DRAIN_ROWS}
     for r in range(opts.rounds):
+        ctx.console.print(f"round {r + 1}/{opts.rounds}: reserving {opts.backlog} orders")
+        measured["reserve"].append(await reserve_only(ctx, make_orders(RESERVE + r, opts.backlog, 93, PRICE)))
         ctx.console.print(f"round {r + 1}/{opts.rounds}: publishing a backlog of {opts.backlog} orders")
         measured["publish"].append(await publish_backlog(ctx, make_orders(DRAIN + r, opts.backlog, 90, PRICE)))
         ctx.console.print(f"round {r + 1}/{opts.rounds}: {consumer_label}")

@@ -7,11 +7,13 @@ import asyncio
 import json
 import os
 import time
+from pathlib import Path
 
 import httpx
 
 from service.api.auth import issue_token
 from service.bench import profile
+from service.bench.buyers import BUYERS, REQUESTS_PER_BUYER, buyers_reached, mint_tokens
 from service.bench.context import (
     ACCEPT,
     ACCEPT_LIMIT,
@@ -22,13 +24,15 @@ from service.bench.context import (
     PRICE,
     RAW_BATCH,
     RAW_ONE,
+    RESERVE,
     SOLD_OUT,
     WARMUP_SECONDS,
     BenchError,
     Context,
+    pipeline_product,
 )
 from service.bench.procstat import CpuSample
-from service.bench.rows import HTTP_ROWS, SERVERS, HttpRow, Row, merge_rounds, round_groups
+from service.bench.rows import HTTP_ROWS, PIPELINE_ROWS, SERVERS, HttpRow, Row, merge_rounds, round_groups
 from service.bench.server import PRODUCT_APP, Child, granian_argv
 from service.bench.wrk import run_wrk, write_script
 from service.sale.isolation import free_port
@@ -36,18 +40,20 @@ from service.sale.isolation import free_port
 PATHS = {"bare_noop": "/noop", "noop": "/api/v1/bench/noop"}
 """Targets that are not purchases; every other target is ``POST /api/v1/orders`` of :data:`PRODUCTS`."""
 PRODUCTS = {"sold_out": SOLD_OUT, "accept": ACCEPT, "db_sold_out": DB_SOLD_OUT, "db_accept": DB_ACCEPT}
-MANY_BUYERS = {"accept", "db_accept"}
-"""Targets whose load rotates through many buyers (a single one would meet the per-user limit)."""
+
+
+def purchase_body(product: int) -> bytes:
+    """The JSON body of a purchase of one unit of ``product``."""
+    return json.dumps({"product_id": product, "quantity": 1}, separators=(",", ":")).encode()
 
 
 def _target(row: HttpRow, port: int) -> tuple[str, bytes]:
     """URL and body of ``row``'s requests."""
-    product = PRODUCTS.get(row.target, SOLD_OUT)
-    body = json.dumps({"product_id": product, "quantity": 1}, separators=(",", ":")).encode()
+    body = purchase_body(PRODUCTS.get(row.target, SOLD_OUT))
     return f"http://127.0.0.1:{port}{PATHS.get(row.target, '/api/v1/orders')}", body
 
 
-async def _start_server(ctx: Context, kind: str, name: str, env: dict[str, str]) -> tuple[Child, int]:
+async def start_server(ctx: Context, kind: str, name: str, env: dict[str, str]) -> tuple[Child, int]:
     port = free_port()
     if kind == "bare":
         argv = granian_argv("service.bench.bare_app:create_app", port, ctx.options.workers)
@@ -63,7 +69,8 @@ async def _start_server(ctx: Context, kind: str, name: str, env: dict[str, str])
 async def create_products(ctx: Context, port: int) -> None:
     """Through the admin route: sold out (stock 0) and the accept product, in stock mode
     ``redis`` and again in ``database``, and per round one product per drain row with
-    ``backlog`` units and a per-user limit as high."""
+    ``backlog`` units and a per-user limit as high, and the pipeline rows' products (stock as
+    the accept product's)."""
     admin = issue_token(ctx.settings.auth.jwt_secret, "bench-admin", admin=True)
     stock = {
         SOLD_OUT: (0, 1, "redis"),
@@ -72,7 +79,10 @@ async def create_products(ctx: Context, port: int) -> None:
         DB_ACCEPT: (ACCEPT_STOCK, ACCEPT_LIMIT, "database"),
     }
     for r in range(ctx.options.rounds):
-        for product in (DRAIN + r, RAW_ONE + r, RAW_BATCH + r):
+        for n in range(len(PIPELINE_ROWS)):
+            for warmup in (False, True):
+                stock[pipeline_product(r, n, warmup=warmup)] = (ACCEPT_STOCK, ACCEPT_LIMIT, "redis")
+        for product in (DRAIN + r, RAW_ONE + r, RAW_BATCH + r, RESERVE + r):
             # the backlog's 1,000 buyers each order backlog/1,000 units: a limit that never bites,
             # so the consumer writes every order as the raw writers do (with a limit of 1 it wrote
             # 19 of 20 as rejected, limit_exceeded, giving each one's quota back)
@@ -103,17 +113,34 @@ async def _probe(row: HttpRow, url: str, body: bytes, token: str) -> None:
         raise BenchError(f"{row.key}: a probe got {answer.status_code} {answer.text[:200]}, expected {row.expect}")
 
 
+def buyers_script(ctx: Context, name: str, body: bytes) -> tuple[Path, str]:
+    """wrk's script for one load of :data:`BUYERS` new buyers (``name`` makes their ids and the
+    script's file unique in the run) and one of their tokens, for a probe. The script holds
+    every token (a few MB): delete it once its wrk ran."""
+    tokens = mint_tokens(ctx.settings.auth.jwt_secret, name, BUYERS)
+    script = ctx.log_dir / f"{name}.lua"
+    return write_script(script, body, tokens, REQUESTS_PER_BUYER, ctx.options.threads), tokens[0]
+
+
 async def _measure(
-    ctx: Context, row: HttpRow, child: Child, port: int, profiled: bool, together: asyncio.Barrier | None = None
+    ctx: Context,
+    row: HttpRow,
+    child: Child,
+    port: int,
+    round_no: int,
+    profiled: bool,
+    together: asyncio.Barrier | None = None,
 ) -> Row:
     """One round of ``row``: a probe, a warm-up, then ``duration`` seconds measured (started at
-    once with the other rows of ``together``, when given)."""
+    once with the other rows of ``together``, when given); the warm-up and the measured load each
+    with buyers of their own."""
     opts = ctx.options
     url, body = _target(row, port)
-    tokens = ctx.tokens["many" if row.target in MANY_BUYERS else "one"]
-    await _probe(row, url, body, tokens[0])
-    script = write_script(ctx.log_dir / f"{row.key}.lua", body, tokens)
-    await asyncio.to_thread(run_wrk, url, script, WARMUP_SECONDS, opts.connections, opts.threads)
+    warmup, token = buyers_script(ctx, f"{row.key}-r{round_no}-w", body)
+    await _probe(row, url, body, token)
+    await asyncio.to_thread(run_wrk, url, warmup, WARMUP_SECONDS, opts.connections, opts.threads)
+    warmup.unlink()
+    script, _ = buyers_script(ctx, f"{row.key}-r{round_no}", body)
     if together is not None:
         await together.wait()
     groups = {"server": child.pids(), **ctx.stores}
@@ -122,6 +149,7 @@ async def _measure(
         spy = profile.start(child.process.pid, opts.profile_dir / f"{row.key}.txt", opts.duration)
     started, before = time.perf_counter(), CpuSample.take(groups)
     result = await asyncio.to_thread(run_wrk, url, script, opts.duration, opts.connections, opts.threads)
+    script.unlink()
     wall = time.perf_counter() - started
     cpu = {"client": round(result.cpu / wall, 3), **before.shares(CpuSample.take(groups), wall)}
     if spy is not None and opts.profile_dir is not None:
@@ -146,6 +174,7 @@ async def _measure(
         unexpected=sum(statuses.values()) - ok,
         socket_errors=e["connect"] + e["read"] + e["write"] + e["timeout"],
         cpu=cpu,
+        buyers=buyers_reached(s["requests"], BUYERS),
     )
 
 
@@ -163,7 +192,7 @@ async def http_rows(ctx: Context, *, products: bool = True) -> list[Row]:
     try:
         for spec in specs:
             ctx.console.print(f"starting {spec.name} ({ctx.options.workers} granian worker(s))")
-            servers[spec.name] = await _start_server(ctx, spec.kind, spec.name, spec.env)
+            servers[spec.name] = await start_server(ctx, spec.kind, spec.name, spec.env)
         api = next((s.name for s in specs if s.kind == "api"), None)
         if api is not None:
             await create_products(ctx, servers[api][1])
@@ -178,7 +207,7 @@ async def http_rows(ctx: Context, *, products: bool = True) -> list[Row]:
                 for row in group:
                     servers[row.server][0].check_alive()
                 answers = await asyncio.gather(
-                    *(_measure(ctx, row, *servers[row.server], profiled=r == 0, together=together) for row in group)
+                    *(_measure(ctx, row, *servers[row.server], r, profiled=r == 0, together=together) for row in group)
                 )
                 for row, answer in zip(group, answers, strict=True):
                     measured[row.key].append(answer)

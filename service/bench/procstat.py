@@ -44,14 +44,14 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds consumed so far by the live processes ``pids``."""
-    total = 0
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """User + system CPU seconds consumed so far by each of the live processes ``pids``."""
+    seconds = {}
     for pid in pids:
         fields = _stat_fields(pid)
         if fields is not None:
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / CLK_TCK
+            seconds[pid] = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14 and 15)
+    return seconds
 
 
 def store_pids() -> dict[str, list[int]]:
@@ -94,7 +94,7 @@ class CpuSample:
     """One reading of the machine's and the watched processes' CPU counters."""
 
     machine: tuple[int, int]
-    groups: dict[str, float]
+    groups: dict[str, dict[int, float]]
 
     @classmethod
     def take(cls, groups: dict[str, list[int]]) -> CpuSample:
@@ -103,8 +103,14 @@ class CpuSample:
 
     def shares(self, later: CpuSample, wall: float) -> dict[str, float]:
         """Cores used per group between this sample and ``later`` (``wall`` seconds apart), plus
-        ``machine``: the share of all CPUs busy (0-1) in that window."""
-        shares = {name: round((later.groups[name] - self.groups[name]) / wall, 3) for name in self.groups}
+        ``machine``: the share of all CPUs busy (0-1) in that window. A process counts only when
+        it lived at both readings (one that exited between them, e.g. another user's server
+        matched by name, would take its whole CPU time away from the group)."""
+        shares = {}
+        for name, before in self.groups.items():
+            after = later.groups[name]
+            used = sum(after[pid] - seconds for pid, seconds in before.items() if pid in after)
+            shares[name] = round(used / wall, 3)
         busy = later.machine[0] - self.machine[0]
         total = later.machine[1] - self.machine[1]
         shares["machine"] = round(busy / total, 3) if total else 0.0

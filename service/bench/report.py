@@ -3,11 +3,15 @@
 Throughput: rate (successes per second), ratio to the row's reference, latency p50/p99 (ms; per
 transaction for the raw writers), answers that were not the expected status. CPU, in cores over
 the measured window: client = wrk (this process for the raw writers), server = the server's
-processes (the consumer for its row), the three stores (their whole processes: other users'
+processes (the consumer for its row, this process for the reserve and publish rows), consumers
+= the consumer processes of the pipeline rows, the three stores (their whole processes: other users'
 queries included), others = every other process on the machine, and the machine's busy share
 (all CPUs, this run's processes included); per server CPU-s = successes per CPU second of the
 server (the consumer for its row) and its ratio to the reference's: the cost per request, steadier
-than the rate when other jobs take CPU away.
+than the rate when other jobs take CPU away. The pipeline table gives the pipeline rows and the
+floor (the hops alone) in CPU-milliseconds per durable order, by process, ``machine`` being every
+CPU of the box (the load client and other jobs included) and ``service`` the API, the consumers
+and the stores.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from rich.console import Console
 from rich.table import Table
 
 from service.bench import profile
+from service.bench.buyers import BUYERS, REQUESTS_PER_BUYER
 from service.bench.context import Options
 from service.bench.procstat import MachineInfo
 from service.bench.profile import ProfileSummary
-from service.bench.rows import DESCRIPTIONS, DRAIN_ROWS, Row, Verdict
+from service.bench.rows import DESCRIPTIONS, DRAIN_ROWS, PIPELINE_GROUPS, Row, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +87,34 @@ def _header(report: Report, console: Console) -> None:
         f"{o.workers}; {drain}rounds {o.rounds} (interleaved)" + (f"; rows {', '.join(o.only)}" if o.only else ""),
         soft_wrap=True,
     )
+    console.print(
+        f"many buyers: every HTTP and pipeline row and round (and its warm-up) with {BUYERS:,} new buyers' "
+        f"tokens, each sent {REQUESTS_PER_BUYER} times in a row",
+        soft_wrap=True,
+    )
+
+
+def _pipeline(report: Report, console: Console) -> None:
+    """The pipeline rows and the floor: CPU-milliseconds per durable order, by process, and the
+    service's total against the floor's."""
+    rows = [row for row in report.rows if row.cpu_per_order]
+    if not rows:
+        return
+    table = Table(title="pipeline, HTTP to MySQL: CPU-ms per durable order (server = the API)")
+    columns = (*PIPELINE_GROUPS, "service", "machine")
+    for name in ("row", "orders/s", *columns, "service / floor"):
+        table.add_column(name, justify="left" if name == "row" else "right")
+    floor = next((row.cpu_per_order.get("service") for row in rows if row.key == "floor"), None)
+    for row in rows:
+        per = row.cpu_per_order
+        service = per.get("service")
+        table.add_row(
+            row.label,
+            "-" if row.key == "floor" else _num(row.rate),
+            *("-" if name not in per else f"{per[name] * 1000:.3f}" for name in columns),
+            _num(service / floor, 2) if service and floor and row.key != "floor" else "-",
+        )
+    console.print(table)
 
 
 def render(report: Report, console: Console) -> None:
@@ -96,10 +129,11 @@ def render(report: Report, console: Console) -> None:
     for name in columns:
         rates.add_column(name, justify="left" if name in ("row", "of") else "right")
     cpu_table = Table(title="CPU (cores over the measured window)")
-    cpu_columns = ("row", "client", "server", "redis", "mysql", "rabbitmq", "others", "machine busy")
+    cpu_columns = ("row", "client", "server", "consumers", "redis", "mysql", "rabbitmq", "others", "machine busy")
     for name in (*cpu_columns, "per server CPU-s", "ratio"):
         cpu_table.add_column(name, justify="left" if name == "row" else "right")
-    for row in report.rows:
+    measured = [row for row in report.rows if row.key != "floor"]
+    for row in measured:
         ref = by_key.get(row.reference or "")
         unexpected = row.unexpected + row.socket_errors
         cells = [
@@ -115,7 +149,7 @@ def render(report: Report, console: Console) -> None:
             cells.insert(2, f"{_num(min(row.rounds), 0)}-{_num(max(row.rounds), 0)}")
         rates.add_row(*cells)
         cpu = row.cpu
-        ours = ("client", "server", "redis", "mysql", "rabbitmq")
+        ours = ("client", "server", "consumers", "redis", "mysql", "rabbitmq")
         others = cpu.get("machine", 0) * report.machine["cpus_online"] - sum(cpu.get(k, 0) for k in ours)
         cpu_table.add_row(
             row.label,
@@ -127,8 +161,10 @@ def render(report: Report, console: Console) -> None:
         )
     console.print(rates)
     console.print(cpu_table)
+    _pipeline(report, console)
     for row in report.rows:
-        note = f" ({row.note})" if row.note else ""
+        buyers = f"{row.buyers:,} distinct buyers, {REQUESTS_PER_BUYER} requests each" if row.buyers else ""
+        note = f" ({'; '.join(n for n in (buyers, row.note) if n)})" if buyers or row.note else ""
         console.print(f"  {row.label}: {DESCRIPTIONS.get(row.key, '')}{note}", highlight=False, soft_wrap=True)
     targets = Table(title="performance targets (docs/BENCHMARKS.md; reported, not enforced)")
     targets.add_column("target")

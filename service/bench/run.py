@@ -5,7 +5,9 @@ and a random JWT secret (:mod:`service.sale.isolation`); everything is removed a
 Servers are subprocesses on granian with the same options and ``--workers``; wrk drives them
 (a 1 s warm-up, then ``--duration`` seconds measured; :mod:`service.bench.http_rows`). Then a
 backlog of ``--backlog`` orders is drained by ``--consumers`` ``flashsale consume`` processes and the same number
-written by the raw writers (:mod:`service.bench.drain`). With ``--rounds N`` every row is
+written by the raw writers (:mod:`service.bench.drain`); last, the pipeline rows, HTTP to MySQL
+with the consumers running (:mod:`service.bench.pipeline`), and the floor beside them (the hops
+alone, :func:`service.bench.rows.floor_row`). With ``--rounds N`` every row is
 measured N times, the rounds interleaved. ``--only KEY,...`` measures the named rows alone (the
 drain rows run together when any of them is named).
 
@@ -35,14 +37,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import make_engine
 from db.migrate import upgrade
-from service.api.auth import issue_token
 from service.bench import profile
-from service.bench.context import ACCEPT_USERS, BenchError, Context, Options
+from service.bench.context import BenchError, Context, Options
 from service.bench.drain import drain_rows
 from service.bench.http_rows import http_rows
+from service.bench.pipeline import pipeline_rows
 from service.bench.procstat import machine_info, store_pids
 from service.bench.report import Report, render
-from service.bench.rows import DRAIN_ROWS, accept_ceiling, fill_ratios, judge
+from service.bench.rows import DRAIN_ROWS, PIPELINE_ROWS, accept_ceiling, fill_ratios, floor_row, judge
 from service.bench.server import ServerFailed
 from service.bench.wrk import WrkMissing, require_wrk
 from service.sale.isolation import environment, isolated_settings, new_run_id, with_own_secrets
@@ -52,8 +54,8 @@ from service.settings import Settings
 
 def bench_settings(base: Settings, run_id: str) -> Settings:
     """``base`` isolated under ``run_id`` with secrets of its own, no
-    purchase rate limits (wrk sends every request from one address, the sold-out row from one
-    user: the limits would measure themselves) and no self-healing pass in the servers
+    purchase rate limits (wrk sends every request from one address, each buyer's token a few
+    times in a row: the limits would measure themselves) and no self-healing pass in the servers
     (``realign.auto_seconds`` 0). No consumer runs during the HTTP rows, so the accept rows'
     reservations stay unresolved: every pass over that growing journal (and, after the grace
     period, its republishing) would land in whichever row runs next on the ``api`` server, and
@@ -96,13 +98,8 @@ async def measure(base: Settings, options: Options, console: Console) -> Report:
     log_dir = Path(tempfile.mkdtemp(prefix=f"{run_id}-"))
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     machine = machine_info()
-    secret = settings.auth.jwt_secret
-    tokens = {
-        "one": [issue_token(secret, "bench-user")],
-        "many": [issue_token(secret, f"bench-{i}") for i in range(ACCEPT_USERS)],
-    }
     env = {**os.environ, **environment(settings)}
-    ctx = Context(settings, options, env, log_dir, store_pids(), console, tokens, {})
+    ctx = Context(settings, options, env, log_dir, store_pids(), console, {})
     async with AsyncExitStack() as stack:
         stack.push_async_callback(tear_down, settings)
         console.print(f"{run_id}: creating database and topology (logs in {log_dir})", soft_wrap=True)
@@ -113,10 +110,15 @@ async def measure(base: Settings, options: Options, console: Console) -> Report:
         rows = await http_rows(ctx)
         if any(options.wants(key) for key, _, _ in DRAIN_ROWS):
             rows += await drain_rows(ctx, engine)
+        if any(options.wants(spec.key) for spec in PIPELINE_ROWS):
+            rows += await pipeline_rows(ctx, engine, machine["cpus_online"])
     suspicious = any(r.unexpected or r.socket_errors or "never written" in r.note for r in rows)
     if not suspicious:
         shutil.rmtree(log_dir, ignore_errors=True)
     fill_ratios(rows)
+    floor = floor_row(rows)
+    if floor is not None:
+        rows.append(floor)
     return Report(
         run_id=run_id,
         started_at=started_at,

@@ -132,7 +132,7 @@ def _bench_rows(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     default=2,
     show_default=True,
     type=click.IntRange(1, 16),
-    help="flashsale consume processes draining the backlog together.",
+    help="flashsale consume processes draining the backlog together (and running in the pipeline rows).",
 )
 @click.option(
     "--batch",
@@ -165,8 +165,9 @@ def _bench_rows(ctx: click.Context, param: click.Parameter, value: str) -> tuple
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
-    """Measure each hop (bare framework, no-op, sold out, accept, consumer, raw MySQL writers)
-    side by side in one isolated run, with wrk as the load client. Exit 0 when every row was
+    """Measure each hop (bare framework, no-op, sold out, accept, reserve, publish, consumer,
+    raw MySQL writers) and the whole pipeline, HTTP to MySQL, with groups and with GROUP_MAX=1,
+    side by side in one isolated run, with wrk and many buyers as the load. Exit 0 when every row was
     measured (targets are reported, not enforced), 2 when it could not run."""
     from service.bench.context import Options
     from service.bench.run import run_bench

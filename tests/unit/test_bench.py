@@ -6,15 +6,31 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jwt
+import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+from service.api.token_verifier import TokenVerifier
 from service.bench import server
+from service.bench.buyers import TOKEN_TTL_SECONDS, buyers_reached, mint_tokens
 from service.bench.context import Options
-from service.bench.procstat import machine_info
+from service.bench.procstat import CpuSample, machine_info
 from service.bench.profile import RUNTIME, summarize
 from service.bench.report import Report, render
-from service.bench.rows import TARGETS, Row, accept_ceiling, fill_ratios, judge
+from service.bench.rows import (
+    DRAIN_ROWS,
+    HTTP_ROWS,
+    PIPELINE_ROWS,
+    TARGETS,
+    Row,
+    accept_ceiling,
+    fill_cpu_per_order,
+    fill_ratios,
+    floor_row,
+    judge,
+    merge_rounds,
+)
 from service.bench.run import bench_settings
 from service.bench.wrk import write_script
 from service.cli.main import main
@@ -65,21 +81,37 @@ def test_ratios_and_targets_follow_the_references():
     assert (rows[1].per_server_cpu, rows[1].cpu_ratio) == (1600.0, 1.6)  # requests per server CPU second
     verdicts = {v["target"]: v for v in judge(rows)}
     assert len(verdicts) == len(TARGETS)
-    assert verdicts["product no-op >= 0.75 x bare no-op"]["pass"] is True
+    assert verdicts["product no-op >= 0.7 x bare no-op (many buyers)"]["pass"] is True
     assert verdicts["sold-out >= 0.85 x product no-op"]["pass"] is False
     assert verdicts["sold-out p99 <= 2 x product no-op p99"] == {
         "target": "sold-out p99 <= 2 x product no-op p99",
         "ratio": 3.0,
         "pass": False,
     }
-    assert verdicts["accept >= 0.40 x product no-op"]["pass"] is None  # not measured
+    assert verdicts["accept >= 0.45 x product no-op"]["pass"] is None  # not measured
 
 
-def test_the_wrk_script_rotates_tokens_and_reports_json(tmp_path):
-    script = write_script(tmp_path / "s.lua", b'{"product_id":1,"quantity":1}', ["a.b.c", "d.e.f"]).read_text()
+def test_the_wrk_script_sends_each_buyer_a_few_times_and_reports_json(tmp_path):
+    body = b'{"product_id":1,"quantity":1}'
+    script = write_script(tmp_path / "s.lua", body, ["a.b.c", "d.e.f"], repeats=3, threads=2).read_text()
     assert '"Bearer a.b.c", "Bearer d.e.f"' in script
+    assert "local repeats = 3" in script and "math.floor(ntokens / 2)" in script
     assert "function request()" in script and "function done(" in script
     assert 'wrk.body = "{\\"product_id\\":1,\\"quantity\\":1}"' in script
+
+
+def test_the_buyers_tokens_are_what_the_api_verifies():
+    secret = "a-bench-secret-of-at-least-32-characters"
+    tokens = mint_tokens(secret, "bench-x", 50)
+    assert len(set(tokens)) == 50
+    verifier = TokenVerifier(secret, leeway=0, required=["exp", "sub", "iat"])
+    for n, token in enumerate(tokens):
+        claims = jwt.decode(token, secret, algorithms=["HS256"])
+        assert claims["sub"] == f"bench-x-{n}" and claims["exp"] - claims["iat"] == TOKEN_TTL_SECONDS
+        assert verifier.verify(token) == claims
+    with pytest.raises(jwt.InvalidSignatureError):
+        jwt.decode(tokens[0], "another-secret-that-is-32-chars-long!", algorithms=["HS256"])
+    assert buyers_reached(7, 100) == 3 and buyers_reached(10_000, 100) == 100 and buyers_reached(0, 5) == 0
 
 
 def test_profile_summary_drops_the_process_trunk(tmp_path):
@@ -129,6 +161,7 @@ def test_the_report_renders_and_serializes(tmp_path):
     render(report, console)
     text = console.export_text()
     assert "product no-op" in text and "0.80" in text and "top by own time" in text
+    assert "20,000 new buyers' tokens, each sent 3 times in a row" in text
     loaded = json.loads(json.dumps(report.as_json()))
     assert loaded["options"]["profile_dir"] == str(tmp_path) and Path(loaded["options"]["profile_dir"]).is_dir()
     assert [r["key"] for r in loaded["rows"]] == ["bare_noop", "product_noop"] and loaded["rows"][1]["ratio"] == 0.8
@@ -136,7 +169,7 @@ def test_the_report_renders_and_serializes(tmp_path):
 
 
 def test_the_metrics_pairs_are_measured_together():
-    from service.bench.rows import HTTP_ROWS, METRICS_PAIRS, round_groups
+    from service.bench.rows import METRICS_PAIRS, round_groups
 
     keys = [row.key for row in HTTP_ROWS]
     for on, off in METRICS_PAIRS.items():
@@ -230,3 +263,125 @@ async def test_the_no_op_route_is_the_benchs_not_the_products(monkeypatch):
         bad = await client.post("/api/v1/bench/noop", json={"product_id": "x", "quantity": 1}, headers=buyer)
     assert (ok.status_code, ok.json()) == (202, {"status": "noop"})
     assert (anonymous.status_code, bad.status_code) == (401, 400)
+
+
+def _pipeline_rows() -> list[Row]:
+    # groups: 1,000 orders/s on 0.5 API + 0.3 consumers + 0.05 RabbitMQ cores, the machine 40 % of 2 CPUs
+    groups = {"server": 0.5, "consumers": 0.3, "rabbitmq": 0.05, "redis": 0.1, "mysql": 0.05, "client": 0.1}
+    single = {"server": 0.6, "consumers": 0.4, "rabbitmq": 0.3, "redis": 0.1, "mysql": 0.1, "client": 0.1}
+    return [
+        Row(
+            "pipeline",
+            "groups",
+            "orders/s",
+            1000.0,
+            1,
+            1.0,
+            "pipeline_single",
+            p99_ms=11.0,
+            cpu=groups | {"machine": 0.4},
+        ),
+        Row("pipeline_single", "single", "orders/s", 500.0, 1, 1.0, p99_ms=10.0, cpu=single | {"machine": 0.8}),
+    ]
+
+
+def test_the_pipeline_rows_cost_cpu_seconds_per_durable_order():
+    rows = _pipeline_rows()
+    for row in rows:
+        fill_cpu_per_order(row, cpus=2)
+    fill_ratios(rows)
+    groups, single = rows
+    assert groups.cpu_per_order["server"] == 0.0005 and groups.cpu_per_order["rabbitmq"] == 0.00005
+    assert groups.cpu_per_order["machine"] == 0.0008  # 0.4 x 2 CPUs / 1,000 orders/s
+    assert groups.cpu_per_order["service"] == 0.001  # API, consumers and stores: the client is not the service
+    assert single.cpu_per_order["machine"] == 0.0032 and single.cpu_per_order["rabbitmq"] == 0.0006
+    assert groups.ratio == 2.0  # durable orders per second, groups / GROUP_MAX=1
+    verdicts = {v["target"]: v for v in judge(rows)}
+    assert verdicts["pipeline machine CPU-s per order, groups <= 0.67 x GROUP_MAX=1"]["ratio"] == 0.25
+    assert verdicts["pipeline RabbitMQ CPU per order, groups <= 0.2 x GROUP_MAX=1"]["ratio"] == 0.083
+    assert verdicts["pipeline accept p99, groups <= 1.2 x GROUP_MAX=1"] == {
+        "target": "pipeline accept p99, groups <= 1.2 x GROUP_MAX=1",
+        "ratio": 1.1,
+        "pass": True,
+    }
+    assert all(verdicts[label]["pass"] for label in verdicts if label.startswith("pipeline"))
+
+
+def test_the_floor_adds_the_hops_by_the_process_that_does_them_in_the_pipeline():
+    rows = [
+        Row("bare_noop", "bare no-op", "req/s", 10_000.0, 1, 1.0, cpu={"server": 1.0, "redis": 0.3}),
+        Row("reserve", "reserve only", "res/s", 20_000.0, 1, 1.0, cpu={"server": 1.0, "redis": 0.5}),
+        Row("publish", "publish only", "msgs/s", 5_000.0, 1, 1.0, cpu={"server": 0.5, "rabbitmq": 0.25}),
+        Row("raw_batch", "raw 100/tx", "orders/s", 25_000.0, 1, 1.0, cpu={"client": 0.5, "mysql": 1.0}),
+    ]
+    assert floor_row(rows[1:]) is None  # a hop missing
+    floor = floor_row(rows)
+    assert floor is not None and floor.key == "floor"
+    # us per order: server 100 + 50 + 100, redis 25 (the bare no-op's Redis is no hop's), RabbitMQ 50,
+    # consumers (the writer) 20, MySQL 40
+    assert floor.cpu_per_order == {
+        "server": 0.00025,
+        "redis": 0.000025,
+        "rabbitmq": 0.00005,
+        "consumers": 0.00002,
+        "mysql": 0.00004,
+        "service": 0.000385,
+    }
+    assert floor.rate == round(1 / 0.000385, 1)
+
+
+def test_the_pipeline_table_sets_the_service_against_the_floor(tmp_path):
+    rows = _pipeline_rows()
+    for row in rows:
+        fill_cpu_per_order(row, cpus=2)
+    floor = Row("floor", "floor: the hops alone", "orders/CPU-s", 2000.0, 0, 0.0, cpu_per_order={"service": 0.0005})
+    rows.append(floor)
+    fill_ratios(rows)
+    report = Report("bench_x", "now", machine_info(), Options(), rows, judge(rows), None, {}, None)
+    console = Console(record=True, width=250)
+    render(report, console)
+    text = console.export_text()
+    assert "CPU-ms per durable order" in text
+    groups_line = next(line for line in text.splitlines() if "groups" in line and "1.000" in line)
+    assert "2.00" in groups_line  # service 1.0 ms / floor 0.5 ms
+    throughput = text.split("CPU (cores")[0]
+    assert "floor" not in throughput  # the floor is no measured rate
+
+
+def test_a_process_that_exits_between_two_readings_takes_no_cpu_away():
+    before = CpuSample((100, 200), {"rabbitmq": {1: 5.0, 2: 50.0}})
+    after = CpuSample((150, 400), {"rabbitmq": {1: 6.0}})  # pid 2 exited
+    assert before.shares(after, 2.0) == {"rabbitmq": 0.5, "machine": 0.25}
+
+
+def test_rounds_merge_into_cpu_seconds_per_order_over_all_rounds():
+    # 100 orders in 1 s on 1 core, then 900 in 3 s on 0.5: 2.5 CPU-s for 1,000 orders
+    rounds = [
+        Row("pipeline", "groups", "orders/s", 100.0, 100, 1.0, cpu={"server": 1.0, "machine": 0.6}),
+        Row("pipeline", "groups", "orders/s", 300.0, 900, 3.0, cpu={"server": 0.5, "machine": 0.2}),
+    ]
+    merged = merge_rounds(rounds)
+    assert (merged.rate, merged.rounds) == (250.0, [100.0, 300.0])
+    assert merged.cpu == {"server": 0.625, "machine": 0.3}
+    fill_cpu_per_order(merged, cpus=2)
+    assert merged.cpu_per_order["server"] == 0.0025 and merged.cpu_per_order["machine"] == 0.0024  # 0.3 x 2 CPUs x 4 s
+
+
+def test_every_target_reads_a_metric_rows_have():
+    row = Row(
+        "x",
+        "x",
+        "orders/s",
+        1.0,
+        1,
+        1.0,
+        p99_ms=1.0,
+        per_server_cpu=1.0,
+        cpu_per_order=dict.fromkeys(
+            ("server", "consumers", "rabbitmq", "redis", "mysql", "client", "machine", "service"), 1.0
+        ),
+    )
+    known = {r.key for r in HTTP_ROWS} | {key for key, _, _ in DRAIN_ROWS} | {p.key for p in PIPELINE_ROWS}
+    for target in TARGETS:
+        assert target.value(row) == 1.0, target
+        assert {target.row, target.reference} <= known, target
