@@ -79,7 +79,11 @@ def channel_pay(order_no: str, channel_name: str, url: str | None) -> None:
     base = url or load_settings().payment.channel_urls.get(channel_name)
     if base is None:
         raise click.BadParameter(f"no URL for channel {channel_name}")
-    response = httpx.post(f"{base}/payments/{order_no}/pay", timeout=10)
+    try:
+        response = httpx.post(f"{base}/payments/{order_no}/pay", timeout=10)
+    except httpx.HTTPError as exc:
+        source = "--url" if url else "FLASHSALE_PAYMENT__CHANNEL_URLS"
+        raise SystemExit(f"error: {channel_name} at {base} ({source}) did not answer: {exc!r}") from None
     click.echo(f"{response.status_code} {response.text}")
     if not response.is_success:
         sys.exit(1)
