@@ -47,7 +47,7 @@ class DependencyUnreachable(ConfigError):
 _VARIABLES = {"redis": "FLASHSALE_REDIS__URL", "mysql": "FLASHSALE_DB__URL", "rabbitmq": "FLASHSALE_AMQP__URL"}
 
 
-def _where(url: str) -> str:
+def where(url: str) -> str:
     """``host:port`` (or the path of a socket) of a store URL, without credentials."""
     parts = urlsplit(url)
     return parts.netloc.rsplit("@", 1)[-1] or parts.path or url.split("://", 1)[0]
@@ -67,7 +67,7 @@ def unreachable(exc: BaseException, settings: Settings) -> DependencyUnreachable
     if isinstance(exc, StoreUnavailable) and failure.detail:
         reason = failure.detail
     what = STORE_NAMES[failure.store]
-    return DependencyUnreachable(f"{_VARIABLES[failure.store]}: cannot reach {what} at {_where(url)}: {reason}")
+    return DependencyUnreachable(f"{_VARIABLES[failure.store]}: cannot reach {what} at {where(url)}: {reason}")
 
 
 async def check_dependencies(settings: Settings, *, redis: bool = True, amqp: bool = True, mysql: bool = True) -> None:
