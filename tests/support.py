@@ -579,6 +579,16 @@ async def flashsale_process(
             await asyncio.to_thread(output.unlink, missing_ok=True)
 
 
+def run_flashsale(settings: Settings, *argv: str, answer: str = "") -> subprocess.CompletedProcess[str]:
+    """``flashsale ARGV`` run to its end reading ``settings`` (``answer`` on its stdin); its output
+    captured as text. At most 60 s."""
+    flashsale = str(Path(sys.executable).with_name("flashsale"))
+    env = {**os.environ, **environment(settings)}
+    return subprocess.run(
+        [flashsale, *argv], env=env, input=answer, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
 def start_flashsale(argv: list[str], env: dict[str, str], log=None) -> subprocess.Popen:
     """``flashsale ARGV`` in a session of its own (stop it with ``os.killpg``), output to the file
     ``log`` (discarded when None)."""

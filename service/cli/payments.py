@@ -98,7 +98,9 @@ def payments() -> None:
 @click.argument("order_no")
 def payments_sync(order_no: str) -> None:
     """Ask ORDER_NO's channels about its payment; one paid there is applied (as its notification
-    would be). One JSON line per channel asked; exit 1 when a channel did not answer."""
+    would be). One JSON line per channel asked; exit 1 when a channel did not answer or there is
+    no such order. An order with no payment attempt has no channel to ask: one line saying so,
+    exit 0."""
     import msgspec
 
     from service.cli.pay import run_sync
@@ -108,6 +110,8 @@ def payments_sync(order_no: str) -> None:
         states = run(run_sync(load_settings(), order_no))
     except InvalidInput as exc:
         raise click.BadParameter(exc.detail) from None
+    if not states:
+        click.echo(f"{order_no}: no payment attempt at any channel, nothing to ask", err=True)
     for state in states:
         click.echo(msgspec.json.encode(state).decode())
     if any(state["status"] == "unavailable" for state in states):

@@ -7,32 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 
-from service.sale.isolation import environment, free_port
-from tests.support import api_ready, eventually, flashsale_process
+from service.sale.isolation import free_port
+from tests.support import api_ready, eventually, flashsale_process, run_flashsale
 
 pytestmark = pytest.mark.slow  # starts server processes
-
-
-def _serve(settings, port: int, *more: str) -> subprocess.CompletedProcess[str]:
-    flashsale = str(Path(sys.executable).with_name("flashsale"))
-    env = {**os.environ, **environment(settings)}
-    argv = [flashsale, "serve", "--port", str(port), "--workers", "1", *more]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
 async def test_a_second_server_on_a_busy_port_is_refused(settings):
     port = free_port()
     ready = f"http://127.0.0.1:{port}/api/v1/health/ready"
     async with flashsale_process(settings, ready, "serve", "--port", str(port), "--workers", "1") as first:
-        second = await asyncio.to_thread(_serve, settings, port)
+        second = await asyncio.to_thread(run_flashsale, settings, "serve", "--port", str(port), "--workers", "1")
         assert second.returncode == 2, (second.stdout, second.stderr)
         assert second.stderr.strip().splitlines() == [
             f"flashsale: configuration error: --port {port}: address already in use on 127.0.0.1 (another "

@@ -6,36 +6,28 @@ consumer still reads its queues."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import aio_pika
 import pytest
 
 from db.migrate import upgrade
 from service.adapters.broker import declare_topology
-from service.sale.isolation import environment, isolated_settings, new_run_id
+from service.sale.isolation import isolated_settings, new_run_id
 from service.sale.stores import tear_down
 from service.settings import Settings
 from service.teardown import Leftovers, survey
+from tests.support import run_flashsale
 
 pytestmark = pytest.mark.slow  # runs CLI processes
 
-FLASHSALE = str(Path(sys.executable).with_name("flashsale"))
-
 
 def _teardown(settings: Settings, *args: str, answer: str = "") -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **environment(settings)}
-    argv = [FLASHSALE, "teardown", *args]
-    return subprocess.run(argv, env=env, input=answer, capture_output=True, text=True, timeout=60, check=False)
+    return run_flashsale(settings, "teardown", *args, answer=answer)
 
 
 def _product_set(settings: Settings) -> None:
-    env = {**os.environ, **environment(settings)}
-    argv = [FLASHSALE, "product", "set", "7", "--stock", "5", "--stock-mode", "redis"]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    done = run_flashsale(settings, "product", "set", "7", "--stock", "5", "--stock-mode", "redis")
     assert done.returncode == 0, done.stderr
 
 
