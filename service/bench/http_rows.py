@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.bench import profile
 from service.bench.context import (
     ACCEPT,

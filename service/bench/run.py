@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import make_engine
 from db.migrate import upgrade
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.bench import profile
 from service.bench.context import ACCEPT_USERS, BenchError, Context, Options
 from service.bench.drain import drain_rows

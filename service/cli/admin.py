@@ -156,7 +156,7 @@ def product_set(
 @click.option("--ttl", default=None, type=click.IntRange(1), help="Seconds (default from settings).")
 def token(user_id: str, admin: bool, ttl: int | None) -> None:
     """Print a JWT for USER (HS256 with FLASHSALE_AUTH__JWT_SECRET)."""
-    from service.api.auth import issue_token
+    from service.api.tokens import issue_token
 
     settings = load_settings()
     settings.require_secrets()
