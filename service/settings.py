@@ -225,8 +225,9 @@ class OrderSettings(BaseModel):
 class RateLimitSettings(BaseModel):
     """Purchase requests (``POST /orders``) allowed per product, per user and per client address,
     counted in Redis inside the reserve call (every API process shares them; no extra round trip).
-    ``*_per_second``: sustained rate (0: no limit); ``*_burst``: requests allowed at once. Not
-    applied to admin or payment channel routes, nor to answers a sold-out flag gives in the process.
+    ``*_per_second``: sustained rate (0: no limit); ``*_burst``: requests allowed at once. A
+    request over a limit is answered ``429 too_many_requests`` with ``Retry-After``. Not applied
+    to admin or payment channel routes, nor to answers a sold-out flag gives in the process.
     The address limit is high by default because buyers behind one NAT or proxy share an address."""
 
     user_per_second: float = Field(5.0, ge=0)
