@@ -52,9 +52,9 @@ class RefundUnanswered(Exception):
 async def request_refund(engine: AsyncEngine, order_no: str, restock: bool, actor: str, ask: Ask) -> RefundRequest:
     """Operator refund of a paid order: ``paid -> refunding`` (logged with ``actor``, the
     operator) and a ``refunds`` row for the channel that took the payment, one transaction, in
-    which ``ask`` puts the request to the channel. ``restock``: the units go back on sale once the channel
-    confirms the refund (never before: it may still fail). The order's row stays locked across
-    the channel call (bounded by the channel timeout), as a payment start's does.
+    which ``ask`` puts the request to the channel. ``restock``: the units go back on sale once
+    the channel confirms the refund (never before: it may still fail). The order's row stays
+    locked across the channel call (bounded by the channel timeout), as a payment start's does.
 
     Raises:
         OrderNotFound: unknown order.
