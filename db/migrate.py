@@ -44,6 +44,18 @@ async def create_database(url: str) -> None:
         await engine.dispose()
 
 
+async def database_exists(url: str) -> bool:
+    """True when the database named in ``url`` exists on its server."""
+    parsed = make_url(url)
+    engine = create_async_engine(parsed._replace(database=None))
+    try:
+        async with engine.connect() as conn:
+            query = text("SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = :n")
+            return bool((await conn.execute(query, {"n": parsed.database})).scalar())
+    finally:
+        await engine.dispose()
+
+
 async def drop_database(url: str) -> None:
     """DROP DATABASE IF EXISTS for the database named in ``url`` (a run's or a test's own)."""
     parsed = make_url(url)

@@ -117,8 +117,10 @@ class DuplicateKey(StoreFailure):
 ER_DUP_ENTRY = 1062
 ER_LOCK_WAIT_TIMEOUT = 1205
 ER_LOCK_DEADLOCK = 1213
-MYSQL_REFUSED = frozenset({1044, 1045, 1049})
-"""Access denied (1044, 1045), unknown database (1049): MySQL refuses as configured."""
+MYSQL_REFUSED = frozenset({1044, 1045, 1049, 1698})
+"""Access denied (1044, 1045; 1698: a user that does not exist, or one that logs in only over
+the unix socket, as root on a fresh Debian MariaDB), unknown database (1049): MySQL refuses as
+configured."""
 MYSQL_AWAY = frozenset({1040, 1053, 1290, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031})
 """Too many connections (1040), shutdown in progress (1053), read-only while failing over
 (1290), connection killed (1927), cannot connect / host unknown / gone away / lost (2002-2013,

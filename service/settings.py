@@ -7,12 +7,14 @@ from this module (``python -m service.config_doc``), from the docstring under ea
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_origin
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 DEV_JWT_SECRET = "dev-only-secret-change-me-0123456789abcdef"
 """The JWT secret a development run may use: anyone can forge tokens with it."""
@@ -223,8 +225,9 @@ class OrderSettings(BaseModel):
 class RateLimitSettings(BaseModel):
     """Purchase requests (``POST /orders``) allowed per product, per user and per client address,
     counted in Redis inside the reserve call (every API process shares them; no extra round trip).
-    ``*_per_second``: sustained rate (0: no limit); ``*_burst``: requests allowed at once. Not
-    applied to admin or payment channel routes, nor to answers a sold-out flag gives in the process.
+    ``*_per_second``: sustained rate (0: no limit); ``*_burst``: requests allowed at once. A
+    request over a limit is answered ``429 too_many_requests`` with ``Retry-After``. Not applied
+    to admin or payment channel routes, nor to answers a sold-out flag gives in the process.
     The address limit is high by default because buyers behind one NAT or proxy share an address."""
 
     user_per_second: float = Field(5.0, ge=0)
@@ -357,3 +360,36 @@ def get_settings() -> Settings:
         return Settings()
     except ValidationError as exc:
         raise config_error(exc) from None
+    except SettingsError as exc:
+        raise undecodable(exc) from None
+
+
+def undecodable(exc: SettingsError) -> ConfigError:
+    """The one line for a value pydantic-settings could not decode as JSON (a dict or list
+    setting): it names only the group (``payment``), so the variable is found here, in the
+    environment and ``.env`` as the settings read them. The value is not echoed (it may be a
+    secret)."""
+    from dotenv import dotenv_values
+
+    given = {**dotenv_values(".env"), **os.environ}  # the environment wins, as in pydantic-settings
+    for name, value in given.items():
+        kind = _container(name.upper())
+        if kind is None or value is None:
+            continue
+        try:
+            json.loads(value)
+        except ValueError as error:
+            return ConfigError(f"{name.upper()}: must be a JSON {kind}: {error}")
+    return ConfigError(str(exc))
+
+
+def _container(name: str) -> str | None:
+    """``object`` or ``array`` when ``name`` is the variable of a dict or list setting, else None."""
+    group, _, key = name.removeprefix(ENV_PREFIX).lower().partition(ENV_NESTED_DELIMITER)
+    if not name.startswith(ENV_PREFIX) or group not in Settings.model_fields:
+        return None
+    model = Settings.model_fields[group].annotation
+    if not (isinstance(model, type) and issubclass(model, BaseModel)) or key not in model.model_fields:
+        return None
+    origin = get_origin(model.model_fields[key].annotation)
+    return "object" if origin is dict else "array" if origin is list else None

@@ -25,7 +25,15 @@ from service.adapters.broker import quiet_connect_logs
 from service.adapters.redis.client import make_redis
 from service.bootstrap import ApiWorker, Job, Resources, open_api, open_job, opened
 from service.domain.order_numbers.minter import ShardsExhausted
-from service.failures import STORE_NAMES, PublishFailed, StoreUnavailable, failure_of, is_outage, outage_of
+from service.failures import (
+    STORE_NAMES,
+    PublishFailed,
+    Store,
+    StoreUnavailable,
+    failure_of,
+    is_outage,
+    outage_of,
+)
 from service.runtime import Backoff, OutageLog, stop_signal, stop_task, when_reachable
 from service.settings import ConfigError, Settings
 
@@ -39,7 +47,7 @@ class DependencyUnreachable(ConfigError):
 _VARIABLES = {"redis": "FLASHSALE_REDIS__URL", "mysql": "FLASHSALE_DB__URL", "rabbitmq": "FLASHSALE_AMQP__URL"}
 
 
-def _where(url: str) -> str:
+def where(url: str) -> str:
     """``host:port`` (or the path of a socket) of a store URL, without credentials."""
     parts = urlsplit(url)
     return parts.netloc.rsplit("@", 1)[-1] or parts.path or url.split("://", 1)[0]
@@ -59,7 +67,7 @@ def unreachable(exc: BaseException, settings: Settings) -> DependencyUnreachable
     if isinstance(exc, StoreUnavailable) and failure.detail:
         reason = failure.detail
     what = STORE_NAMES[failure.store]
-    return DependencyUnreachable(f"{_VARIABLES[failure.store]}: cannot reach {what} at {_where(url)}: {reason}")
+    return DependencyUnreachable(f"{_VARIABLES[failure.store]}: cannot reach {what} at {where(url)}: {reason}")
 
 
 async def check_dependencies(settings: Settings, *, redis: bool = True, amqp: bool = True, mysql: bool = True) -> None:
@@ -99,17 +107,17 @@ async def check_dependencies(settings: Settings, *, redis: bool = True, amqp: bo
         raise problem from exc
 
 
-async def probe_dependencies(settings: Settings) -> dict[str, BaseException | None]:
+async def probe_dependencies(settings: Settings) -> dict[Store, BaseException | None]:
     """Ask Redis, RabbitMQ and MySQL side by side, once each (:func:`check_dependencies`):
     ``{"redis": None | error, "rabbitmq": ..., "mysql": ...}``; never raises for a store that
     does not answer."""
-    checks = {
+    checks: dict[Store, Awaitable[None]] = {
         "redis": check_dependencies(settings, amqp=False, mysql=False),
         "rabbitmq": check_dependencies(settings, redis=False, mysql=False),
         "mysql": check_dependencies(settings, redis=False, amqp=False),
     }
     results = await asyncio.gather(*checks.values(), return_exceptions=True)
-    found: dict[str, BaseException | None] = {}
+    found: dict[Store, BaseException | None] = {}
     for name, result in zip(checks, results, strict=True):
         if isinstance(result, BaseException) and not isinstance(result, Exception):
             raise result  # cancelled
@@ -219,7 +227,7 @@ class BackgroundResources:
         self._settings = settings
         self._on_no_shard = on_no_shard
         self.current: ApiWorker | None = None
-        self.reachable: dict[str, bool] = {"redis": False, "rabbitmq": False, "mysql": False}
+        self.reachable: dict[Store, bool] = {"redis": False, "rabbitmq": False, "mysql": False}
         self._task: asyncio.Task[None] | None = None
         self._waiting = OutageLog("dependency", process="api")
 

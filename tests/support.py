@@ -535,12 +535,18 @@ async def payments_of(engine: AsyncEngine, order_no: str) -> list:
 
 
 @contextlib.asynccontextmanager
-async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> AsyncIterator[subprocess.Popen]:
+async def flashsale_process(
+    settings: Settings, ready_url: str, *args: str, log: Path | None = None
+) -> AsyncIterator[subprocess.Popen]:
     """``flashsale ARGS`` as a subprocess reading ``settings`` (its own process group), once
-    ``ready_url`` answers 200; SIGTERM on exit (SIGKILL after 20 s). When the block fails, the
-    failure carries the last lines the process printed."""
-    with tempfile.NamedTemporaryFile(prefix="flashsale-", suffix=".log", delete=False) as log:
-        output = Path(log.name)
+    ``ready_url`` answers 200; SIGTERM on exit (SIGKILL after 20 s). Its output goes to ``log``
+    (kept; default a temporary file, removed). When the block fails, the failure carries the
+    last lines the process printed."""
+    if log is None:
+        with tempfile.NamedTemporaryFile(prefix="flashsale-", suffix=".log", delete=False) as temporary:
+            output = Path(temporary.name)
+    else:
+        output = log
     process = start_flashsale(list(args), {**os.environ, **environment(settings)}, output)
 
     async def ready():
@@ -569,7 +575,18 @@ async def flashsale_process(settings: Settings, ready_url: str, *args: str) -> A
         if failure is not None:
             lines = (await asyncio.to_thread(output.read_text, errors="replace")).splitlines()[-40:]
             failure.add_note(f"flashsale {' '.join(args)} printed (last {len(lines)} lines):\n" + "\n".join(lines))
-        await asyncio.to_thread(output.unlink, missing_ok=True)
+        if log is None:
+            await asyncio.to_thread(output.unlink, missing_ok=True)
+
+
+def run_flashsale(settings: Settings, *argv: str, answer: str = "") -> subprocess.CompletedProcess[str]:
+    """``flashsale ARGV`` run to its end reading ``settings`` (``answer`` on its stdin); its output
+    captured as text. At most 60 s."""
+    flashsale = str(Path(sys.executable).with_name("flashsale"))
+    env = {**os.environ, **environment(settings)}
+    return subprocess.run(
+        [flashsale, *argv], env=env, input=answer, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def start_flashsale(argv: list[str], env: dict[str, str], log=None) -> subprocess.Popen:

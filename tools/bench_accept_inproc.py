@@ -31,7 +31,7 @@ from litestar import Litestar
 
 import service.bench.product_app as bench_app
 from db.migrate import upgrade
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.bench.run import bench_settings
 from service.sale.isolation import new_run_id
 from service.sale.stores import tear_down

@@ -28,7 +28,7 @@ from litestar import Litestar
 
 import service.api.app as api_app
 import service.bench.product_app as bench_app
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.bench.bare_app import create_app as create_bare_app
 from service.sale.isolation import with_own_secrets
 from service.settings import Settings

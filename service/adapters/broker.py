@@ -160,6 +160,29 @@ async def delete_topology(url: str, settings: AMQPSettings) -> None:
         await connection.close()
 
 
+async def existing_topology(url: str, settings: AMQPSettings) -> tuple[dict[str, tuple[int, int]], list[str]]:
+    """Which of the queues and exchanges :func:`delete_topology` deletes exist at ``url``:
+    ``({queue: (messages, consumers)}, [exchange, ...])``, asked by passive declares, each on a
+    channel of its own (the broker closes the channel of a declare that finds nothing)."""
+    connection = await aio_pika.connect(url)
+    queues: dict[str, tuple[int, int]] = {}
+    exchanges: list[str] = []
+    try:
+        for queue in (*settings.partition_queues(), *settings.retry_queues(), settings.dead_letter_queue):
+            with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
+                underlay = await (await connection.channel()).get_underlay_channel()
+                found = await underlay.queue_declare(queue, passive=True)
+                queues[queue] = (found.message_count or 0, found.consumer_count or 0)
+        for exchange in (settings.exchange, settings.dead_letter_exchange):
+            with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
+                underlay = await (await connection.channel()).get_underlay_channel()
+                await underlay.exchange_declare(exchange, passive=True)
+                exchanges.append(exchange)
+    finally:
+        await connection.close()
+    return queues, exchanges
+
+
 async def queue_depths(channel: AbstractChannel, names: Iterable[str]) -> int:
     """Messages ready in the queues ``names`` together (:func:`queue_depth` of each)."""
     return sum([await queue_depth(channel, name) for name in names])

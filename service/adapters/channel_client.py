@@ -21,6 +21,19 @@ class ChannelUnavailable(Exception):
     known about what it did."""
 
 
+class ChannelRefused(Exception):
+    """The channel answered no (a 4xx: no such payment, a refund number used for another refund,
+    a request it will not take): a definite answer, the same request cannot succeed later.
+    ``code`` and ``detail`` are the channel's words."""
+
+    def __init__(self, channel: str, status: int, code: str, detail: str) -> None:
+        super().__init__(f"{channel} refused: {code}: {detail}")
+        self.channel = channel
+        self.status = status
+        self.code = code
+        self.detail = detail
+
+
 class ChannelPayment(msgspec.Struct):
     """A payment as the channel reports it. ``status``: ``unpaid``, ``paid``, ``closed``; amount
     in minor units; ``pay_url`` is the buyer's pay parameter."""
@@ -51,6 +64,7 @@ class _Bill(msgspec.Struct):
 
 class _Refused(msgspec.Struct):
     code: str
+    detail: str = ""
 
 
 class ChannelClient:
@@ -130,12 +144,25 @@ class ChannelClient:
         """Ask for refund ``refund_no`` (``amount`` minor units of ``order_no``); the outcome comes
         as a notification.
 
-        Raises: ChannelUnavailable (not taken in, as far as we know).
+        Raises:
+            ChannelRefused: the channel answered 4xx: not taken in, and never will be.
+            ChannelUnavailable: no usable answer: taken in or not, nobody knows.
         """
         body = {"refund_no": refund_no, "order_no": order_no, "amount": amount}
         response = await self._call("POST", channel, "/refunds", json=body)
+        if 400 <= response.status_code < 500:
+            raise self._refusal(channel, response)
         if response.status_code not in (200, 202):
             raise ChannelUnavailable(f"{channel}: refund {response.status_code} {response.text[:200]}")
+
+    @staticmethod
+    def _refusal(channel: str, response: httpx.Response) -> ChannelRefused:
+        """A 4xx answer as :class:`ChannelRefused`, in the channel's words when its body has them."""
+        try:
+            said = msgspec.json.decode(response.content, type=_Refused)
+        except msgspec.DecodeError:
+            said = _Refused(f"http_{response.status_code}", response.text[:200])
+        return ChannelRefused(channel, response.status_code, said.code, said.detail[:200])
 
     async def bill(self, channel: str, day: date) -> list[BillLine]:
         """Every transaction ``channel`` settled on UTC day ``day``.

@@ -14,7 +14,6 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jwt
@@ -208,32 +207,3 @@ def decode_admin(secret: str, encoded: str) -> bool:
     if not USER_ID.fullmatch(token.sub):
         raise NotAuthorizedException("Token subject is not a valid user id")
     return token.role == "admin"
-
-
-def issue_token(
-    secret: str,
-    user_id: str,
-    admin: bool = False,
-    ttl_seconds: int = 3600,
-    *,
-    audience: str | None = None,
-    issuer: str | None = None,
-) -> str:
-    """A signed JWT for ``user_id`` valid ``ttl_seconds`` seconds (``role: admin`` when ``admin``;
-    ``aud`` / ``iss`` when given).
-
-    Raises:
-        ValueError: ``user_id`` is not a valid user id.
-    """
-    if not USER_ID.fullmatch(user_id):
-        raise ValueError("user id must be 1-64 of A-Za-z0-9_.:@-")
-    now = datetime.now(UTC)
-    token = FlashsaleToken(
-        sub=user_id,
-        exp=now + timedelta(seconds=ttl_seconds),
-        iat=now,
-        iss=issuer,
-        aud=audience,
-        role="admin" if admin else None,
-    )
-    return token.encode(secret, "HS256")

@@ -147,6 +147,7 @@ STATUS_BY_CODE = {
     "order_queued": 409,
     "payment_in_progress": 409,
     "order_not_payable": 409,
+    "refund_refused": 409,
     "channel_unavailable": 503,
     "idempotency_key_reused": 422,
     "token_required": 428,

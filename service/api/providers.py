@@ -16,6 +16,7 @@ from typing import Any
 from litestar.di import Provide
 
 from service.domain.errors import Unavailable
+from service.failures import STORE_NAMES, Store
 from service.startup import BackgroundResources
 
 SERVICES = frozenset({"purchases", "orders", "catalog", "realigner", "payments", "checkout", "publisher", "settings"})
@@ -24,8 +25,6 @@ the same names)."""
 
 WORKER = "worker_resources"
 """The dependency of the readiness probe: the worker's opening, connected or not."""
-
-_CONNECTING = "The service is still connecting to Redis and RabbitMQ; retry shortly."
 
 
 class WorkerSlot:
@@ -45,14 +44,22 @@ def providers(slot: WorkerSlot) -> dict[str, Provide]:
     return dependencies
 
 
+def connecting_detail(reachable: dict[Store, bool]) -> str:
+    """The detail of a ``503`` while the worker connects: the stores that did not answer its last
+    attempt, by name (``reachable``: :attr:`BackgroundResources.reachable`)."""
+    away = [STORE_NAMES[store] for store, answered in reachable.items() if not answered]
+    waiting = " and ".join(away) if away else "its stores"
+    return f"The service is still connecting to {waiting}; retry shortly."
+
+
 def _held(slot: WorkerSlot, name: str) -> Any:
     pick = attrgetter(name)
 
     def provide() -> Any:
-        current = slot.opening.current  # type: ignore[union-attr]  # set for the whole lifespan
-        if current is None:
-            raise Unavailable(_CONNECTING)
-        return pick(current)
+        opening: BackgroundResources = slot.opening  # type: ignore[assignment]  # set for the whole lifespan
+        if opening.current is None:
+            raise Unavailable(connecting_detail(opening.reachable))
+        return pick(opening.current)
 
     provide.__name__ = f"provide_{name}"
     return provide

@@ -7,14 +7,16 @@ compares differs only in the app."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from service.runtime import run_async
-from service.settings import Settings
+from service.settings import ConfigError, Settings
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus_client when it is first imported
 
@@ -41,6 +43,37 @@ def metrics_directory(enabled: bool) -> Iterator[None]:
     finally:
         os.environ.pop(MULTIPROC_ENV, None)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+class PortInUse(ConfigError):
+    """Another process listens on the port a server was asked to serve on."""
+
+
+def require_free_port(host: str, port: int) -> None:
+    """Refuse a port another process listens on. granian binds every worker's socket with
+    ``SO_REUSEPORT``, so the kernel would let a second server onto a busy port and split the
+    connections between the two; a probe bound without it (``SO_REUSEADDR`` only, so a port
+    whose old connections linger in TIME_WAIT counts as free) fails where anyone listens. Port 0
+    (any free port) is not checked. The probe is closed before granian binds: two servers
+    started in the same instant can still both get in.
+
+    Raises:
+        PortInUse: one line naming the address and the option that asks for sharing.
+    """
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise PortInUse(
+                f"--port {port}: address already in use on {host} (another server listens there: stop it, "
+                f"choose another --port, or --share-port to share the port with it)"
+            ) from None
 
 
 async def shards_short(settings: Settings, workers: int) -> str | None:
@@ -70,12 +103,19 @@ async def shards_short(settings: Settings, workers: int) -> str | None:
     )
 
 
-def serve_app(target: str, host: str, port: int, workers: int) -> str | None:
+def serve_app(target: str, host: str, port: int, workers: int, *, share_port: bool = False) -> str | None:
     """Serve the ASGI app factory ``target`` (``module:factory``) on granian until stopped:
     uvloop, a 4096-connection backlog, no access log of granian's own (the app writes one),
-    failed workers respawned. ``flashsale serve`` runs it inside :func:`metrics_directory`, so
+    failed workers respawned; a port another process listens on is refused
+    (:func:`require_free_port`) unless ``share_port``. ``flashsale serve`` runs it inside :func:`metrics_directory`, so
     that its workers share one multiprocess metrics directory. Returns None, or why a worker
-    stopped the server (:mod:`service.api.no_shard`: every order-number shard leased)."""
+    stopped the server (:mod:`service.api.no_shard`: every order-number shard leased).
+
+    Raises:
+        PortInUse: the port is busy and ``share_port`` was not given.
+    """
+    if not share_port:
+        require_free_port(host, port)
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
@@ -107,7 +147,14 @@ def serve_app(target: str, host: str, port: int, workers: int) -> str | None:
 
 
 def serve_api(
-    settings: Settings, target: str, host: str, port: int, workers: int, warn: Callable[[str], None]
+    settings: Settings,
+    target: str,
+    host: str,
+    port: int,
+    workers: int,
+    warn: Callable[[str], None],
+    *,
+    share_port: bool = False,
 ) -> str | None:
     """Serve the purchase API factory ``target`` as ``flashsale serve`` does: inside one
     multiprocess metrics directory, after asking Redis, RabbitMQ and MySQL once (``warn`` gets
@@ -116,12 +163,17 @@ def serve_api(
     the server did not start or stopped (:func:`shards_short`, :func:`serve_app`).
 
     Raises:
+        PortInUse: the port is busy and ``share_port`` was not given (asked first, before the stores).
         DependencyUnreachable: a store refuses as configured (wrong credentials, unknown database).
     """
+    if not share_port:
+        require_free_port(host, port)
     # The multiprocess directory first: the check imports prometheus_client, which reads it once.
     with metrics_directory(settings.metrics.enabled):
         from service.startup import report_dependencies
 
         for away in run_async(report_dependencies(settings)):
             warn(f"flashsale: {away}; starting anyway, not ready until it answers")
-        return run_async(shards_short(settings, workers)) or serve_app(target, host, port, workers)
+        return run_async(shards_short(settings, workers)) or serve_app(
+            target, host, port, workers, share_port=share_port
+        )

@@ -29,7 +29,7 @@ def _b64(raw: bytes) -> bytes:
 
 def mint_tokens(secret: str, prefix: str, count: int) -> list[str]:
     """``count`` HS256 JWTs of the buyers ``<prefix>-0`` ... ``<prefix>-<count-1>``, signed with
-    ``secret`` and carrying the claims :func:`service.api.auth.issue_token` gives a buyer
+    ``secret`` and carrying the claims :func:`service.api.tokens.issue_token` gives a buyer
     (``sub``, ``iat``, ``exp`` an hour on)."""
     key = secret.encode()
     now = int(time.time())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.bench import profile
 from service.bench.buyers import BUYERS, REQUESTS_PER_BUYER, buyers_reached, mint_tokens
 from service.bench.context import (

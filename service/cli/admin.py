@@ -111,19 +111,23 @@ def product_set(
     from consumers.realign import print_reports
     from db.models import StockMode
     from service.bootstrap import open_job, opened
+    from service.cli.product_terms import describe_change, product_terms
     from service.cli.without_redis import redis_answers, set_product_without_redis
     from service.domain.stock.catalog import InvalidProduct, ProductInput
     from service.domain.stock.realign_report import RealignReport
     from service.log_setup import configure_logging
 
-    async def load(data: ProductInput) -> RealignReport:
+    async def load(data: ProductInput) -> tuple[RealignReport, str]:
         configure_logging("WARNING")
         settings = load_settings()
+        before = await product_terms(settings, product_id)
         if data.stock_mode is StockMode.DATABASE and not await redis_answers(settings):
             # The rollback plan: Redis is lost, the product sells from MySQL alone.
-            return await set_product_without_redis(settings, product_id, data)
-        async with opened(open_job(settings)) as job:
-            return await job.catalog.set(product_id, data)
+            report = await set_product_without_redis(settings, product_id, data)
+        else:
+            async with opened(open_job(settings)) as job:
+                report = await job.catalog.set(product_id, data)
+        return report, describe_change(product_id, before, await product_terms(settings, product_id))
 
     fields = {
         "stock": stock,
@@ -138,9 +142,11 @@ def product_set(
     }
     try:
         data = msgspec.convert({k: v for k, v in fields.items() if v is not None}, ProductInput)
-        report = run(load(data))
+        report, change = run(load(data))
     except (msgspec.ValidationError, InvalidProduct) as exc:
         raise click.BadParameter(str(exc)) from None
+    if not as_json:
+        click.echo(change)
     print_reports([report], as_json)
 
 
@@ -150,7 +156,7 @@ def product_set(
 @click.option("--ttl", default=None, type=click.IntRange(1), help="Seconds (default from settings).")
 def token(user_id: str, admin: bool, ttl: int | None) -> None:
     """Print a JWT for USER (HS256 with FLASHSALE_AUTH__JWT_SECRET)."""
-    from service.api.auth import issue_token
+    from service.api.tokens import issue_token
 
     settings = load_settings()
     settings.require_secrets()

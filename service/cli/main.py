@@ -1,7 +1,8 @@
 """The ``flashsale`` console script: the group and its error handling; the commands live in one
 module per group (:mod:`service.cli.processes`: serve, consume, realign, sweep;
 :mod:`service.cli.trials`: sale, bench; :mod:`service.cli.payments`: pay, channel, payments,
-reconcile; :mod:`service.cli.admin`: migrate, product, token; :mod:`service.cli.dlq`: dlq)."""
+reconcile; :mod:`service.cli.admin`: migrate, product, token; :mod:`service.cli.dlq`: dlq;
+:mod:`service.cli.teardown`: teardown)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import click
 from service.cli import admin, payments, processes, trials
 from service.cli.common import load_settings
 from service.cli.dlq import dlq
+from service.cli.teardown import teardown
 
 
 class FlashsaleGroup(click.Group):
@@ -78,6 +80,7 @@ for command in (
     admin.product,
     admin.token,
     dlq,
+    teardown,
 ):
     main.add_command(command)
 

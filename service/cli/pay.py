@@ -63,8 +63,17 @@ async def send_notification(
 
 async def run_sync(settings: Settings, order_no: str) -> list[dict[str, str | None]]:
     """``flashsale payments sync``: ask the order's channels; a payment found paid is applied.
-    One ``{"channel", "status", "applied"}`` per channel asked."""
+    One ``{"channel", "status", "applied"}`` per channel asked; none when the order has no
+    payment attempt.
+
+    Raises:
+        SystemExit: no such order in MySQL.
+    """
     configure_logging("WARNING")
     async with opened(open_job(settings, publish=False)) as job:
         states = await job.checkout.sync(order_no)
+        if not states:
+            async with job.engine.connect() as conn:
+                if (await conn.execute(orders.AMOUNT, {"o": order_no})).scalar() is None:
+                    raise SystemExit(f"error: no order {order_no} in MySQL (still queued?)")
     return [{"channel": s.channel, "status": s.status, "applied": s.applied} for s in states]

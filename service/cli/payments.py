@@ -79,7 +79,11 @@ def channel_pay(order_no: str, channel_name: str, url: str | None) -> None:
     base = url or load_settings().payment.channel_urls.get(channel_name)
     if base is None:
         raise click.BadParameter(f"no URL for channel {channel_name}")
-    response = httpx.post(f"{base}/payments/{order_no}/pay", timeout=10)
+    try:
+        response = httpx.post(f"{base}/payments/{order_no}/pay", timeout=10)
+    except httpx.HTTPError as exc:
+        source = "--url" if url else "FLASHSALE_PAYMENT__CHANNEL_URLS"
+        raise SystemExit(f"error: {channel_name} at {base} ({source}) did not answer: {exc!r}") from None
     click.echo(f"{response.status_code} {response.text}")
     if not response.is_success:
         sys.exit(1)
@@ -94,7 +98,9 @@ def payments() -> None:
 @click.argument("order_no")
 def payments_sync(order_no: str) -> None:
     """Ask ORDER_NO's channels about its payment; one paid there is applied (as its notification
-    would be). One JSON line per channel asked; exit 1 when a channel did not answer."""
+    would be). One JSON line per channel asked; exit 1 when a channel did not answer or there is
+    no such order. An order with no payment attempt has no channel to ask: one line saying so,
+    exit 0."""
     import msgspec
 
     from service.cli.pay import run_sync
@@ -104,6 +110,8 @@ def payments_sync(order_no: str) -> None:
         states = run(run_sync(load_settings(), order_no))
     except InvalidInput as exc:
         raise click.BadParameter(exc.detail) from None
+    if not states:
+        click.echo(f"{order_no}: no payment attempt at any channel, nothing to ask", err=True)
     for state in states:
         click.echo(msgspec.json.encode(state).decode())
     if any(state["status"] == "unavailable" for state in states):

@@ -18,20 +18,33 @@ if TYPE_CHECKING:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64), help="granian worker processes.")
-def serve(host: str, port: int, workers: int) -> None:
+@click.option(
+    "--share-port",
+    is_flag=True,
+    help="Serve even where another server listens on the port: the kernel splits the connections "
+    "between them (SO_REUSEPORT). Without it a busy port ends the command with exit code 2.",
+)
+def serve(host: str, port: int, workers: int, share_port: bool) -> None:
     """Run the purchase API (granian, WORKERS processes). Asks Redis, RabbitMQ and MySQL once
     first: a store that refuses as configured (wrong credentials, unknown database) ends it with
     one line and exit code 2; a store that does not answer (down, restarting) is named in one
     line and the API starts all the same: /api/v1/health/ready answers 503 and purchases
     503 unavailable until each worker has connected (it keeps trying with back-off). Fewer free
     order-number shards than WORKERS (at most 90 worker processes per key prefix), before or
-    while the workers start, ends it with one line and exit code 3."""
+    while the workers start, ends it with one line and exit code 3. A port another process
+    listens on ends it with one line and exit code 2, unless --share-port."""
     from service.api.serving import serve_api
 
     settings = load_settings()
     settings.require_secrets()
     problem = serve_api(
-        settings, "service.api.app:create_app", host, port, workers, lambda line: click.echo(line, err=True)
+        settings,
+        "service.api.app:create_app",
+        host,
+        port,
+        workers,
+        lambda line: click.echo(line, err=True),
+        share_port=share_port,
     )
     if problem:
         from service.api.no_shard import EXIT_NO_SHARD  # not earlier: it imports prometheus_client

@@ -38,7 +38,7 @@ import httpx
 import msgspec
 from rich.console import Console
 
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.domain.stock.realign_report import RealignReport
 from service.sale.errors import SetupError, stderr
 from service.sale.facts import LifecycleRun

@@ -2,8 +2,8 @@
 (:class:`Stores`: drain polls, the reads behind the report, the sweep and the realignment),
 and the set-up and tear-down of an isolated run (:func:`isolate`, :func:`tear_down`).
 
-The sale's connections come from the composition root (:mod:`service.bootstrap`); the raw
-clients of :func:`tear_down` exist only to drop a whole isolated run.
+The sale's connections come from the composition root (:mod:`service.bootstrap`); the run's
+removal from :mod:`service.teardown`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from aio_pika.abc import AbstractChannel
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from db.migrate import drop_database, upgrade
+from db.migrate import upgrade
 from db.models import OrderStatus
 from db.queries import inventory, orders, payments, products
-from service.adapters.broker import delete_topology, queue_depth, queue_depths
-from service.adapters.redis.client import make_redis
+from service.adapters.broker import queue_depth, queue_depths
 from service.adapters.redis.stores import RedisStores
 from service.bootstrap import Job, open_job, opened
 from service.domain.orders.lifecycle import expire_unpaid
@@ -34,6 +33,7 @@ from service.sale.errors import SetupError, stderr, where
 from service.sale.facts import ChannelPayment, PaymentRow, SaleOrderRow, StoreFacts, UnpaidOrder
 from service.sale.isolation import Sale
 from service.settings import Settings
+from service.teardown import remove
 
 T = TypeVar("T")
 
@@ -202,21 +202,7 @@ async def isolate(stack: AsyncExitStack, sale: Sale) -> None:
 
 
 async def tear_down(settings: Settings) -> None:
-    """Drop the run's database, unlink its Redis keys, delete its queues and exchanges."""
-    await drop_database(settings.db.url)
-
-    redis = make_redis(settings)  # on a cluster: SCAN every master, UNLINK split by slot
-    try:
-        batch = []
-        # The prefix and anything derived from it (tests use "<prefix>-<part>" prefixes too).
-        async for key in redis.scan_iter(match=f"{settings.redis.key_prefix}*", count=1000):
-            batch.append(key)
-            if len(batch) >= 1000:
-                await redis.unlink(*batch)
-                batch.clear()
-        if batch:
-            await redis.unlink(*batch)
-    finally:
-        await redis.aclose()
-
-    await delete_topology(settings.amqp.url, settings.amqp)
+    """Drop the run's database, unlink its Redis keys, delete its queues and exchanges
+    (:func:`service.teardown.remove`). Every key starting with the run's prefix goes, ``:`` or
+    not: tests derive ``<prefix>-<part>`` prefixes from theirs."""
+    await remove(settings, f"{settings.redis.key_prefix}*")

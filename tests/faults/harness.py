@@ -65,7 +65,7 @@ from db.queries import orders as order_queries
 from service.adapters.broker import declare_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import RedisStores, make_stores
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.bootstrap import open_job, opened
 from service.domain.model.order_message import decode_order, encode_order
 from service.domain.stock.catalog import ProductInput

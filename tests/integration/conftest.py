@@ -24,7 +24,7 @@ from service.adapters.broker import declare_topology
 from service.adapters.redis.client import make_redis
 from service.adapters.redis.stores import RedisStores, open_stores
 from service.api.app import create_app
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.sale.isolation import isolated_settings, new_run_id, with_own_secrets
 from service.sale.stores import tear_down
 from service.settings import Settings

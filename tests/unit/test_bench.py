@@ -242,7 +242,7 @@ async def test_the_no_op_route_is_the_benchs_not_the_products(monkeypatch):
     import httpx
 
     from service.api.app import create_app
-    from service.api.auth import issue_token
+    from service.api.tokens import issue_token
     from service.bench.product_app import create_app as create_bench_app
 
     monkeypatch.setenv("FLASHSALE_ENV", "development")

@@ -32,8 +32,9 @@ def test_mysql_errors_become_the_vocabulary() -> None:
     assert isinstance(translate(_mysql(OperationalError, 1205)), TransientConflict)
     duplicate = translate(_mysql(IntegrityError, 1062, "Duplicate entry 'x' for key 'orders.uq_order_no'"))
     assert isinstance(duplicate, DuplicateKey) and duplicate.key == "uq_order_no"
-    refused = translate(_mysql(OperationalError, 1045))
-    assert isinstance(refused, StoreRefused) and refused.store == "mysql"
+    for errno in (1044, 1045, 1049, 1698):  # 1698: an unknown user or root on unix_socket (MariaDB)
+        refused = translate(_mysql(OperationalError, errno))
+        assert isinstance(refused, StoreRefused) and refused.store == "mysql"
     gone = translate(_mysql(OperationalError, 2006))
     assert type(gone) is StoreUnavailable and gone.store == "mysql"
     for statement_error in (_mysql(IntegrityError, 1452), _mysql(ProgrammingError, 1146)):  # a foreign key, a bug

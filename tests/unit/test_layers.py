@@ -19,7 +19,7 @@ PACKAGES = ("service", "consumers", "db", "lua")
 # Lower rank = lower layer. A module may import its own layer or any layer below it.
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (5, ("service.api", "service.cli", "service.sale", "service.bench", "service.channel", "consumers")),  # edge
-    (4, ("service.bootstrap", "service.startup")),  # composition root
+    (4, ("service.bootstrap", "service.startup", "service.teardown")),  # composition root
     (3, ("service.domain",)),  # use cases and rules
     (2, ("service.adapters", "db")),  # Redis, RabbitMQ, MySQL
     (1, ("service.domain.model",)),  # the domain's vocabulary: plain types the adapters answer in

@@ -61,7 +61,9 @@ class AdminController(Controller):
         "/orders/{order_no:str}/refund",
         status_code=200,
         summary="Start the refund of a paid order",
-        opt=problems("invalid_order_no", "order_not_found", "order_not_refundable", "channel_unavailable"),
+        opt=problems(
+            "invalid_order_no", "order_not_found", "order_not_refundable", "refund_refused", "channel_unavailable"
+        ),
     )
     async def refund(
         self,
@@ -72,7 +74,9 @@ class AdminController(Controller):
     ) -> RefundStarted:
         """``paid -> refunding`` and the refund asked of the paying channel; ``{"restock": true}``
         puts the units back on sale once the channel confirms it. 400 invalid_order_no, 404
-        order_not_found, 409 order_not_refundable, 503 channel_unavailable (the order is paid again)."""
+        order_not_found, 409 order_not_refundable, 409 refund_refused (the channel said no, in its
+        words; final, the order stays paid), 503 channel_unavailable (no answer; the order is paid
+        again)."""
         restock = bool(data and data.restock)
         started = await payments.refund(order_no, restock, request.user.id)
         return RefundStarted(order_no, "refunding", started.refund_no, started.channel, restock)

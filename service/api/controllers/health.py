@@ -11,6 +11,8 @@ from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import leased_shards
 from service.startup import BackgroundResources
 
+UNREACHABLE = "unreachable"
+
 
 class Readiness(msgspec.Struct):
     """``connecting``: the worker has not opened its connections yet (a store was away when it
@@ -26,8 +28,10 @@ class Readiness(msgspec.Struct):
     mysql: bool
     shard: int | None
     redis_state: str = "ok"
-    """``ok``, or ``being repaired`` while a product whose Redis state was lost waits for the
-    self-healing pass (:mod:`service.domain.stock.recovery`): not ready meanwhile."""
+    """``ok``; ``unreachable`` when Redis did not answer; ``shard lease lost`` when it answers
+    but this worker's order-number shard lease lapsed (``redis`` is false in both); ``being
+    repaired`` while a product whose Redis state was lost waits for the self-healing pass
+    (:mod:`service.domain.stock.recovery`). Not ready unless ``ok``."""
     redis_may_evict: bool = False
     redis_maxmemory_policy: str | None = None
     shards_leased: int | None = None
@@ -61,14 +65,15 @@ class HealthController(Controller):
         resources = worker_resources.current
         if resources is None:
             seen = worker_resources.reachable
-            waiting = Readiness(False, seen["redis"], seen["rabbitmq"], seen["mysql"], None, connecting=True)
+            state = "ok" if seen["redis"] else UNREACHABLE
+            waiting = Readiness(False, seen["redis"], seen["rabbitmq"], seen["mysql"], None, state, connecting=True)
             return Response(waiting, status_code=503)
-        redis_ok = rabbit_ok = mysql_ok = False
+        rabbit_ok = mysql_ok = False
         lease = resources.lease
         try:
-            redis_ok = await resources.store.scripts.ready() and lease.held
+            redis_state = "ok" if await resources.store.scripts.ready() and lease.held else "shard lease lost"
         except Exception:
-            pass
+            redis_state = UNREACHABLE
         eviction = resources.eviction
         try:
             await eviction.check()
@@ -86,15 +91,17 @@ class HealthController(Controller):
             leased = await leased_shards(resources.store)
         except Exception:
             pass  # Redis unreachable: redis_ok says so
-        repairing = resources.recovery is not None and bool(resources.recovery.repairing)
-        ready = redis_ok and rabbit_ok and mysql_ok and not repairing and not evicts
+        redis_ok = redis_state == "ok"
+        if redis_ok and resources.recovery is not None and resources.recovery.repairing:
+            redis_state = "being repaired"
+        ready = redis_state == "ok" and rabbit_ok and mysql_ok and not evicts
         body = Readiness(
             ready,
             redis_ok,
             rabbit_ok,
             mysql_ok,
             lease.shard,
-            "being repaired" if repairing else "ok",
+            redis_state,
             evicts,
             eviction.policy,
             leased,

@@ -1,14 +1,24 @@
-"""An operator's refund request: ``paid -> refunding`` and the ``refunds`` row, and undoing it
-when the channel does not take the request in (docs/ARCHITECTURE.md, "Payments")."""
+"""An operator's refund request: ``paid -> refunding`` and the ``refunds`` row, asked of the
+channel while the order's row is locked (docs/ARCHITECTURE.md, "Order lifecycle").
+
+- The channel takes it in: committed; its notification ends the refund.
+- The channel refuses (a definite no: no such payment, ...): rolled back, so a refusal leaves
+  no ``paid -> refunding -> paid`` pair in the order's history and no ``refunds`` row.
+- The channel does not answer: it may have taken the request in, so the request is committed
+  and then undone (``refunding -> paid``, the refund ``failed``); a late ``refunded``
+  notification still refunds the order from ``paid``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus as S
 from db.queries import payments, refunds
+from service.adapters.channel_client import ChannelUnavailable
 from service.domain.errors import OrderNotFound
 from service.domain.orders.lifecycle import load_order, transition
 
@@ -26,16 +36,33 @@ class RefundRequest:
     currency: str
 
 
-async def request_refund(engine: AsyncEngine, order_no: str, restock: bool, actor: str) -> RefundRequest:
+Ask = Callable[[RefundRequest], Awaitable[None]]
+"""Puts a refund request to its channel (:meth:`ChannelClient.refund`), or does nothing for a
+channel this process has no URL of."""
+
+
+class RefundUnanswered(Exception):
+    """The channel did not answer ``request``; it was undone (:func:`abandon_refund`)."""
+
+    def __init__(self, request: RefundRequest) -> None:
+        super().__init__(f"{request.channel} did not answer refund {request.refund_no}")
+        self.request = request
+
+
+async def request_refund(engine: AsyncEngine, order_no: str, restock: bool, actor: str, ask: Ask) -> RefundRequest:
     """Operator refund of a paid order: ``paid -> refunding`` (logged with ``actor``, the
-    operator) and a ``refunds`` row for the channel that took the payment, one transaction.
-    ``restock``: the units go back on sale once the channel confirms the refund (never before:
-    it may still fail).
+    operator) and a ``refunds`` row for the channel that took the payment, one transaction, in
+    which ``ask`` puts the request to the channel. ``restock``: the units go back on sale once
+    the channel confirms the refund (never before: it may still fail). The order's row stays
+    locked across the channel call (bounded by the channel timeout), as a payment start's does.
 
     Raises:
         OrderNotFound: unknown order.
         TransitionLost: the order is not paid (already refunding, cancelled, ...).
+        ChannelRefused: the channel said no; nothing was written.
+        RefundUnanswered: the channel did not answer; the request was undone.
     """
+    unanswered = False
     async with engine.begin() as conn:
         order = await load_order(conn, order_no, for_update=True)
         if order is None:
@@ -58,6 +85,13 @@ async def request_refund(engine: AsyncEngine, order_no: str, restock: bool, acto
                 "restock": restock,
             },
         )
+        try:
+            await ask(request)
+        except ChannelUnavailable:
+            unanswered = True  # committed all the same: the channel may have taken it in
+    if unanswered:
+        await abandon_refund(engine, request, actor)
+        raise RefundUnanswered(request)
     return request
 
 

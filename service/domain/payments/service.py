@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import OrderStatus as S
 from db.queries import attempts, payments, refunds
-from service.adapters.channel_client import ChannelClient, ChannelUnavailable
+from service.adapters.channel_client import ChannelClient, ChannelRefused
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import Conflict, InvalidInput, OrderNotFound, Unavailable
 from service.domain.order_numbers.format import require_valid_order_no
@@ -45,7 +45,7 @@ from service.domain.orders.lifecycle import (
     transition,
 )
 from service.domain.payments.notification import Notification, verify
-from service.domain.payments.refunds import RefundRequest, abandon_refund, request_refund
+from service.domain.payments.refunds import RefundRequest, RefundUnanswered, request_refund
 from service.failures import DuplicateKey
 
 log = structlog.get_logger(__name__)
@@ -68,6 +68,15 @@ class OrderQueued(Conflict):
 
     def __init__(self, order_no: str) -> None:
         super().__init__(f"Order {order_no} is still queued; retry in a moment.", retry_after=1)
+
+
+class RefundRefused(Conflict):
+    """The channel refused the refund (``refund_refused``): final, in the channel's words."""
+
+    code = "refund_refused"
+
+    def __init__(self, refusal: ChannelRefused) -> None:
+        super().__init__(f"{refusal.channel} refused the refund: {refusal.code}: {refusal.detail}")
 
 
 class ChannelDown(Unavailable):
@@ -352,11 +361,26 @@ class PaymentService:
             InvalidInput: ``invalid_order_no``.
             OrderNotFound: unknown order.
             Conflict: ``order_not_refundable`` (not paid, still queued, a repeated refund included).
-            ChannelDown: the channel did not take the refund in; the order is ``paid`` again.
+            RefundRefused: the channel said no (no such payment, ...); the order stays ``paid``
+                with nothing in its history.
+            ChannelDown: the channel did not answer; the order is ``paid`` again.
         """
         require_valid_order_no(order_no)
+        channels = self._channels
+
+        async def ask(request: RefundRequest) -> None:
+            if channels is not None and request.channel in channels.channels:  # else left to its notification
+                await channels.refund(request.channel, request.refund_no, order_no, request.amount)
+
         try:
-            request = await request_refund(self._engine, order_no, restock, actors.admin(admin_id))
+            return await request_refund(self._engine, order_no, restock, actors.admin(admin_id), ask)
+        except ChannelRefused as refusal:
+            log.warning(
+                "refund_refused", order_no=order_no, channel=refusal.channel, code=refusal.code, detail=refusal.detail
+            )
+            raise RefundRefused(refusal) from None
+        except RefundUnanswered as unanswered:
+            raise ChannelDown(unanswered.request.channel) from None
         except TransitionLost as lost:
             raise Conflict(f"The order is {lost.current.label}.", code="order_not_refundable") from None
         except OrderNotFound:
@@ -365,10 +389,3 @@ class PaymentService:
             ):  # accepted, not paid: nothing to refund
                 raise Conflict("The order is still queued.", code="order_not_refundable") from None
             raise
-        if self._channels is not None and request.channel in self._channels.channels:
-            try:
-                await self._channels.refund(request.channel, request.refund_no, order_no, request.amount)
-            except ChannelUnavailable:
-                await abandon_refund(self._engine, request, actors.admin(admin_id))
-                raise ChannelDown(request.channel) from None
-        return request

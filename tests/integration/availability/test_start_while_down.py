@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from db.migrate import upgrade
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.bootstrap import open_job, opened
 from service.domain.stock.catalog import ProductInput
 from service.sale.isolation import environment, free_port

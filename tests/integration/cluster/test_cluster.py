@@ -22,7 +22,7 @@ from db.models import OrderStatus as S
 from service.adapters.redis.client import _Tuned
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stores import RedisStores, make_stores
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.orders.lifecycle import expire_unpaid

@@ -153,3 +153,44 @@ def test_the_app_refuses_development_secrets(settings):
     with pytest.raises(ConfigError, match="FLASHSALE_ENV"):
         create_app(dev)
     create_app(dev.model_copy(update={"env": "development"}))  # explicit development mode: built, not served
+
+
+def _unknown_user(url: str) -> str:
+    """``url`` (the run's server) with a user the server does not know: ``nobody``, whom MariaDB
+    10.11 refuses with 1698 (as root on unix_socket on a fresh Debian install), MySQL with 1045."""
+    parts = urlsplit(url)
+    where = f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname
+    return urlunsplit(parts._replace(netloc=f"nobody@{where}"))
+
+
+@pytest.mark.parametrize(
+    "command", [["migrate"], ["realign"], ["serve", "--port", "0"]], ids=["migrate", "realign", "serve"]
+)
+def test_a_mysql_user_that_does_not_exist_is_one_line(settings, command):
+    result = _run(settings, command, FLASHSALE_DB__URL=_unknown_user(settings.db.url))
+    _assert_one_line(result, "FLASHSALE_DB__URL", "cannot reach MySQL", "Access denied")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "kind"),
+    [
+        ("FLASHSALE_PAYMENT__CHANNEL_SECRETS", "{mockpay: not-json}", "JSON object"),
+        ("FLASHSALE_AMQP__RETRY_DELAYS", "1,2", "JSON array"),
+        ("FLASHSALE_PAYMENT__CHANNEL_URLS", '{"mockpay": ', "JSON object"),
+    ],
+    ids=["secrets", "retry delays", "channel urls"],
+)
+def test_a_malformed_json_setting_names_its_variable(settings, variable, value, kind):
+    result = _run(settings, ["token", "--user", "u"], **{variable: value})
+    _assert_one_line(result, variable, kind)
+    assert "not-json" not in result.stderr  # a secret is never echoed
+
+
+def test_channel_pay_with_the_simulator_down_is_one_line(settings):
+    dead = f"http://127.0.0.1:{_closed_port()}/mockpay"
+    result = _run(settings, ["channel", "pay", "FS1"], FLASHSALE_PAYMENT__CHANNEL_URLS=json.dumps({"mockpay": dead}))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: mockpay at {dead} (FLASHSALE_PAYMENT__CHANNEL_URLS) did not answer: "
+        "ConnectError('[Errno 111] Connection refused')"
+    ]

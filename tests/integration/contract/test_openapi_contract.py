@@ -20,7 +20,7 @@ import schemathesis
 import schemathesis.engine
 import schemathesis.engine.events
 
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.sale.isolation import free_port
 from tests.support import start_serve
 

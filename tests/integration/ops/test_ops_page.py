@@ -14,7 +14,7 @@ import pytest
 
 from db.migrate import upgrade
 from service.adapters.broker import declare_topology
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.sale.isolation import environment, free_port, isolated_settings, new_run_id
 from service.sale.stores import tear_down
 from tests.support import api_ready, eventually, publish_raw, start_flashsale

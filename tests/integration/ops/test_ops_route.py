@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 
 
 async def test_the_page_needs_an_admin_token(client, token, settings):

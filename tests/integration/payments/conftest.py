@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,11 +21,13 @@ from tests.support import flashsale_process
 
 @dataclass
 class Live:
-    """The live processes: ``api`` and ``sim`` clients on their base URLs, their ``settings``."""
+    """The live processes: ``api`` and ``sim`` clients on their base URLs, their ``settings``,
+    the file the API process logs to."""
 
     settings: Settings
     api: httpx.AsyncClient
     sim: httpx.AsyncClient
+    api_log: Path
 
     async def faults(self, **knobs: float) -> None:
         """Set the simulator's fault knobs (what is left out is 0)."""
@@ -35,8 +38,9 @@ class Live:
 
 
 @pytest.fixture(scope="session")
-async def live(settings: Settings) -> AsyncIterator[Live]:
+async def live(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
     api_port, sim_port = free_port(), free_port()
+    api_log = tmp_path_factory.mktemp("live") / "api.log"
     sim_url, api_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{api_port}"
     urls = {name: f"{sim_url}/{name}" for name in settings.payment.channel_secrets}
     mine = settings.model_copy(
@@ -53,11 +57,13 @@ async def live(settings: Settings) -> AsyncIterator[Live]:
     )
     async with (
         flashsale_process(mine, f"{sim_url}/health", "channel", "serve", "--port", str(sim_port)),
-        flashsale_process(mine, f"{api_url}/api/v1/health/ready", "serve", "--port", str(api_port), "--workers", "1"),
+        flashsale_process(
+            mine, f"{api_url}/api/v1/health/ready", "serve", "--port", str(api_port), "--workers", "1", log=api_log
+        ),
         httpx.AsyncClient(base_url=api_url, timeout=30) as api,
         httpx.AsyncClient(base_url=sim_url, timeout=30) as sim,
     ):
-        yield Live(mine, api, sim)
+        yield Live(mine, api, sim, api_log)
 
 
 @pytest.fixture

@@ -257,7 +257,7 @@ async def test_refunds_go_through_the_channel_and_restock_only_when_it_confirms(
     assert [t["type"] for t in bill if t["order_no"] == order_no] == ["payment", "refund"]
 
 
-async def test_a_refund_the_channel_does_not_take_in_leaves_the_order_paid(
+async def test_a_refund_the_channel_does_not_answer_leaves_the_order_paid(
     one_order, clean_faults, client, token, admin, put_product, product_id, engine, settings, consumer
 ):
     """The order's payment is recorded at deadpay (a channel whose URL nobody answers on): the
@@ -273,6 +273,41 @@ async def test_a_refund_the_channel_does_not_take_in_leaves_the_order_paid(
     answer = await live.api.post(f"/api/v1/admin/orders/{order_no}/refund", headers=admin)
     assert answer.status_code == 503 and answer.json()["code"] == "channel_unavailable"
     assert await status_of(engine, order_no) is S.PAID
+
+
+async def test_a_refund_the_channel_refuses_is_a_final_409_that_leaves_no_trace(
+    one_order, clean_faults, client, token, admin, put_product, product_id, engine, settings, consumer
+):
+    """Paid by a hand-made notification, the order has no payment at mockpay: the simulator
+    answers 404 payment_not_found. That is final: 409 refund_refused in the channel's words, no
+    Retry-After, the order paid with no refunding step in its history and no refunds row, and
+    the API logs the refusal. Asking again is refused the same way, and still leaves nothing."""
+    from tests.support import notify
+
+    live = clean_faults
+    order_no = await one_order("refused-refund", stock=1)
+    assert (await notify(client, settings, order_no, txn=f"P-{order_no}")).json()["result"] == "paid"
+    route = f"/api/v1/admin/orders/{order_no}/refund"
+    for _ in range(2):
+        answer = await live.api.post(route, json={"restock": True}, headers=admin)
+        assert answer.status_code == 409, answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+        problem = answer.json()
+        assert problem["code"] == "refund_refused" and "retry-after" not in answer.headers
+        assert "payment_not_found" in problem["detail"] and f"no payment for {order_no}" in problem["detail"]
+    assert await status_of(engine, order_no) is S.PAID
+    history = (await client.get(f"/api/v1/orders/{order_no}", headers=token("refused-refund"))).json()["history"]
+    assert [entry["to"] for entry in history] == ["pending_payment", "paid"]
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text("SELECT COUNT(*) FROM refunds WHERE order_no = :o"), {"o": order_no})).scalar()
+    assert rows == 0
+
+    def refusals() -> list[dict]:
+        lines = [json.loads(line) for line in live.api_log.read_text().splitlines() if line.startswith("{")]
+        return [line for line in lines if line.get("event") == "refund_refused" and line.get("order_no") == order_no]
+
+    logged = refusals()
+    assert len(logged) == 2 and logged[0]["channel"] == "mockpay" and logged[0]["code"] == "payment_not_found"
 
 
 async def test_the_fault_knobs_duplicate_drop_and_reorder(

@@ -7,7 +7,7 @@ import time
 
 import jwt
 
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 
 
 async def test_a_cached_token_is_refused_once_it_expires(client, settings):

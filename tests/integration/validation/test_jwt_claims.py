@@ -10,7 +10,7 @@ import jwt
 import pytest
 
 from service.api.app import create_app
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from tests.support import serving
 
 ORDERS = "/api/v1/orders"
