@@ -73,10 +73,10 @@ def timeline_figure(timeline: Timeline) -> Figure:
     figure, (rate, latency, queue) = plt.subplots(
         3, 1, figsize=(12, 9), sharex=True, height_ratios=(3, 2, 2), layout="constrained"
     )
-    _phase_lines(rate, timeline.requests, dotted="accepted/s")
+    _phase_lines(rate, timeline.requests, dotted="accepted/s", scale="purchase")
     rate.set_ylabel("per second")
     rate.set_title("requests answered and orders accepted per second (no-op ceiling: see performance)", pad=16)
-    _phase_lines(latency, timeline.latency, dotted="p99")
+    _phase_lines(latency, timeline.latency, dotted="p99", scale="purchase")
     latency.set_ylabel("latency (ms)")
     latency.set_title("purchase latency, p50 and p99 of the answers in each interval")
     queue.step(
@@ -111,13 +111,28 @@ def timeline_figure(timeline: Timeline) -> Figure:
     return figure
 
 
-def _phase_lines(axes: Axes, series: list[Series], dotted: str) -> None:
+def _phase_lines(axes: Axes, series: list[Series], dotted: str, scale: str) -> None:
     """Each of ``series`` (labelled ``<phase>: ...``) in its phase's colour, dotted when its label
-    ends with ``dotted``; the axes scaled by them."""
+    ends with ``dotted``; the axes scaled by the ``scale`` phase's series, and another phase's
+    peak above them written at the top, where it leaves the panel."""
+    top = _top([line for line in series if line.label.startswith(f"{scale}:")])
     for line in series:
-        style = ":" if line.label.endswith(dotted) else "-"
-        axes.plot(line.xs, line.ys, style, color=_PHASE_COLOURS[line.label.split(":")[0]], label=line.label)
-    axes.set_ylim(0, _top(series))
+        phase = line.label.split(":")[0]
+        axes.plot(
+            line.xs, line.ys, ":" if line.label.endswith(dotted) else "-", color=_PHASE_COLOURS[phase], label=line.label
+        )
+        if line.ys and max(line.ys) > top:
+            peak = max(line.ys)
+            at = line.xs[line.ys.index(peak)]
+            axes.annotate(
+                f"{line.label} up to {peak:,.0f}",
+                (at, top),
+                va="top",
+                ha="right",
+                fontsize=8,
+                color=_PHASE_COLOURS[phase],
+            )
+    axes.set_ylim(0, top)
 
 
 def _top(series: list[Series]) -> float:

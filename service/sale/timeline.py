@@ -24,7 +24,8 @@ from service.sale.facts import Measured
 from service.sale.plan import ACCEPTED, Answer, Wave
 
 BINS_PER_WAVE = 60
-"""About this many points per wave for the rates and latencies."""
+"""About this many points over the purchase wave for the rates and latencies (the other waves
+are binned alike)."""
 MIN_BIN_SECONDS = 0.05
 
 
@@ -69,20 +70,13 @@ def waves(measured: Measured) -> dict[str, Wave]:
     return {name: wave for name, wave in drawn.items() if wave.outcomes}
 
 
-def _binned(answers: list[Answer], start: float, end: float) -> tuple[float, dict[int, list[Answer]]]:
-    """Bins of about :data:`BINS_PER_WAVE` over (start, end): their width and the answers that
-    arrived in each."""
-    width = max(MIN_BIN_SECONDS, (end - start) / BINS_PER_WAVE)
+def _wave_series(name: str, wave: Wave, origin: float, width: float) -> tuple[list[Series], list[Series]]:
+    """``name``'s answers/s (and accepted/s for a buying wave), and its p50/p99 latency, in bins
+    of ``width`` seconds."""
+    start, _ = _span(wave)
     bins: dict[int, list[Answer]] = defaultdict(list)
-    for answer in answers:
+    for answer in wave.outcomes:
         bins[int((answer.finished - start) / width)].append(answer)
-    return width, bins
-
-
-def _wave_series(name: str, wave: Wave, origin: float) -> tuple[list[Series], list[Series]]:
-    """``name``'s answers/s (and accepted/s for a buying wave), and its p50/p99 latency per bin."""
-    start, end = _span(wave)
-    width, bins = _binned(wave.outcomes, start, end)
     indices = range(max(bins) + 1)
     xs = tuple(start - origin + (index + 0.5) * width for index in indices)
     rates = [Series(f"{name}: answers/s", xs, tuple(len(bins.get(i, ())) / width for i in indices))]
@@ -110,30 +104,29 @@ def _accepted_at(measured: Measured, origin: float) -> list[float]:
 
 def build_timeline(measured: Measured) -> Timeline:
     """The series of ``measured`` on one time axis (see the module docstring)."""
-    origin = _span(measured.purchase)[0]
+    origin, purchase_end = _span(measured.purchase)
+    width = max(MIN_BIN_SECONDS, (purchase_end - origin) / BINS_PER_WAVE)  # one for every wave: rates compare
     phases: dict[str, tuple[float, float]] = {}
     requests: list[Series] = []
     latency: list[Series] = []
     for name, wave in waves(measured).items():
         start, end = _span(wave)
         phases[name] = (start - origin, end - origin)
-        rates, latencies = _wave_series(name, wave, origin)
+        rates, latencies = _wave_series(name, wave, origin, width)
         requests += rates
         latency += latencies
     if measured.drain_seconds is not None:
-        purchase_end = phases["purchase"][1]
-        phases["drain"] = (purchase_end, purchase_end + measured.drain_seconds)
+        phases["drain"] = (purchase_end - origin, purchase_end - origin + measured.drain_seconds)
     samples = [(at - origin, rows, ready) for at, rows, ready in measured.queue_timeline if at >= origin]
     xs = tuple(at for at, _, _ in samples)
-    end = max([*(end for _, end in phases.values()), *xs])
+    end = max([*(last for _, last in phases.values()), *xs])
     accepted = _accepted_at(measured, origin)
+    so_far = (0.0, *map(float, range(1, len(accepted) + 1)), float(len(accepted)))
     return Timeline(
         phases=phases,
         requests=requests,
         latency=latency,
-        accepted=Series(
-            "orders accepted (202s received)", (0.0, *accepted, end), (0.0, *range(1, len(accepted) + 1), len(accepted))
-        ),
+        accepted=Series("orders accepted (202s as the client got them)", (0.0, *accepted, end), so_far),
         rows=Series("order rows in MySQL", xs, tuple(float(rows) for _, rows, _ in samples)),
         ready=Series("messages ready in the broker", xs, tuple(float(ready) for _, _, ready in samples)),
         end=end,

@@ -38,7 +38,7 @@ def _wave(start: float, seconds: float, answers: int, accepted: int = 0, code: s
 NOOP = _wave(T0, 0.5, 2000, code="ok")  # 4,000/s: far above the purchase wave
 PURCHASE = _wave(T0 + 1, 5.0, 1000, accepted=100)  # 200/s, the first 100 accepted
 PAYMENTS = _wave(T0 + 8, 0.5, 40, code="paid")
-RESALE = _wave(T0 + 12, 1.0, 100, accepted=20)
+RESALE = _wave(T0 + 12, 0.2, 200, accepted=20)  # a burst: 1,000/s
 FINAL_ROWS = 120
 
 
@@ -122,9 +122,13 @@ def test_the_panels_are_scaled_by_their_own_data_and_the_legends_sit_beside_them
     figure = charts.timeline_figure(timeline)
     try:
         rate, latency, queue, ready = figure.axes
-        highest = max(max(series.ys) for series in timeline.requests)
-        assert rate.get_ylim() == pytest.approx((0, highest * 1.1))
-        assert highest < 1000  # the no-op wave's 4,000/s did not set the scale
+        purchase = max(max(series.ys) for series in timeline.requests if series.label.startswith("purchase"))
+        assert rate.get_ylim() == pytest.approx((0, purchase * 1.1))  # set by the purchase wave alone:
+        assert purchase < 300  # neither the no-op wave's 4,000/s (not drawn) nor the resale's burst
+        resale = max(max(series.ys) for series in timeline.requests if series.label.startswith("resale"))
+        assert resale > 3 * purchase
+        notes = [text.get_text() for text in rate.texts]
+        assert f"resale: answers/s up to {resale:,.0f}" in notes  # the clipped peak, said
         assert latency.get_ylim()[1] == pytest.approx(22, abs=1)
         assert queue.get_ylim() == pytest.approx((0, FINAL_ROWS * 1.1))
         assert ready.get_ylim() == (0, 1)  # nothing was ever ready: an axis of 0 and 1, said in its label
