@@ -36,9 +36,10 @@ _PAGE = (
 
 
 class OpsProduct(msgspec.Struct):
-    """One product on the ops page, one field per section of its row: ``terms`` (name, stock
-    mode, sale window, buckets, ...) and ``stock`` (a dry-run realignment: Redis and MySQL stock,
-    sold, in flight, drift; units)."""
+    """One product on the ops page: ``terms`` (name, stock mode, sale window, buckets, ...) and
+    ``stock`` (a dry-run realignment: Redis and MySQL stock, sold, in flight, drift; units). A
+    new per-product section of the page is one more field here and one more entry of the page's
+    ``PRODUCT_SECTIONS``."""
 
     terms: ProductTerms
     stock: RealignReport

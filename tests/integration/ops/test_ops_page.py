@@ -164,6 +164,8 @@ async def test_the_ops_page_splits_answers_shows_history_and_follows_a_sale(serv
     kettle_window = await _cell(page, KETTLE, "sale-window") or ""
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d → 2099-01-01 00:00 \(open\)", kettle_window), kettle_window
     assert await _cell(page, TEAPOT, "stock-mode") == "database"
+    # MySQL sells the teapot: Redis's copy of its stock is not shown
+    assert (await _cell(page, TEAPOT, "redis-stock"), await _cell(page, TEAPOT, "drift")) == ("-", "-")
     assert (await _cell(page, TEAPOT, "sale-window") or "").endswith("→ no end (open)")
     await page.wait_for_function(
         f"document.querySelector('tr[data-product=\"{KETTLE}\"] td.sold').textContent === '40'", timeout=30_000
