@@ -57,3 +57,9 @@ VIEW = text(
     " p.require_token, p.buckets, i.stock"
     " FROM products p JOIN inventory i ON i.product_id = p.id WHERE p.id = :id"
 )
+
+ALL_TERMS = text(
+    "SELECT id, name, price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode, require_token, buckets"
+    " FROM products ORDER BY id"
+)
+"""Every product's terms (name, price, limit, sale window, stock mode, token, buckets), by id."""

@@ -10,7 +10,7 @@ from litestar.config.app import AppConfig
 from litestar.openapi import OpenAPIConfig
 from litestar.plugins import InitPluginProtocol
 
-from service.api import request_telemetry
+from service.api import ops_history, request_telemetry
 from service.api.auth import make_jwt_auth
 from service.api.controllers.admin import AdminController
 from service.api.controllers.checkout import CheckoutController
@@ -74,6 +74,7 @@ class FlashsalePlugin(InitPluginProtocol):
         app_config.exception_handlers.update(ERROR_HANDLERS)
         app_config.before_request = before_request  # OPTIONS, 415 for non-JSON bodies, strict bodies
         request_telemetry.install(app_config, settings)
+        ops_history.install(app_config, settings)
         auth = settings.auth
         jwt_auth = make_jwt_auth(
             auth.jwt_secret,

@@ -1,12 +1,14 @@
 """``flashsale sale --report DIR``: the sale's report as one self-contained HTML page with charts.
 
 Writes ``DIR/report.html`` (every chart embedded as a PNG data URI, no external asset) and the
-charts beside it as PNG files (``timeline.png``, ``latency.png``, ``outcomes.png``):
+charts beside it as PNG files (``timeline.png``, ``latency.png``, ``outcomes.png``; the series
+of the timeline in ``timeline.json``):
 
-- timeline: answers per second of each wave (the no-op ceiling, the purchase load, and with
-  ``--pay-share`` the payments and the resale) on one time axis, each phase shaded where it ran
-  (drain included), and below it the order queue's ready messages and MySQL's order rows from
-  the first wave until the queue drained;
+- timeline (:func:`timeline_figure`): from the purchase wave to the end of the run, answers and
+  accepted orders per second of each wave (purchase, and with ``--pay-share`` the payments and
+  the resale), their latency, and the order queue with the order rows written, each phase
+  shaded where it ran (drain included); the no-op ceiling is left out (its rate would set the
+  scale: the performance table compares it);
 - latency: the distribution of the purchase wave's latencies (the no-op wave's beside it), p50,
   p95 and p99 marked;
 - outcomes: the purchase wave's answers by code.
@@ -20,16 +22,23 @@ and :data:`CHARTS_SKIPPED` says why in one line.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import importlib.util
-import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from service.sale.facts import Measured
 from service.sale.invariants import INVARIANT_TITLES
-from service.sale.plan import Wave
+from service.sale.render import human, label, rows
+from service.sale.timeline import Series, Timeline, build_timeline, percentile
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 _PHASE_COLOURS = {
     "no-op": "#9e9e9e",
@@ -53,59 +62,91 @@ def charts_available() -> bool:
         return False
 
 
-def _waves(measured: Measured) -> dict[str, Wave]:
-    waves = {"no-op": measured.noop, "purchase": measured.purchase}
-    if measured.lifecycle is not None:
-        waves |= {"payments": measured.lifecycle.payments, "resale": measured.lifecycle.resale}
-    return {name: wave for name, wave in waves.items() if wave is not None and wave.outcomes}
+def timeline_figure(timeline: Timeline) -> Figure:
+    """The timeline chart: requests and accepted orders per second, latency, and the order queue
+    with the rows written, one panel each on one time axis (:mod:`service.sale.timeline`); each
+    phase shaded and named above the first panel, each legend beside its panel (never over the
+    data), each panel scaled by its own series."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    figure, (rate, latency, queue) = plt.subplots(
+        3, 1, figsize=(12, 9), sharex=True, height_ratios=(3, 2, 2), layout="constrained"
+    )
+    _phase_lines(rate, timeline.requests, dotted="accepted/s", scale="purchase")
+    rate.set_ylabel("per second")
+    rate.set_title("requests answered and orders accepted per second (no-op ceiling: see performance)", pad=16)
+    _phase_lines(latency, timeline.latency, dotted="p99", scale="purchase")
+    latency.set_ylabel("latency (ms)")
+    latency.set_title("purchase latency, p50 and p99 of the answers in each interval")
+    queue.step(
+        timeline.accepted.xs,
+        timeline.accepted.ys,
+        where="post",
+        color=_PHASE_COLOURS["purchase"],
+        label=timeline.accepted.label,
+    )
+    queue.plot(timeline.rows.xs, timeline.rows.ys, "--", color="#333333", label=timeline.rows.label)
+    queue.set_ylim(0, _top([timeline.accepted, timeline.rows]))
+    queue.set_ylabel("orders so far")
+    ready = queue.twinx()
+    quiet = " (0 throughout)" if not any(timeline.ready.ys) else ""
+    ready.plot(timeline.ready.xs, timeline.ready.ys, color=_PHASE_COLOURS["drain"], label=timeline.ready.label + quiet)
+    ready.set_ylim(0, _top([timeline.ready]))
+    ready.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ready.set_ylabel("messages ready")
+    queue.set_title("orders accepted and written (the gap: in the queue or a consumer's hands), until the end")
+    queue.set_xlabel("seconds since the purchase wave's first request")
+    queue.set_xlim(0, timeline.end)
+    for axes in (rate, latency, queue):
+        for name, (start, end) in timeline.phases.items():
+            axes.axvspan(start, end, color=_PHASE_COLOURS[name], alpha=0.08)
+    for name, (start, _) in timeline.phases.items():
+        rate.annotate(name, (start, 1.0), xycoords=("data", "axes fraction"), va="bottom", fontsize=8)
+    handles, labels = queue.get_legend_handles_labels()
+    more_handles, more_labels = ready.get_legend_handles_labels()
+    queue.legend(handles + more_handles, labels + more_labels, loc="upper left", bbox_to_anchor=(1.08, 1))
+    for axes in (rate, latency):
+        axes.legend(loc="upper left", bbox_to_anchor=(1.08, 1))
+    return figure
 
 
-def _span(wave: Wave) -> tuple[float, float]:
-    """From the first request sent to the last answer (``time.perf_counter()`` seconds)."""
-    return min(a.finished - a.latency for a in wave.outcomes), max(a.finished for a in wave.outcomes)
+def _phase_lines(axes: Axes, series: list[Series], dotted: str, scale: str) -> None:
+    """Each of ``series`` (labelled ``<phase>: ...``) in its phase's colour, dotted when its label
+    ends with ``dotted``; the axes scaled by the ``scale`` phase's series, and another phase's
+    peak above them written at the top, where it leaves the panel."""
+    top = _top([line for line in series if line.label.startswith(f"{scale}:")])
+    for line in series:
+        phase = line.label.split(":")[0]
+        axes.plot(
+            line.xs, line.ys, ":" if line.label.endswith(dotted) else "-", color=_PHASE_COLOURS[phase], label=line.label
+        )
+        if line.ys and max(line.ys) > top:
+            peak = max(line.ys)
+            at = line.xs[line.ys.index(peak)]
+            axes.annotate(
+                f"{line.label} up to {peak:,.0f}",
+                (at, top),
+                va="top",
+                ha="right",
+                fontsize=8,
+                color=_PHASE_COLOURS[phase],
+            )
+    axes.set_ylim(0, top)
 
 
-def _percentile(ordered: list[float], fraction: float) -> float:
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
+def _top(series: list[Series]) -> float:
+    """The upper y limit for ``series``: a tenth above their highest value (1 when all are 0)."""
+    return max((max(s.ys) for s in series if s.ys), default=0.0) * 1.1 or 1.0
 
 
 def _timeline(measured: Measured, path: Path) -> None:
+    """The timeline chart at ``path``, and the series it draws beside it (``timeline.json``)."""
     import matplotlib.pyplot as plt
 
-    waves = _waves(measured)
-    spans = {name: _span(wave) for name, wave in waves.items()}
-    drain = measured.drain_timeline
-    if drain and measured.drain_seconds is not None:
-        spans["drain"] = (spans["purchase"][1], spans["purchase"][1] + measured.drain_seconds)
-    origin = min(start for start, _ in spans.values())
-    figure, (rate, queue) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True, height_ratios=(3, 2))
-    for name, wave in waves.items():
-        start, end = spans[name]
-        width = max(0.05, (end - start) / 60)  # about 60 points per wave
-        bins = Counter(int((answer.finished - start) / width) for answer in wave.outcomes)
-        xs = [start - origin + (index + 0.5) * width for index in range(max(bins) + 1)]
-        rate.plot(xs, [bins.get(index, 0) / width for index in range(len(xs))], label=name, color=_PHASE_COLOURS[name])
-    for axes in (rate, queue):
-        for name, (start, end) in spans.items():
-            axes.axvspan(start - origin, end - origin, color=_PHASE_COLOURS[name], alpha=0.08)
-    for name, (start, _) in spans.items():
-        rate.annotate(name, (start - origin, 1.0), xycoords=("data", "axes fraction"), va="top", fontsize=8)
-    rate.set_ylabel("answers / s")
-    rate.set_title("throughput by phase")
-    rate.legend(loc="upper right")
-    if drain:
-        xs = [at - origin for at, _, _ in drain]
-        queue.plot(xs, [ready for _, _, ready in drain], color=_PHASE_COLOURS["drain"], label="messages ready")
-        queue.set_ylim(0, max(1, *(ready for _, _, ready in drain)) * 1.1)
-        rows = queue.twinx()
-        rows.plot(xs, [count for _, count, _ in drain], color="#333333", linestyle="--", label="order rows")
-        rows.set_ylabel("order rows in MySQL")
-        rows.legend(loc="center right")
-        queue.legend(loc="upper right")
-    queue.set_ylabel("order queue")
-    queue.set_xlabel("seconds since the first request")
-    queue.set_title("order queue: messages ready and order rows written")
-    figure.tight_layout()
+    timeline = build_timeline(measured)
+    path.with_suffix(".json").write_bytes(msgspec.json.encode(dataclasses.asdict(timeline)))
+    figure = timeline_figure(timeline)
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
@@ -113,7 +154,7 @@ def _timeline(measured: Measured, path: Path) -> None:
 def _marks(measured: Measured) -> dict[str, float]:
     """p50, p95 and p99 of the purchase wave's latencies, in ms."""
     latencies = sorted(answer.latency * 1000 for answer in measured.purchase.outcomes)
-    return {f"p{round(q * 100)}": _percentile(latencies, q) for q in (0.5, 0.95, 0.99)}
+    return {f"p{round(q * 100)}": percentile(latencies, q) for q in (0.5, 0.95, 0.99)}
 
 
 def _latency(measured: Measured, path: Path) -> None:
@@ -157,16 +198,14 @@ def _outcomes(measured: Measured, path: Path) -> None:
 
 def _table(rows: list[tuple[Any, ...]], header: tuple[str, ...]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape('-' if v is None else str(v))}</td>" for v in row) + "</tr>" for row in rows
-    )
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(human(v))}</td>" for v in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _invariants(invariants: dict[str, dict[str, Any]]) -> str:
     rows = []
     for name, check in invariants.items():
-        numbers = "; ".join(f"{key.replace('_', ' ')}: {value}" for key, value in check.items() if key != "ok")
+        numbers = "; ".join(f"{label(key)}: {human(value)}" for key, value in check.items() if key != "ok")
         rows.append(
             f'<tr class="{"pass" if check["ok"] else "fail"}"><td>{html.escape(INVARIANT_TITLES[name])}</td>'
             f"<td>{'PASS' if check['ok'] else 'FAIL'}</td><td>{html.escape(numbers)}</td></tr>"
@@ -180,8 +219,7 @@ def _invariants(invariants: dict[str, dict[str, Any]]) -> str:
 def _section(title: str, values: dict[str, Any] | None) -> str:
     if not values:
         return ""
-    rows = [(key.replace("_", " "), value) for key, value in values.items() if not isinstance(value, dict | list)]
-    return f"<h2>{html.escape(title)}</h2>" + _table(rows, ("", "value"))
+    return f"<h2>{html.escape(title)}</h2>" + _table(rows(values), ("", "value"))
 
 
 _STYLE = """

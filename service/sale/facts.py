@@ -114,9 +114,10 @@ class LifecycleRun:
 class Measured:
     """Everything the sale observed. ``noop`` is the framework-ceiling wave (None: skipped, for
     the reason in ``noop_skipped``); ``lifecycle`` None when orders were not paid and resold.
-    Seconds for the timings; ``drain_seconds`` None = the queue did not drain. ``drain_timeline``:
-    the order queue sampled from the first wave to the end of the first drain,
-    (``time.perf_counter()``, order rows in MySQL, messages ready)."""
+    Seconds for the timings; ``drain_seconds`` None = the queue did not drain. ``queue_timeline``:
+    the order queue sampled from the first wave to the end of the last drain
+    (``time.perf_counter()``, order rows of the product in MySQL, messages ready in the order
+    queues)."""
 
     purchase: Wave
     noop: Wave | None
@@ -126,4 +127,4 @@ class Measured:
     drain_seconds: float | None
     realignment: RealignReport
     facts: StoreFacts
-    drain_timeline: tuple[tuple[float, int, int], ...] = ()
+    queue_timeline: tuple[tuple[float, int, int], ...] = ()

@@ -11,8 +11,8 @@ Package layout; imports flow one way, each module imports only modules left of i
 ``plan`` (plan and answer types) -> ``facts`` (what the stores hold) -> ``report`` (summary
 numbers) -> ``invariants`` (checks 1-7) -> ``render`` (JSON document, tables); ``errors``,
 ``isolation`` (run ids, settings, child environment) -> ``load`` (HTTP load generator),
-``processes`` (subprocesses), ``stores`` (connections, set-up and tear-down) -> ``phases`` ->
-``job`` (this module, the entry :func:`run_sale`).
+``processes`` (subprocesses), ``stores`` (connections, set-up and tear-down) -> ``sampler``
+(the queue over time), ``phases`` -> ``job`` (this module, the entry :func:`run_sale`).
 
 Isolation (default). The run gets an id ``sale_<8 hex>`` and settings of its own derived from
 the given ones: database ``<run id>`` on the same MySQL server (created by
@@ -42,13 +42,11 @@ removed after a clean run and printed otherwise.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -59,7 +57,6 @@ from rich.console import Console
 
 from service.adapters.broker import declare_topology
 from service.log_setup import configure_logging
-from service.runtime import stop_task, wait_or_stop
 from service.sale.errors import SetupError, stderr
 from service.sale.facts import Measured
 from service.sale.isolation import Sale, child_env, consumer_partitions, new_sale, simulator_url
@@ -74,6 +71,7 @@ from service.sale.phases import (
 )
 from service.sale.processes import Processes
 from service.sale.render import build_report, render
+from service.sale.sampler import sampling_queue
 from service.sale.stores import Stores, isolate
 from service.settings import Settings
 
@@ -126,52 +124,18 @@ async def _measure(
             raise SetupError(f"dead-letter queue {sale.settings.amqp.dead_letter_queue!r} not found: {exc!r}") from exc
         noop_skip = await open_sale(sale, processes, console, load.noop_requests)
         noop_requests = 0 if noop_skip else load.noop_requests
-        async with sampling_queue(stores, sale.product_id) as timeline:
+        async with sampling_queue(sale.settings, sale.product_id) as timeline:  # until the last drain
             noop, purchase, token_seconds = await first_waves(sale, console, load, noop_requests)
             orders = accepted_orders(purchase)
             drain_seconds = await drain(stores, sale, orders, processes, console)
-        lifecycle = None
-        if load.pay_share and drain_seconds is not None:
-            lifecycle = await run_lifecycle(stores, sale, processes, console, load, orders)
+            lifecycle = None
+            if load.pay_share and drain_seconds is not None:
+                lifecycle = await run_lifecycle(stores, sale, processes, console, load, orders)
         realignment = await stores.realign(sale.product_id)
         facts = await stores.facts(sale.product_id, dead_letters_before)
     return Measured(
         purchase, noop, noop_skip, lifecycle, token_seconds, drain_seconds, realignment, facts, tuple(timeline)
     )
-
-
-QUEUE_SAMPLE_SECONDS = 0.1
-SAMPLER_STOP_SECONDS = 10.0
-"""How long the end of :func:`sampling_queue` waits for the sample in progress."""
-
-
-@contextlib.asynccontextmanager
-async def sampling_queue(stores: Stores, product_id: int) -> AsyncIterator[list[tuple[float, int, int]]]:
-    """While the block runs: (``time.perf_counter()``, order rows of ``product_id`` in MySQL,
-    messages ready in the order queues) every :data:`QUEUE_SAMPLE_SECONDS`, for the report's queue
-    chart. The sampler is stopped between two samples, not cancelled in one: it asks the broker on
-    the channel the sale's own checks use, and aiormq closes a channel whose call was cancelled
-    (the broker's reply could no longer be matched), so a cancelled sample made the final count
-    of dead letters fail with ``ChannelInvalidStateError``. Only a sample that has not finished
-    within :data:`SAMPLER_STOP_SECONDS` (the broker stalled) is cancelled."""
-    timeline: list[tuple[float, int, int]] = []
-    stop = asyncio.Event()
-
-    async def sample() -> None:
-        while not stop.is_set():
-            rows = await stores.count_orders(product_id)
-            timeline.append((time.perf_counter(), rows, await stores.order_queue_depth()))
-            await wait_or_stop(stop, QUEUE_SAMPLE_SECONDS)
-
-    sampler = asyncio.create_task(sample())
-    try:
-        yield timeline
-    finally:
-        stop.set()
-        await asyncio.wait({sampler}, timeout=SAMPLER_STOP_SECONDS)
-        # a failed sample only ends the chart early: the checks after it ask the stores again
-        with contextlib.suppress(Exception):
-            await stop_task(sampler)
 
 
 def _quiet_logs() -> None:

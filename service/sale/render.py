@@ -42,8 +42,23 @@ def build_report(
     }
 
 
-def _label(name: str) -> str:
+def label(name: str) -> str:
+    """A report key in words: ``drain_seconds`` -> ``drain seconds``."""
     return name.replace("_", " ")
+
+
+def human(value: Any) -> str:
+    """A report value in words: None ``-``, booleans ``yes`` / ``no``, a dict ``key value, ...``
+    and a list ``a, b`` (``none`` when empty), anything else as printed."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return ", ".join(f"{label(str(key))} {human(item)}" for key, item in value.items()) or "none"
+    if isinstance(value, list | tuple):
+        return ", ".join(human(item) for item in value) or "none"
+    return str(value)
 
 
 def _table(title: str, rows: list[tuple[Any, ...]], columns: tuple[str, ...] = ("", "value")) -> Table:
@@ -53,7 +68,7 @@ def _table(title: str, rows: list[tuple[Any, ...]], columns: tuple[str, ...] = (
     for column in columns[1:]:
         table.add_column(column, justify="right")
     for row in rows:
-        table.add_row(*("-" if value is None else str(value) for value in row))
+        table.add_row(*(human(value) for value in row))
     return table
 
 
@@ -84,15 +99,16 @@ def _performance_table(perf: dict[str, Any], ceiling: dict[str, Any]) -> Table:
     )
 
 
-def _rows(section: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """``section`` as (label, value) rows; a nested dict's keys are prefixed with its own label."""
-    rows: list[tuple[str, Any]] = []
+def rows(section: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``section`` as (label, value) rows; a nested dict's keys are prefixed with its own label
+    (an empty one is one row, ``none``)."""
+    found: list[tuple[str, Any]] = []
     for key, value in section.items():
-        if isinstance(value, dict):
-            rows += _rows(value, f"{prefix}{_label(key)}: ")
+        if isinstance(value, dict) and value:
+            found += rows(value, f"{prefix}{label(key)}: ")
         else:
-            rows.append((f"{prefix}{_label(key)}", value))
-    return rows
+            found.append((f"{prefix}{label(key)}", value))
+    return found
 
 
 def _invariants_table(invariants: dict[str, dict[str, Any]]) -> Table:
@@ -102,7 +118,7 @@ def _invariants_table(invariants: dict[str, dict[str, Any]]) -> Table:
     table.add_column("numbers")
     for name, check in invariants.items():
         result = "[bold green]PASS[/]" if check["ok"] else "[bold red]FAIL[/]"
-        numbers = "\n".join(f"{_label(key)}: {value}" for key, value in check.items() if key != "ok")
+        numbers = "\n".join(f"{label(key)}: {human(value)}" for key, value in check.items() if key != "ok")
         table.add_row(INVARIANT_TITLES[name], result, numbers)
     return table
 
@@ -147,11 +163,11 @@ def render(report: dict[str, Any], console: Console) -> None:
             ],
         )
     )
-    console.print(_table("replays, limit probes, requests without key", _rows(report["replays"])))
+    console.print(_table("replays, limit probes, requests without key", rows(report["replays"])))
     console.print(
         _table(
             "orders in MySQL",
-            [(_label(k), v) for k, v in sorted(report["orders_by_status"].items())],
+            [(label(k), v) for k, v in sorted(report["orders_by_status"].items())],
             ("status", "rows"),
         )
     )
@@ -161,7 +177,7 @@ def render(report: dict[str, Any], console: Console) -> None:
     elif set(ceiling["by_status"]) != {"202"}:
         console.print(f"[yellow]no-op answers by status:[/] {ceiling['by_status']}")
     if report["lifecycle"] is not None:
-        console.print(_table("order lifecycle: payments, payment timeout, resale", _rows(report["lifecycle"])))
+        console.print(_table("order lifecycle: payments, payment timeout, resale", rows(report["lifecycle"])))
     elif report["run"]["pay_share"]:
         console.print("[yellow]order lifecycle not run: the queue did not drain after the purchase wave[/]")
     print_reports([RealignReport(**report["realignment"])], False, console)

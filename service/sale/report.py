@@ -248,7 +248,7 @@ def _lifecycle_section(lifecycle: LifecycleRun, resale: LoadSummary, facts: Stor
         "paid_units": paid_units,
         "orders_left_unpaid": lifecycle.unpaid,
         "window_wait_seconds": _seconds(lifecycle.wait_seconds),
-        "sweep": "service.domain.orders.lifecycle.expire_unpaid asking the channels, in-process, once",
+        "sweep": "one pass in the sale's own process, as flashsale sweep runs it (each channel asked first)",
         "swept_orders": lifecycle.swept,
         "cancelled_payment_timeout_orders": timed_out_orders,
         "cancelled_payment_timeout_units": timed_out_units,

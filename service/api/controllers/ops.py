@@ -10,6 +10,7 @@ string.
 from __future__ import annotations
 
 import asyncio
+import time
 from importlib.resources import files
 from typing import Annotated, Any
 
@@ -19,26 +20,46 @@ from litestar.di import NamedDependency
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from litestar.params import QueryParameter
 
-from service import metrics
 from service.adapters.broker import Publisher
 from service.api.auth import admin_only, decode_admin
+from service.api.ops_history import SAMPLE_SECONDS, PurchaseCounts, PurchaseHistory, purchase_totals, split
+from service.domain.stock.catalog import CatalogService, ProductTerms
 from service.domain.stock.realign import Realigner
 from service.domain.stock.realign_report import RealignReport
 from service.settings import Settings
 
-_PAGE = files("service.api.static").joinpath("ops.html").read_bytes()
+TOKEN_COMMAND = "flashsale token --user ops --admin --ttl 28800"
+"""How an operator gets the page's token (8 hours: a shift); the page and its 401s say it."""
+_PAGE = (
+    files("service.api.static").joinpath("ops.html").read_text().replace("{{token_command}}", TOKEN_COMMAND).encode()
+)
+
+
+class OpsProduct(msgspec.Struct):
+    """One product on the ops page: ``terms`` (name, stock mode, sale window, buckets, ...) and
+    ``stock`` (a dry-run realignment: Redis and MySQL stock, sold, in flight, drift; units). A
+    new per-product section of the page is one more field here and one more entry of the page's
+    ``PRODUCT_SECTIONS``."""
+
+    terms: ProductTerms
+    stock: RealignReport
 
 
 class OpsView(msgspec.Struct):
-    """What the ops page shows, now. ``products``: a dry-run realignment per product (Redis and
-    MySQL stock, sold, in flight, drift; units). ``order_queue`` / ``dead_letters``: messages
-    ready (None when the broker could not be asked). ``purchases``: purchase answers so far by
-    code, every API worker summed (None with metrics off); the page turns them into rates."""
+    """What the ops page shows, now. ``order_queue`` / ``dead_letters``: messages ready (None
+    when the broker could not be asked). With metrics on (else None and ``[]``): ``purchases``,
+    the purchase answers so far by code, every API worker of this server summed; ``answers``, the
+    same split as the page shows them; ``history``, this worker's ring of ``answers`` every
+    ``history_every`` seconds, oldest first (:mod:`service.api.ops_history`): the page turns them
+    into rates."""
 
-    products: list[RealignReport]
+    products: list[OpsProduct]
     order_queue: int | None
     dead_letters: int | None
-    purchases: dict[str, float] | None
+    purchases: dict[str, int] | None
+    answers: PurchaseCounts | None
+    history: list[PurchaseCounts]
+    history_every: float
 
 
 async def _queue_depths(publisher: Publisher) -> tuple[int | None, int | None]:
@@ -48,11 +69,16 @@ async def _queue_depths(publisher: Publisher) -> tuple[int | None, int | None]:
         return None, None
 
 
-async def _purchases(settings: Settings) -> dict[str, float] | None:
-    if not settings.metrics.enabled:
-        return None
-    metrics.flush()
-    return await asyncio.to_thread(metrics.purchase_totals)
+async def _products(catalog: CatalogService, realigner: Realigner) -> list[OpsProduct]:
+    """Every product with its terms and its stock report (a product created between the two
+    reads waits for the next poll)."""
+    terms = {product.id: product for product in await catalog.terms()}
+    reports = await realigner.realign_all(dry_run=True)
+    return [OpsProduct(terms[report.product_id], report) for report in reports if report.product_id in terms]
+
+
+def _admin_token_required(why: str) -> NotAuthorizedException:
+    return NotAuthorizedException(f"{why}. Get an admin token: {TOKEN_COMMAND}, then open /ops?token=<it>")
 
 
 class OpsController(Controller):
@@ -69,19 +95,33 @@ class OpsController(Controller):
         header = request.headers.get("authorization", "")
         encoded = token or (header[7:] if header.lower().startswith("bearer ") else None)
         if encoded is None:
-            raise NotAuthorizedException("An admin token is required: /ops?token=<JWT>")
-        if not decode_admin(settings.auth.jwt_secret, encoded):
-            raise PermissionDeniedException("Admin role required")
+            raise _admin_token_required("An admin token is required")
+        try:
+            admin = decode_admin(settings.auth.jwt_secret, encoded)
+        except NotAuthorizedException as exc:
+            raise _admin_token_required(f"The token is expired or invalid ({exc.detail})") from None
+        if not admin:
+            raise PermissionDeniedException(f"Admin role required. Get an admin token: {TOKEN_COMMAND}")
         return Response(_PAGE, media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-store"})
 
     @get("/api/v1/admin/ops", guards=[admin_only], summary="What the ops page shows (polled)")
     async def view(
         self,
+        catalog: NamedDependency[CatalogService],
         realigner: NamedDependency[Realigner],
         publisher: NamedDependency[Publisher],
         settings: NamedDependency[Settings],
+        purchase_history: NamedDependency[PurchaseHistory],
     ) -> OpsView:
-        """Every product's stock report (dry run), queue depths and purchase answers so far."""
-        products = await realigner.realign_all(dry_run=True)
-        (order_queue, dead_letters), purchases = await asyncio.gather(_queue_depths(publisher), _purchases(settings))
-        return OpsView(products, order_queue, dead_letters, purchases)
+        """Every product's terms and stock report (dry run), queue depths, purchase answers so far
+        and their recent history."""
+        products, (order_queue, dead_letters) = await asyncio.gather(
+            _products(catalog, realigner), _queue_depths(publisher)
+        )
+        purchases, answers = None, None
+        if settings.metrics.enabled:
+            totals = await purchase_totals()
+            purchases, answers = {code: int(n) for code, n in totals.items()}, split(totals, time.time())
+        return OpsView(
+            products, order_queue, dead_letters, purchases, answers, purchase_history.samples(), SAMPLE_SECONDS
+        )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 import structlog
 from msgspec import Meta
+from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import in_transaction
@@ -58,9 +59,10 @@ class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
     buckets: Annotated[int, Meta(ge=1, le=MAX_BUCKETS)] | None = None
 
 
-class ProductView(msgspec.Struct):
-    """Public sale info. ``remaining`` is the stock Redis can still sell in ``redis`` mode (MySQL's
-    when not loaded), MySQL's in ``database`` mode."""
+class ProductTerms(msgspec.Struct):
+    """What a product is sold under: name, price (minor units), per-user limit (units), the sale
+    window (``sale_ends_at`` None: no end) and whether it is open now (``sale_active``), stock mode
+    (``database`` or ``redis``), whether a purchase needs an order token, stock buckets."""
 
     id: int
     name: str
@@ -69,10 +71,16 @@ class ProductView(msgspec.Struct):
     sale_starts_at: datetime
     sale_ends_at: datetime | None
     sale_active: bool
-    remaining: int
     stock_mode: str
     require_token: bool
-    buckets: int = 1
+    buckets: int
+
+
+class ProductView(ProductTerms):
+    """Public sale info: the product's terms and ``remaining``, the stock Redis can still sell in
+    ``redis`` mode (MySQL's when not loaded), MySQL's in ``database`` mode."""
+
+    remaining: int
 
 
 def _utc_naive(value: datetime) -> datetime:
@@ -165,8 +173,13 @@ async def get_product(engine: AsyncEngine, store: RedisStores, product_id: int) 
         return None
     database = row.stock_mode == StockMode.DATABASE
     redis_stock = None if database else await store.stock.units(product_id, buckets=row.buckets)
-    now = datetime.now(UTC).replace(tzinfo=None)
-    return ProductView(
+    terms = _terms(row, datetime.now(UTC).replace(tzinfo=None))
+    return ProductView(**msgspec.structs.asdict(terms), remaining=redis_stock if redis_stock is not None else row.stock)
+
+
+def _terms(row: Row[Any], now: datetime) -> ProductTerms:
+    """A product's terms from its ``products`` row (MySQL's naive UTC times); open at ``now``."""
+    return ProductTerms(
         id=row.id,
         name=row.name,
         price=row.price,
@@ -174,7 +187,6 @@ async def get_product(engine: AsyncEngine, store: RedisStores, product_id: int) 
         sale_starts_at=row.sale_starts_at.replace(tzinfo=UTC),
         sale_ends_at=row.sale_ends_at.replace(tzinfo=UTC) if row.sale_ends_at else None,
         sale_active=row.sale_starts_at <= now and (row.sale_ends_at is None or now < row.sale_ends_at),
-        remaining=redis_stock if redis_stock is not None else row.stock,
         stock_mode=row.stock_mode,
         require_token=bool(row.require_token),
         buckets=row.buckets,
@@ -195,6 +207,13 @@ class CatalogService:
         if view is None:
             raise ProductNotFound(product_id)
         return view
+
+    async def terms(self) -> list[ProductTerms]:
+        """Every product's terms, by id (the ops page)."""
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(products.ALL_TERMS)).all()
+        now = datetime.now(UTC).replace(tzinfo=None)
+        return [_terms(row, now) for row in rows]
 
     async def set(self, product_id: int, data: ProductInput) -> RealignReport:
         """Create or update a product and load Redis by a realignment pass (see :func:`set_product`).
