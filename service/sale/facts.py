@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.domain.stock.realign_report import RealignReport
+from service.sale.crowd import CrowdRun
 from service.sale.plan import Wave
 
 
@@ -116,7 +117,8 @@ class Measured:
     the reason in ``noop_skipped``); ``lifecycle`` None when orders were not paid and resold.
     Seconds for the timings; ``drain_seconds`` None = the queue did not drain. ``drain_timeline``:
     the order queue sampled from the first wave to the end of the first drain,
-    (``time.perf_counter()``, order rows in MySQL, messages ready)."""
+    (``time.perf_counter()``, order rows in MySQL, messages ready). ``crowd``: what every buyer
+    saw when the purchase wave was a crowd (``--waiting-room``, ``--crowd``), else None."""
 
     purchase: Wave
     noop: Wave | None
@@ -127,3 +129,4 @@ class Measured:
     realignment: RealignReport
     facts: StoreFacts
     drain_timeline: tuple[tuple[float, int, int], ...] = ()
+    crowd: CrowdRun | None = None
