@@ -18,6 +18,7 @@ from service.api.controllers.health import HealthController
 from service.api.controllers.orders import OrderController
 from service.api.controllers.payments import PaymentController
 from service.api.controllers.products import ProductController
+from service.api.controllers.queue import QueueController
 from service.api.controllers.waiting_page import WaitingPageController
 from service.api.hooks import before_request
 from service.api.no_shard import stop_server
@@ -65,6 +66,7 @@ class FlashsalePlugin(InitPluginProtocol):
             OrderController,
             CheckoutController,
             ProductController,
+            QueueController,
             AdminController,
             HealthController,
             PaymentController,

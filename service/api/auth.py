@@ -31,7 +31,7 @@ BEARER_CHALLENGE = f'Bearer realm="{REALM}"'
 """``WWW-Authenticate`` of a 401 to a request that sent no token (RFC 6750 section 3.1)."""
 INVALID_TOKEN_CHALLENGE = f'Bearer realm="{REALM}", error="invalid_token"'
 """``WWW-Authenticate`` of a 401 to a request whose token was refused (RFC 6750 section 3.1)."""
-PUBLIC_PATHS = ["/schema", "/api/v1/health", "^/api/v1/products/", "^/api/v1/payments/notify$"]
+PUBLIC_PATHS = ["/schema", "/api/v1/health", "^/api/v1/products/[0-9]+$", "^/api/v1/payments/notify$"]
 """Paths that need no token (regular expressions, as Litestar's ``exclude``): the schema, health,
 product info and payment notifications (signed by the channel instead)."""
 EXCLUDE_OPT = "exclude_from_auth"

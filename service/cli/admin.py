@@ -89,6 +89,13 @@ def product() -> None:
     help="Redis stock buckets: the stock split over K hash tags, for a product hotter than one Redis Cluster "
     "slot (on creation only, default 1; fixed from then on).",
 )
+@click.option(
+    "--waiting-room",
+    type=click.Choice(["on", "off"]),
+    default=None,
+    help="Buyers pass the product's waiting room and a purchase needs their Admission-Token (stock mode redis, "
+    "one bucket; kept when left out, off on creation).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the load report as JSON.")
 def product_set(
     product_id: int,
@@ -101,6 +108,7 @@ def product_set(
     stock_mode: str | None,
     require_token: bool | None,
     buckets: int | None,
+    waiting_room: str | None,
     as_json: bool,
 ) -> None:
     """Create or update PRODUCT_ID: STOCK is the sale's units in all (sold ones included), and
@@ -135,6 +143,7 @@ def product_set(
         "stock_mode": stock_mode,
         "require_token": require_token,
         "buckets": buckets,
+        "waiting_room": None if waiting_room is None else waiting_room == "on",
     }
     try:
         data = msgspec.convert({k: v for k, v in fields.items() if v is not None}, ProductInput)
