@@ -68,8 +68,12 @@ async def test_the_waiting_page_goes_from_waiting_to_bought_and_to_sold_out(own_
                 headers={"Authorization": f"Bearer {admin}"},
             )
             assert put.status_code == 200, put.text
+
+        async def admit_ahead(product: int) -> str:
+            """Someone ahead of the page's buyer, admitted for the one unit: their admission token."""
             ahead = await http.post(f"/api/v1/products/{product}/queue", headers=bearer("ahead"))
             assert ahead.status_code == 200 and ahead.json()["state"] == "admitted", ahead.text
+            return ahead.json()["admission_token"]
 
         async with playwright_api.async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
@@ -80,27 +84,24 @@ async def test_the_waiting_page_goes_from_waiting_to_bought_and_to_sold_out(own_
                 SCREENSHOTS.mkdir(parents=True, exist_ok=True)
 
                 # waiting -> admitted -> bought
+                await admit_ahead(lapsing)
                 token = issue_token(own.auth.jwt_secret, "page-buyer")
                 page = await context.new_page()
                 await page.goto(f"{base}/queue/{lapsing}#token={token}")
-                await page.wait_for_function("document.getElementById('room').dataset.state === 'waiting'")
+                await page.wait_for_selector('#room[data-state="waiting"]')
                 assert "#token" not in page.url and token not in page.url  # out of the address bar
-                assert await page.text_content("#position") == "1"
+                assert await page.text_content("#position") == "2"  # the buyer ahead holds place 1, admitted
                 assert await page.text_content("#ahead") == "0"
                 assert await page.text_content("#units-left") == "1"
                 assert (await page.text_content("#product-line") or "").endswith("12.50")
                 await page.screenshot(path=SCREENSHOTS / "waiting.png", full_page=True)
                 # the buyer ahead never buys: its admission lapses and the page's buyer is next
-                await page.wait_for_function(
-                    "document.getElementById('room').dataset.state === 'admitted'", timeout=PAGE_WAIT_MS
-                )
+                await page.wait_for_selector('#room[data-state="admitted"]', timeout=PAGE_WAIT_MS)
                 assert await page.is_visible("#buy")
                 assert re.fullmatch(r"\d+ s", await page.text_content("#countdown") or "")
                 await page.screenshot(path=SCREENSHOTS / "admitted.png", full_page=True)
                 await page.click("#buy")
-                await page.wait_for_function(
-                    "document.getElementById('room').dataset.state === 'bought'", timeout=PAGE_WAIT_MS
-                )
+                await page.wait_for_selector('#room[data-state="bought"]', timeout=PAGE_WAIT_MS)
                 order_no = await page.text_content("#order") or ""
                 assert re.fullmatch(r"[A-Z]{2}\d{24}", order_no), order_no
                 order = await http.get(f"/api/v1/orders/{order_no}", headers={"Authorization": f"Bearer {token}"})
@@ -108,24 +109,22 @@ async def test_the_waiting_page_goes_from_waiting_to_bought_and_to_sold_out(own_
                 await page.screenshot(path=SCREENSHOTS / "bought.png", full_page=True)
                 # a reload shows the order, never a second purchase
                 await page.reload()
-                await page.wait_for_function("document.getElementById('room').dataset.state === 'bought'")
+                await page.wait_for_selector('#room[data-state="bought"]')
                 assert await page.text_content("#order") == order_no
 
                 # waiting -> sold out
+                admission = await admit_ahead(bought_out)
                 other = await context.new_page()
                 await other.goto(f"{base}/queue/{bought_out}#token={issue_token(own.auth.jwt_secret, 'page-late')}")
-                await other.wait_for_function("document.getElementById('room').dataset.state === 'waiting'")
+                await other.wait_for_selector('#room[data-state="waiting"]')
                 assert await other.text_content("#estimate") in ("any moment", "unknown")
-                ticket = (await http.get(f"/api/v1/products/{bought_out}/queue/me", headers=bearer("ahead"))).json()
                 bought = await http.post(
                     "/api/v1/orders",
                     json={"product_id": bought_out, "quantity": 1},
-                    headers={**bearer("ahead"), "Admission-Token": ticket["admission_token"]},
+                    headers={**bearer("ahead"), "Admission-Token": admission},
                 )
                 assert bought.status_code == 202, bought.text
-                await other.wait_for_function(
-                    "document.getElementById('room').dataset.state === 'sold_out'", timeout=PAGE_WAIT_MS
-                )
+                await other.wait_for_selector('#room[data-state="sold_out"]', timeout=PAGE_WAIT_MS)
                 assert await other.text_content("#headline") == "Sold out"
                 assert await other.is_hidden("#buy")
                 await other.screenshot(path=SCREENSHOTS / "sold-out.png", full_page=True)
