@@ -5,9 +5,11 @@ strays from the order they came in, and how long after the last unit the buyers 
 were told ``sold_out``. Plain computations over :class:`~service.sale.crowd.CrowdRun`.
 
 "Got their turn" is, with the room, the admission (dated by the server: the token's expiry minus
-its lifetime); without it, the first ``202``. "Came in" is the arrival: every buyer who came
-before the opening ties with every other such buyer (the room draws their order by lottery),
-and comes before every later one.
+its lifetime); without it, the first ``202``. "Came in" is, with the room, when the first join
+was answered (the server had put the buyer in line by then: the time a join waited for a
+connection of the sale's own client is not the room's doing); without it, the arrival (there is
+no line: whoever came first was first). Every buyer who came in before the opening ties with
+every other such buyer (the room draws their order by lottery), and comes before every later one.
 """
 
 from __future__ import annotations
@@ -76,13 +78,15 @@ def fair_share_bound(share: float, draws: int, population: int) -> float:
 @dataclass(frozen=True, slots=True)
 class BuyerOutcome:
     """What one buyer ended with: distinct orders accepted (``units``, one each), when it came in
-    (``early``: before the opening; ``arrived``), when it got its turn (``turn``: seconds, None
+    (``early``: before the opening; ``came_in``, see above; ``arrived``: when it first acted),
+    when it got its turn (``turn``: seconds, None
     when never), when it was first told ``sold_out`` (None: never) and when it stopped trying
     (``done``: its unit, a final answer or leaving; None: never)."""
 
     behaviour: Behaviour
     units: int
     early: bool
+    came_in: float
     arrived: float
     turn: float | None
     told_sold_out: float | None
@@ -105,6 +109,7 @@ def outcome_of(run: CrowdRun, trail: Trail) -> BuyerOutcome:
         turn = admitted_at(run, admissions[0].admission_expires_at or 0) if admissions else None
     else:
         turn = min((p.answer.finished for p in accepted), default=None)
+    came_in = trail.joins[0].at if run.room and trail.joins else trail.arrived
     told = [t.at for t in trail.told() if t.state == "sold_out"]
     told += [p.answer.finished for p in trail.purchases if p.answer.code == "sold_out"]
     told_sold_out = min(told, default=None)
@@ -114,7 +119,8 @@ def outcome_of(run: CrowdRun, trail: Trail) -> BuyerOutcome:
     return BuyerOutcome(
         trail.buyer.behaviour,
         units,
-        trail.arrived < run.opened,
+        came_in < run.opened,
+        came_in,
         trail.arrived,
         turn,
         told_sold_out,
@@ -123,16 +129,16 @@ def outcome_of(run: CrowdRun, trail: Trail) -> BuyerOutcome:
     )
 
 
-def _order_figures(outcomes: list[BuyerOutcome], opened: float) -> dict[str, Any]:
+def _order_figures(outcomes: list[BuyerOutcome]) -> dict[str, Any]:
     """Came-in order against turn order, over the buyers who got a turn."""
-    pairs = [(0.0 if o.early else o.arrived - opened, o.turn) for o in outcomes if o.turn is not None]
-    late = [(o.arrived, o.turn) for o in outcomes if o.turn is not None and not o.early]
+    turns = sum(1 for o in outcomes if o.turn is not None)
+    late = [(o.came_in, o.turn) for o in outcomes if o.turn is not None and not o.early]
     discordant, comparable = discordant_pairs(late)
     moved = displacements(late)
     early_turns = [turn for early, turn in ((o.early, o.turn) for o in outcomes) if early and turn is not None]
     last_early = max(early_turns, default=None)
     return {
-        "buyers_with_a_turn": len(pairs),
+        "buyers_with_a_turn": turns,
         "after_opening": {
             "buyers": len(late),
             "kendall_tau_distance": round(discordant / comparable, 4) if comparable else None,
@@ -202,13 +208,39 @@ def told_figures(outcomes: list[BuyerOutcome], run: CrowdRun) -> dict[str, Any]:
     }
 
 
+def admissions_by_behaviour(run: CrowdRun) -> dict[str, dict[str, int]] | None:
+    """With the room, per behaviour: admissions handed out (distinct tokens), those a ``202``
+    used, and those that went by unused (lapsed, or the buyer had left); None without it."""
+    if not run.room:
+        return None
+    counts = {b.value: {"admissions": 0, "bought": 0, "unused": 0} for b in Behaviour}
+    for trail in run.trails:
+        tokens = {t.admission_token for t in trail.told() if t.state == "admitted" and t.admission_token}
+        used = {p.admission for p in trail.purchases if p.answer.code == ACCEPTED} & tokens
+        row = counts[trail.buyer.behaviour.value]
+        row["admissions"] += len(tokens)
+        row["bought"] += len(used)
+        row["unused"] += len(tokens - used)
+    return counts
+
+
+def join_answered_ms(run: CrowdRun) -> dict[str, float] | None:
+    """With the room, how long after arriving a buyer's first join was answered (ms, p50 and
+    max): the part of "came in" the sale's own client and the server's load decide."""
+    waits = sorted((t.joins[0].at - t.arrived) * 1000 for t in run.trails if run.room and t.joins)
+    if not waits:
+        return None
+    return {"p50": round(statistics.median(waits), 1), "max": round(waits[-1], 1)}
+
+
 def fairness(run: CrowdRun) -> dict[str, Any]:
     """The report's ``fairness`` section (the same figures with the room and without it)."""
     outcomes = [outcome_of(run, trail) for trail in run.trails]
     return {
         "waiting_room": run.room,
         **_share_figures(outcomes),
-        "turn_order": _order_figures(outcomes, run.opened),
+        "admissions_by_behaviour": admissions_by_behaviour(run),
+        "turn_order": {**_order_figures(outcomes), "first_join_answered_ms": join_answered_ms(run)},
         "sold_out_told": told_figures(outcomes, run),
         "buyers_timed_out": run.timed_out,
         "crowd_seconds": round(run.seconds, 2),

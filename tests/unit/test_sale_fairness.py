@@ -19,6 +19,7 @@ from service.sale.crowd import (
     Trail,
     build_crowd,
 )
+from service.sale.crowd_wave import as_wave
 from service.sale.fairness import (
     discordant_pairs,
     displacements,
@@ -226,3 +227,26 @@ def test_without_the_room_the_turn_is_the_first_202_and_the_figures_are_the_same
     assert figures["turn_order"]["late_turn_before_an_early_buyer"] == 1
     assert figures["sold_out_told"] == {"sold_out": False, "bound_seconds": None}
     assert set(figures) == set(fairness(_run(_fair_room())))
+
+
+def test_admissions_are_counted_per_behaviour_with_those_that_went_unused():
+    trails = _fair_room()
+    trails[2].polls.insert(0, _told(100.9, "admitted", "t2", "b0", 100.85))  # admitted, never bought
+    counts = fairness(_run(trails))["admissions_by_behaviour"]
+    assert counts == {
+        "honest": {"admissions": 2, "bought": 1, "unused": 1},
+        "impatient": {"admissions": 0, "bought": 0, "unused": 0},
+        "scripted": {"admissions": 1, "bought": 1, "unused": 0},
+    }
+    assert fairness(_run(trails, room=False))["admissions_by_behaviour"] is None
+
+
+def test_the_crowd_purchases_become_one_wave_in_the_order_sent():
+    run = _run(_fair_room())
+    wave = as_wave(run)
+    sent = sorted(p.sent for t in run.trails for p in t.purchases)
+    assert len(wave.jobs) == len(wave.outcomes) == 3
+    assert [job.shots[0].index for job in wave.jobs] == [0, 1, 2]
+    assert [job.shots[0].user for job in wave.jobs] == ["crowd-0", "crowd-1", "crowd-1"]
+    assert [o.finished - 0.01 for o in wave.outcomes] == pytest.approx(sent)
+    assert [o.code for o in wave.outcomes] == [ACCEPTED, "admission_required", ACCEPTED]

@@ -15,13 +15,13 @@ import pytest
 pytestmark = pytest.mark.slow
 
 SEED = "wr-sale-test"
-STOCK = 40
+STOCK = 100
 BUYERS = 200
 
 
 def _sale(*mode: str) -> dict:
     argv = [str(Path(sys.executable).with_name("flashsale")), "sale", "--json", *mode, "--seed", SEED]
-    argv += ["--stock", str(STOCK), "--users", str(BUYERS), "--concurrency", "32", "--workers", "1"]
+    argv += ["--stock", str(STOCK), "--users", str(BUYERS), "--concurrency", "64", "--workers", "1"]
     result = subprocess.run([*argv, "--consumers", "1"], check=False, capture_output=True, text=True, timeout=400)
     assert result.stdout, result.stderr[-3000:]
     return json.loads(result.stdout)
