@@ -141,11 +141,14 @@ def _wait_of(told: Told, buyer: Buyer) -> float:
 
 
 async def _joined(client: _Client) -> Told | None:
-    """Join: a script joins :data:`SCRIPT_JOINS` times at once (it gets one ticket: the first answer)."""
+    """Join: a script joins :data:`SCRIPT_JOINS` times and fires a purchase without an admission,
+    all at once (it gets one ticket: the first answer)."""
     if client.trail.buyer.behaviour is not Behaviour.SCRIPTED:
         return await client.join()
-    answers = await asyncio.gather(*(client.join() for _ in range(SCRIPT_JOINS)))
-    return next((told for told in answers if told is not None), None)
+    *answers, _ = await asyncio.gather(
+        *(client.join() for _ in range(SCRIPT_JOINS)), client.buy(client.next_key(), None)
+    )
+    return next((told for told in answers if isinstance(told, Told)), None)
 
 
 async def in_the_room(client: _Client) -> None:
