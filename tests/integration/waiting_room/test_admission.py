@@ -153,3 +153,29 @@ async def test_units_that_come_back_and_expired_admissions_reopen_admission_in_l
     assert (await store.rooms.counters(product_id))["expired"] == 1
     rejoined = (await join(client, token(holder), product_id)).json()
     assert (rejoined["state"], rejoined["position"]) == ("waiting", len(users))  # a new place, at the back
+
+
+async def test_a_sold_out_room_answers_from_the_processs_flag_without_redis(
+    client, put_product, product_id, token, redis, store
+):
+    """Once Redis said sold_out, the process's flag answers every poll and join (as it answers the
+    keyless purchases) until a restock announcement: proven by removing the sale from Redis, which
+    would make the script answer "not loaded"."""
+    await put_product(product_id, stock=1, limit=1, waiting_room=True)
+    first = (await join(client, token("wr-flag-0"), product_id)).json()
+    await join(client, token("wr-flag-1"), product_id)
+    assert (await purchase(client, token("wr-flag-0"), product_id, first["admission_token"])).status_code == 202
+    assert (await poll(client, token("wr-flag-1"), product_id)).json()["state"] == "sold_out"
+    sale = store.product_keys(product_id).sale
+    kept = await redis.hgetall(sale)
+    await redis.delete(sale)
+    try:
+        answers = await asyncio.gather(
+            *(join(client, token(f"wr-flag-{i}"), product_id) for i in range(1, 60)),
+            poll(client, token("wr-flag-1"), product_id),
+        )
+        assert {(answer.status_code, answer.json()["state"], answer.json()["units_left"]) for answer in answers} == {
+            (200, "sold_out", 0)
+        }
+    finally:
+        await redis.hset(sale, mapping=kept)
