@@ -140,23 +140,40 @@ def _wait_of(told: Told, buyer: Buyer) -> float:
     return told.poll_after_ms / 1000 if told.poll_after_ms else FALLBACK_POLL
 
 
-async def _joined(client: _Client) -> Told | None:
+async def _joined(client: _Client, background: set[asyncio.Task[object]]) -> Told | None:
     """Join: a script joins :data:`SCRIPT_JOINS` times and fires a purchase without an admission,
-    all at once (it gets one ticket: the first answer)."""
+    all at once, and goes on with the first ticket answered (one ticket for all: the invariants
+    check it); the other calls finish in ``background``."""
     if client.trail.buyer.behaviour is not Behaviour.SCRIPTED:
         return await client.join()
-    *answers, _ = await asyncio.gather(
-        *(client.join() for _ in range(SCRIPT_JOINS)), client.buy(client.next_key(), None)
-    )
-    return next((told for told in answers if isinstance(told, Told)), None)
+    joins: list[asyncio.Task[object]] = [asyncio.create_task(client.join()) for _ in range(SCRIPT_JOINS)]
+    background.update(joins)
+    background.add(asyncio.create_task(client.buy(client.next_key(), None)))
+    for answered in asyncio.as_completed(joins):
+        told = await answered
+        if isinstance(told, Told):
+            return told
+    return None
 
 
 async def in_the_room(client: _Client) -> None:
     """Join, follow the ticket, buy with the admission until the buyer has its unit, is told
     ``sold_out``/``closed``, or (impatient) leaves."""
+    background: set[asyncio.Task[object]] = set()
+    try:
+        await _follow(client, await _joined(client, background))
+    except BaseException:  # stopped at the deadline: so are its calls still in flight
+        for task in background:
+            task.cancel()
+        raise
+    finally:
+        await asyncio.gather(*background, return_exceptions=True)
+
+
+async def _follow(client: _Client, told: Told | None) -> None:
+    """The ticket from ``told`` on (see :func:`in_the_room`)."""
     buyer = client.trail.buyer
     polls, spent = 0, set()
-    told = await _joined(client)
     while True:
         if told is not None and told.state == NOT_IN_QUEUE:  # back in line
             if _impatient_gone(client):
@@ -186,8 +203,7 @@ async def in_the_room(client: _Client) -> None:
             return
         if purchase.answer.code in ("sold_out", "limit_exceeded", "sale_not_active"):
             return
-        else:
-            told = await client.poll()
+        told = await client.poll()
 
 
 async def without_room(client: _Client, opened: float) -> None:

@@ -208,19 +208,31 @@ def told_figures(outcomes: list[BuyerOutcome], run: CrowdRun) -> dict[str, Any]:
     }
 
 
+def _fate(answered: set[str]) -> str:
+    """What became of an admission whose purchases were answered with the codes ``answered``."""
+    for code, fate in ((ACCEPTED, "bought"), ("sold_out", "sold_out"), ("admission_required", "expired")):
+        if code in answered:
+            return fate
+    return "unused"
+
+
 def admissions_by_behaviour(run: CrowdRun) -> dict[str, dict[str, int]] | None:
-    """With the room, per behaviour: admissions handed out (distinct tokens), those a ``202``
-    used, and those that went by unused (lapsed, or the buyer had left); None without it."""
+    """With the room, per behaviour: admissions the buyers were told of (distinct tokens) and what became of
+    each: ``bought`` (a ``202``), ``sold_out`` (the purchase came after the last unit),
+    ``expired`` (the purchase was refused ``admission_required``: the turn had lapsed before the
+    buyer heard of it or bought), ``unused`` (no purchase: the buyer had left). None without it."""
     if not run.room:
         return None
-    counts = {b.value: {"admissions": 0, "bought": 0, "unused": 0} for b in Behaviour}
+    counts = {b.value: dict.fromkeys(("admissions", "bought", "sold_out", "expired", "unused"), 0) for b in Behaviour}
     for trail in run.trails:
         tokens = {t.admission_token for t in trail.told() if t.state == "admitted" and t.admission_token}
-        used = {p.admission for p in trail.purchases if p.answer.code == ACCEPTED} & tokens
+        codes: dict[str | None, set[str]] = {}
+        for purchase in trail.purchases:
+            codes.setdefault(purchase.admission, set()).add(purchase.answer.code)
         row = counts[trail.buyer.behaviour.value]
         row["admissions"] += len(tokens)
-        row["bought"] += len(used)
-        row["unused"] += len(tokens - used)
+        for token in tokens:
+            row[_fate(codes.get(token, set()))] += 1
     return counts
 
 

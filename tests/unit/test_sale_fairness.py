@@ -231,12 +231,14 @@ def test_without_the_room_the_turn_is_the_first_202_and_the_figures_are_the_same
 
 def test_admissions_are_counted_per_behaviour_with_those_that_went_unused():
     trails = _fair_room()
-    trails[2].polls.insert(0, _told(100.9, "admitted", "t2", "b0", 100.85))  # admitted, never bought
+    trails[2].polls.insert(0, _told(100.9, "admitted", "t2", "b0", 100.85))  # lapsed before the purchase
+    trails[2].purchases.append(_refused(101.0, "b0", "admission_required", 428))
+    trails[3].polls.append(_told(101.0, "admitted", "t3", "c0", 100.95))  # the impatient one: never used
     counts = fairness(_run(trails))["admissions_by_behaviour"]
     assert counts == {
-        "honest": {"admissions": 2, "bought": 1, "unused": 1},
-        "impatient": {"admissions": 0, "bought": 0, "unused": 0},
-        "scripted": {"admissions": 1, "bought": 1, "unused": 0},
+        "honest": {"admissions": 2, "bought": 1, "sold_out": 0, "expired": 1, "unused": 0},
+        "impatient": {"admissions": 1, "bought": 0, "sold_out": 0, "expired": 0, "unused": 1},
+        "scripted": {"admissions": 1, "bought": 1, "sold_out": 0, "expired": 0, "unused": 0},
     }
     assert fairness(_run(trails, room=False))["admissions_by_behaviour"] is None
 
