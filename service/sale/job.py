@@ -154,7 +154,7 @@ CROWD_ADMISSION_SECONDS = 15
 """The admissions' lifetime in a sale through the waiting room: short, so an impatient buyer's
 lapsed turn passes on within the run, yet well above the longest poll interval (5 s) plus the
 seconds a request of the sale's own saturated client can wait (with 5 s, honest buyers who poll
-as told lost a fifth of their turns to it; scripts polling every 50 ms lost few)."""
+as told lost a fifth of their turns to it; scripts polling ten times a second lost few)."""
 QUEUE_SAMPLE_SECONDS = 0.1
 SAMPLER_STOP_SECONDS = 10.0
 """How long the end of :func:`sampling_queue` waits for the sample in progress."""
