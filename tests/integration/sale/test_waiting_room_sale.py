@@ -15,13 +15,13 @@ import pytest
 pytestmark = pytest.mark.slow
 
 SEED = "wr-sale-test"
-STOCK = 100
-BUYERS = 200
+STOCK = 50
+BUYERS = 100
 
 
 def _sale(*mode: str) -> dict:
     argv = [str(Path(sys.executable).with_name("flashsale")), "sale", "--json", *mode, "--seed", SEED]
-    argv += ["--stock", str(STOCK), "--users", str(BUYERS), "--concurrency", "64", "--workers", "1"]
+    argv += ["--stock", str(STOCK), "--users", str(BUYERS)]
     result = subprocess.run([*argv, "--consumers", "1"], check=False, capture_output=True, text=True, timeout=400)
     assert result.stdout, result.stderr[-3000:]
     return json.loads(result.stdout)
@@ -41,12 +41,12 @@ def test_a_crowd_through_the_waiting_room_holds_every_invariant(through_the_room
     fair = report["fairness"]
     assert fair["waiting_room"] is True and fair["buyers"] == BUYERS
     assert fair["units"] == STOCK and fair["buyers_with_units"] == STOCK and fair["max_units_one_buyer"] == 1
-    assert fair["buyers_by_behaviour"] == {"honest": 120, "impatient": 40, "scripted": 40}
+    assert fair["buyers_by_behaviour"] == {"honest": 60, "impatient": 20, "scripted": 20}
     # the scripts' purchases without an admission were all refused, and they were sent
     admissions = report["invariants"]["no_purchase_without_admission"]
     assert admissions["accepted_without_admission"] == 0
     assert admissions["purchases_sent_without_admission"].get("admission_required", 0) > 0
-    refused = {"admission_required", "sold_out", "too_many_requests"}
+    refused = {"admission_required", "sale_not_active", "sold_out", "too_many_requests"}  # before the opening
     assert set(admissions["purchases_sent_without_admission"]) <= refused
     once = report["invariants"]["admitted_once_at_a_time"]
     assert once["joins"] > BUYERS  # the scripts joined many times, each with one ticket
