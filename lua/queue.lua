@@ -22,7 +22,7 @@
 -- ahead (buyers waiting before them) -1 when unknown: before the opening, or not waiting.
 -- state: waiting | admitted | sold_out | closed | none (a look by a buyer not in line) | off (the
 -- product has no waiting room) | not_loaded.
-local BATCH = 1000 -- the most admissions or expiries one call makes (bounds the call's work)
+local BATCH = 256 -- the most admissions or expiries one call makes (bounds the time Redis is held)
 local SCALE = 4503599627370496 -- 2^52: a lottery score is 13 hex digits of sha1 over 2^52, exact
 
 local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit', 'room', 'mode')

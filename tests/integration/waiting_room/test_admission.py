@@ -9,7 +9,7 @@ import math
 from collections import Counter
 
 from tests.integration.waiting_room.test_join import QUEUE, join, poll
-from tests.support import redis_state
+from tests.support import eventually, redis_state, rows_at_least
 
 
 async def purchase(client, headers, product_id: int, admission: str | None, key: str | None = None, quantity=1):
@@ -179,3 +179,35 @@ async def test_a_sold_out_room_answers_from_the_processs_flag_without_redis(
         }
     finally:
         await redis.hset(sale, mapping=kept)
+
+
+async def test_a_cancelled_order_reopens_admission_for_the_next_in_line(
+    client, put_product, product_id, token, engine, consumer, settings
+):
+    """Units back from a cancel (restock.lua) raise the bound: the next poll admits the next
+    waiting buyer, who buys the unit; the sold-out flag the poll raised was dropped by the restock."""
+    await put_product(product_id, stock=1, limit=1, waiting_room=True)
+    first = (await join(client, token("wr-cancel-0"), product_id)).json()
+    # The bound is ceil(1 x factor): the next one or two may be admitted too; the last waits.
+    crowd = [f"wr-cancel-{i}" for i in range(1, 6)]
+    for user in crowd:
+        await join(client, token(user), product_id)
+    bought = await purchase(client, token("wr-cancel-0"), product_id, first["admission_token"])
+    assert bought.status_code == 202
+    assert {(await poll(client, token(user), product_id)).json()["state"] for user in crowd} == {"sold_out"}
+    await eventually(lambda: rows_at_least(engine, product_id, 1))
+
+    cancelled = await client.post(f"/api/v1/orders/{bought.json()['order_no']}/cancel", headers=token("wr-cancel-0"))
+    assert cancelled.status_code == 200, cancelled.text
+
+    async def someone_admitted():
+        tickets = [(await poll(client, token(user), product_id)).json() for user in crowd]
+        return [(user, t) for user, t in zip(crowd, tickets, strict=True) if t["state"] == "admitted"]
+
+    # Before: ceil(factor) admitted, the one who bought among them. After: one more, in line order.
+    bound = math.ceil(settings.waiting_room.admit_factor)
+    admitted = await eventually(someone_admitted)
+    assert [user for user, _ in admitted] == crowd[:bound]
+    newest = admitted[-1][1]["admission_token"]
+    again = await purchase(client, token(crowd[bound - 1]), product_id, newest)
+    assert again.status_code == 202, again.text

@@ -46,9 +46,13 @@ async def test_a_crowd_joining_at_once_gets_one_ticket_each_and_admission_stays_
     assert {answer.status_code for answer in answers} == {200}
     bodies = [answer.json() for answer in answers]
     tickets: dict[str, set[str]] = {}
+    admissions: dict[str, set[str]] = {}
     for user, body in zip((user for user in users for _ in range(3)), bodies, strict=True):
         tickets.setdefault(user, set()).add(body["ticket"])
+        admissions.setdefault(user, set()).add(body["admission_token"] or "")
     assert all(len(held) == 1 for held in tickets.values())
+    # Nobody admitted twice at once: a buyer's three answers carry one admission at most.
+    assert all(len(held - {""}) <= 1 for held in admissions.values())
     assert len({next(iter(held)) for held in tickets.values()}) == crowd
 
     bound = math.ceil(stock * settings.waiting_room.admit_factor)
