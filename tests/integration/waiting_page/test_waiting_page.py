@@ -1,8 +1,9 @@
 """The buyer's waiting page (``GET /queue/{id}``, docs/API.md, "The waiting page") in headless
 Chromium (Debian's ``chromium``, driven by Playwright) against a real server and consumer: one
 page goes from waiting to admitted (the buyer ahead lets its admission lapse) to bought, another
-from waiting to sold out (the buyer ahead buys the last unit); then the ops page's waiting-room
-section shows both rooms. Screenshots in ``$FLASHSALE_TEST_ARTIFACTS/flashsale-waiting-page/``."""
+from waiting to sold out (the buyer ahead buys the last unit) and, when that order is cancelled,
+to admitted again; then the ops page's waiting-room section shows both rooms. Screenshots in
+``$FLASHSALE_TEST_ARTIFACTS/flashsale-waiting-page/``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from service.api.auth import issue_token
 from service.sale.isolation import free_port, isolated_settings, new_run_id
 from service.sale.stores import tear_down
 from tests.integration.ops.test_ops_page import CHROMIUM, CHROMIUM_FLAGS
-from tests.support import flashsale_process
+from tests.support import eventually, flashsale_process
 
 pytestmark = pytest.mark.slow
 
@@ -128,6 +129,16 @@ async def test_the_waiting_page_goes_from_waiting_to_bought_and_to_sold_out(own_
                 assert await other.text_content("#headline") == "Sold out"
                 assert await other.is_hidden("#buy")
                 await other.screenshot(path=SCREENSHOTS / "sold-out.png", full_page=True)
+                # the buyer ahead cancels: the unit comes back and the sold-out page, still
+                # watching, gets its turn
+                order_no = bought.json()["order_no"]
+
+                async def cancelled() -> bool:
+                    answer = await http.post(f"/api/v1/orders/{order_no}/cancel", headers=bearer("ahead"))
+                    return answer.status_code == 200
+
+                await eventually(cancelled, interval=0.2)
+                await other.wait_for_selector('#room[data-state="admitted"]', timeout=PAGE_WAIT_MS)
 
                 # the ops page's waiting-room section: both rooms, admissions and the lapsed token
                 ops = await context.new_page()
@@ -138,7 +149,9 @@ async def test_the_waiting_page_goes_from_waiting_to_bought_and_to_sold_out(own_
                     timeout=PAGE_WAIT_MS,
                 )
                 assert await ops.text_content(f"{room} td.expired") == "1"
-                assert await ops.text_content(f'tr[data-room="{bought_out}"] td.admitted') == "1"
+                assert (
+                    await ops.text_content(f'tr[data-room="{bought_out}"] td.admitted') == "2"
+                )  # ahead, then the page
                 assert await ops.text_content(f"{room} td.wait-p50") != "-"
                 await ops.screenshot(path=SCREENSHOTS / "ops-waiting-rooms.png", full_page=True)
                 assert elsewhere == []  # nothing loaded from another origin
