@@ -252,3 +252,14 @@ def test_the_crowd_purchases_become_one_wave_in_the_order_sent():
     assert [job.shots[0].user for job in wave.jobs] == ["crowd-0", "crowd-1", "crowd-1"]
     assert [o.finished - 0.01 for o in wave.outcomes] == pytest.approx(sent)
     assert [o.code for o in wave.outcomes] == [ACCEPTED, "admission_required", ACCEPTED]
+
+
+def test_how_long_first_joins_took_is_given_per_behaviour_with_the_room_only():
+    answered = fairness(_run(_fair_room()))["turn_order"]["first_join_answered_ms"]
+    # honest: 98.0 -> 98.1 and 100.5 -> 100.55; impatient 100.8 -> 100.85; scripted 101.0 -> 101.1
+    assert answered == {
+        "honest": {"p50": 75.0, "max": 100.0},
+        "impatient": {"p50": 50.0, "max": 50.0},
+        "scripted": {"p50": 100.0, "max": 100.0},
+    }
+    assert fairness(_run(_fair_room(), room=False))["turn_order"]["first_join_answered_ms"] is None
