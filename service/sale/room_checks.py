@@ -98,24 +98,9 @@ def _check_share(figures: dict[str, Any]) -> Check:
     return Check(share is None or share <= bound, numbers)
 
 
-ROOM_TITLES = {
-    "no_purchase_without_admission": (
-        "9. waiting room: every 202 bought with an admission its buyer was given; no admission bought twice"
-    ),
-    "admitted_once_at_a_time": "10. waiting room: one ticket per buyer; no buyer holds two admissions at once",
-    "sold_out_told_in_time": (
-        "11. waiting room: every buyer waiting at the last unit told sold_out within its longest poll interval"
-        " + 1 s (no buyer left waiting at the deadline)"
-    ),
-    "scripted_no_larger_share": (
-        "12. waiting room: scripted buyers' share of units <= their share of the buyers who stayed (+ 3 standard"
-        " deviations of a fair draw)"
-    ),
-}
-
-
 def check_room(run: CrowdRun, figures: dict[str, Any] | None = None) -> dict[str, Check]:
-    """The four waiting-room invariants (keys of :data:`ROOM_TITLES`); ``figures`` the run's
+    """The four waiting-room invariants (the last keys of
+    :data:`~service.sale.invariants.INVARIANT_TITLES`); ``figures`` the run's
     :func:`~service.sale.fairness.fairness` when already computed."""
     figures = figures if figures is not None else fairness(run)
     return {
