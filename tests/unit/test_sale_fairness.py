@@ -263,3 +263,9 @@ def test_how_long_first_joins_took_is_given_per_behaviour_with_the_room_only():
         "scripted": {"p50": 100.0, "max": 100.0},
     }
     assert fairness(_run(_fair_room(), room=False))["turn_order"]["first_join_answered_ms"] is None
+
+
+def test_every_room_invariant_has_a_title_for_the_tables_and_the_html_report():
+    from service.sale.invariants import INVARIANT_TITLES
+
+    assert set(check_room(_run(_fair_room()))) <= set(INVARIANT_TITLES)
