@@ -26,6 +26,7 @@ from service.sale.fairness import (
     fair_share_bound,
     fairness,
 )
+from service.sale.invariants import INVARIANT_TITLES
 from service.sale.plan import ACCEPTED, Answer
 from service.sale.room_checks import check_room
 
@@ -266,6 +267,4 @@ def test_how_long_first_joins_took_is_given_per_behaviour_with_the_room_only():
 
 
 def test_every_room_invariant_has_a_title_for_the_tables_and_the_html_report():
-    from service.sale.invariants import INVARIANT_TITLES
-
     assert set(check_room(_run(_fair_room()))) <= set(INVARIANT_TITLES)
