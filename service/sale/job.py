@@ -8,11 +8,13 @@ clean up. The phases themselves, the no-op ceiling and the order lifecycle are d
 :mod:`service.sale.phases`.
 
 Package layout; imports flow one way, each module imports only modules left of it:
-``plan`` (plan and answer types) -> ``facts`` (what the stores hold) -> ``report`` (summary
-numbers) -> ``invariants`` (checks 1-7) -> ``render`` (JSON document, tables); ``errors``,
-``isolation`` (run ids, settings, child environment) -> ``load`` (HTTP load generator),
-``processes`` (subprocesses), ``stores`` (connections, set-up and tear-down) -> ``phases`` ->
-``job`` (this module, the entry :func:`run_sale`).
+``plan`` (plan and answer types) -> ``crowd`` (the crowd's buyers and what they saw) -> ``facts``
+(what the stores hold) -> ``report`` (summary numbers) -> ``invariants`` (checks 1-8) ->
+``fairness`` (the crowd's fairness figures) -> ``room_checks`` (checks 9-12) -> ``render`` (JSON
+document, tables); ``errors``, ``isolation`` (run ids, settings, child environment) -> ``load``
+(HTTP load generator), ``buyers`` (the crowd at work), ``processes`` (subprocesses), ``stores``
+(connections, set-up and tear-down) -> ``phases`` -> ``crowd_wave`` -> ``job`` (this module, the
+entry :func:`run_sale`).
 
 Isolation (default). The run gets an id ``sale_<8 hex>`` and settings of its own derived from
 the given ones: database ``<run id>`` on the same MySQL server (created by
