@@ -19,7 +19,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
 )
-from sqlalchemy.dialects.mysql import TINYINT
+from sqlalchemy.dialects.mysql import LONGTEXT, TINYINT
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 MAX_AMOUNT = 2**63 - 1
@@ -56,7 +56,7 @@ class StockMode(StrEnum):
 
 class Product(Base):
     """A product on sale: price in minor units, per-user limit (units), sale window (UTC, naive),
-    stock mode and whether a purchase needs an order token."""
+    stock mode, whether a purchase needs an order token, and whether buyers pass a waiting room."""
 
     __tablename__ = "products"
 
@@ -73,6 +73,8 @@ class Product(Base):
     """A purchase needs a server-issued order token (header ``Order-Token``)."""
     buckets: Mapped[int] = mapped_column(SmallInteger, server_default="1")
     """Stock buckets K in Redis (1..64, fixed at creation): :mod:`service.domain.stock.buckets`."""
+    waiting_room: Mapped[bool] = mapped_column(Boolean, server_default="0")
+    """A purchase needs an admission from the product's waiting room (header ``Admission-Token``)."""
 
 
 class Inventory(Base):
@@ -252,3 +254,19 @@ class OrderNoSequence(Base):
     shard: Mapped[int] = mapped_column(TINYINT, primary_key=True, autoincrement=False)
     second: Mapped[str] = mapped_column(String(14))
     sequence: Mapped[int] = mapped_column(Integer)
+
+
+class WaitingRoomDraw(Base):
+    """The draw of a product's pre-queue at the opening of its sale (docs/ARCHITECTURE.md,
+    "Waiting room"): the seed the order derives from, how many took part, and the drawn order
+    (user ids, one per line), kept for audit after Redis forgot the room."""
+
+    __tablename__ = "waiting_room_draws"
+
+    product_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    opened_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    """The Redis time (Unix ms) of the first call that found the sale open: when the draw took effect."""
+    seed: Mapped[str] = mapped_column(String(64))
+    entrants: Mapped[int] = mapped_column(Integer)
+    drawn_order: Mapped[str] = mapped_column(LONGTEXT)
+    created_at: Mapped[datetime] = mapped_column(DateTime, server_default=func.current_timestamp())

@@ -3,40 +3,41 @@
 --   stock = MySQL stock - units of journal entries not resolved in the caller's snapshot
 --   sale  = the sale terms in the snapshot (window, per-user limit, price)
 -- Two forms:
--- * incremental (ARGV[12] = -1; the caller already dropped the resolved entries with
+-- * incremental (ARGV[15] = -1; the caller already dropped the resolved entries with
 --   realign_drop.lua): O(1), the journal's units come from the running counter KEYS[6] that
 --   reserve, release, purge and realign_drop keep. Quotas are left as those scripts keep them.
 --   Answers {'full'} when the stock or the counter is missing (Redis lost data): the caller
 --   runs the full form.
--- * full (ARGV[12] = n >= 0): walks the whole journal once, drops resolved entries, rebuilds the
+-- * full (ARGV[15] = n >= 0): walks the whole journal once, drops resolved entries, rebuilds the
 --   per-user quota (units held in MySQL + units still in the journal) and sets the counter.
 --   For a product whose Redis state is missing or predates the counter.
 -- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota   KEYS[4] versions   KEYS[5] sale
 -- KEYS[6] journal units   KEYS[7] re-publish times
 -- ARGV[1] MySQL stock in the snapshot   ARGV[2] '1' write, '0' dry run
 -- ARGV[3] inventory version of the snapshot
--- ARGV[4..9] sale terms in the snapshot: starts_ms, ends_ms (0 = no end), per-user limit, price,
--- token ('1': a purchase needs an order token), buckets (the product's K)
--- ARGV[10] stock-mode marker: 'database' writes the sale's mode = database (reserve.lua answers
+-- ARGV[4..10] sale terms in the snapshot: starts_ms, ends_ms (0 = no end), per-user limit, price,
+-- token ('1': a purchase needs an order token), buckets (the product's K), room ('1': a purchase
+-- needs an admission from the product's waiting room)
+-- ARGV[11] stock-mode marker: 'database' writes the sale's mode = database (reserve.lua answers
 -- 'moved'), 'open' removes it (the switch to redis mode), 'keep' leaves it as it is (a pass
 -- whose snapshot says redis must not undo a switch to database that has begun)
--- ARGV[11] restock channel   ARGV[12] product id: announced there when a write leaves stock to sell
+-- ARGV[12] restock channel   ARGV[13] product id: announced there when a write leaves stock to sell
 -- or changes the sale terms, so every API process drops its sold-out flag for the product
--- ARGV[13] rebalancing pass number: 0 for a product of one bucket (stock is set as above). A pass
+-- ARGV[14] rebalancing pass number: 0 for a product of one bucket (stock is set as above). A pass
 -- p > 0 (a bucket of a product of several: service/domain/realign.py) drains the bucket instead:
 -- stock 0, versions pass = filling = p, and leaves the computation to its caller (the units in
 -- flight it answers, summed over every bucket), whose bucket_fill.lua then adds the bucket's
 -- share. Stale too when a newer pass has drained the bucket.
--- incremental: ARGV[14] -1   ARGV[15] units / ARGV[16] entries still in the journal that are
+-- incremental: ARGV[15] -1   ARGV[16] units / ARGV[17] entries still in the journal that are
 -- resolved in the snapshot (a dry run, which dropped nothing; 0 and 0 otherwise)
--- full: ARGV[14] n = number of resolved request ids   ARGV[15 .. 14+n] request ids whose order
--- has a row in the snapshot   ARGV[15+n ..] pairs: user id, units that user holds in MySQL
+-- full: ARGV[15] n = number of resolved request ids   ARGV[16 .. 15+n] request ids whose order
+-- has a row in the snapshot   ARGV[16+n ..] pairs: user id, units that user holds in MySQL
 -- Returns {stock_before or '', stock_after, in_flight_count, in_flight_units, resolved_dropped, stale}.
 -- stale = 1: Redis already reflects a newer MySQL state (another pass, or a restock); nothing
 -- was written (the next pass, with a newer snapshot, writes).
-local n = tonumber(ARGV[14])
+local n = tonumber(ARGV[15])
 local version = tonumber(ARGV[3])
-local pass = tonumber(ARGV[13])
+local pass = tonumber(ARGV[14])
 local versions = redis.call('HMGET', KEYS[4], 'synced', 'restocked', 'dropped', 'pass')
 -- Stale: a pass with a newer snapshot already wrote or dropped entries, or units returned after
 -- this snapshot already reached Redis. Writing would turn the clock back.
@@ -49,13 +50,13 @@ local in_flight, units, dropped = 0, 0, 0
 if n < 0 then
   local counted = redis.call('GET', KEYS[6])
   if before == '' or not counted then return {'full'} end
-  in_flight = redis.call('HLEN', KEYS[2]) - tonumber(ARGV[16])
-  units = tonumber(counted) - tonumber(ARGV[15])
+  in_flight = redis.call('HLEN', KEYS[2]) - tonumber(ARGV[17])
+  units = tonumber(counted) - tonumber(ARGV[16])
 else
   local resolved = {}
-  for i = 15, 14 + n do resolved[ARGV[i]] = true end
+  for i = 16, 15 + n do resolved[ARGV[i]] = true end
   local quota = {}
-  for i = 15 + n, #ARGV, 2 do quota[ARGV[i]] = tonumber(ARGV[i + 1]) end
+  for i = 16 + n, #ARGV, 2 do quota[ARGV[i]] = tonumber(ARGV[i + 1]) end
   local entries = redis.call('HGETALL', KEYS[2])
   local journal_units = 0
   for i = 1, #entries, 2 do
@@ -93,16 +94,16 @@ end
 -- A drained bucket sells nothing until its share is filled in.
 local after = pass > 0 and 0 or math.max(tonumber(ARGV[1]) - units, 0)
 if write then
-  local terms = redis.call('HMGET', KEYS[5], 'starts_ms', 'ends_ms', 'limit', 'price', 'token', 'buckets')
+  local terms = redis.call('HMGET', KEYS[5], 'starts_ms', 'ends_ms', 'limit', 'price', 'token', 'buckets', 'room')
   if after > 0 or terms[1] ~= ARGV[4] or terms[2] ~= ARGV[5] or terms[3] ~= ARGV[6] or terms[4] ~= ARGV[7]
-      or terms[5] ~= ARGV[8] or (terms[6] or '1') ~= ARGV[9] then
-    redis.call('PUBLISH', ARGV[11], ARGV[12])
+      or terms[5] ~= ARGV[8] or (terms[6] or '1') ~= ARGV[9] or (terms[7] or '0') ~= ARGV[10] then
+    redis.call('PUBLISH', ARGV[12], ARGV[13])
   end
   redis.call('HSET', KEYS[5], 'starts_ms', ARGV[4], 'ends_ms', ARGV[5], 'limit', ARGV[6], 'price', ARGV[7],
-    'token', ARGV[8], 'buckets', ARGV[9])
-  if ARGV[10] == 'database' then
+    'token', ARGV[8], 'buckets', ARGV[9], 'room', ARGV[10])
+  if ARGV[11] == 'database' then
     redis.call('HSET', KEYS[5], 'mode', 'database')
-  elseif ARGV[10] == 'open' then
+  elseif ARGV[11] == 'open' then
     redis.call('HDEL', KEYS[5], 'mode')
   end
   redis.call('SET', KEYS[1], after)

@@ -4,6 +4,8 @@
 -- KEYS[6] the user's rate bucket   KEYS[7] the client address's rate bucket (both in the product's slot)
 -- KEYS[8] order token (user id; the anti-duplicate token, deleted
 -- atomically on submit)   KEYS[9] units of the journal's entries (realignment reads it)
+-- KEYS[10] waiting room admissions (zset user -> expiry ms)   KEYS[11] admission tokens (hash
+-- user -> token)   KEYS[12] the waiting room's counters (lua/queue.lua)
 -- ARGV[1] request id   ARGV[2] user id   ARGV[3] quantity   ARGV[4] order number to use
 -- ARGV[5] replay record ttl (seconds)   ARGV[6] attempt token (unique to this HTTP attempt)
 -- ARGV[7] user emission interval (ms, 0: no user limit)   ARGV[8] user burst (requests)
@@ -11,12 +13,14 @@
 -- ARGV[11] '1' when the request carries an order token (KEYS[8] names it), else '0'
 -- ARGV[12] the product's stock buckets K as the caller knows them (KEYS are those of the buyer's
 -- bucket among K: service/domain/buckets.py)
+-- ARGV[13] the Admission-Token ('' without one): needed when the sale's room is '1', consumed by
+-- the reservation it makes
 -- Returns {outcome, order_no[, reserved_at_ms, unit price]}, or for sold_out
 -- {'sold_out', '', stock, per-user limit, ms left in the sale or -1}, or for rate_limited
 -- {'rate_limited', '', ms until a request is allowed}, or for rebucket {'rebucket', '', K} (the
 -- product has K buckets, not ARGV[12]: the caller asks the buyer's bucket among K). outcome: reserved | replay | in_flight |
 -- key_reused | abandoned | rebucket | moved | not_loaded | sale_not_active | over_limit | sold_out |
--- token_required | token_invalid | limit_exceeded | rate_limited. Only 'reserved' writes stock,
+-- token_required | token_invalid | admission_required | limit_exceeded | rate_limited. Only 'reserved' writes stock,
 -- quota, journal or replay record; every request that is not rate_limited spends from the rate
 -- buckets.
 -- Before anything is read or spent: the keys are another bucket's when the caller's K is not the
@@ -65,7 +69,7 @@ if record[1] then
   order_no = record[2]
 end
 
-local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit', 'price', 'token', 'mode')
+local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit', 'price', 'token', 'mode', 'room')
 -- The product sells from MySQL (stock mode 'database'), or is being switched there: the marker
 -- is written before MySQL serves, so no reservation is taken here after it.
 if sale[6] == 'database' then return {'moved', ''} end
@@ -93,6 +97,15 @@ if needs_token then
   if ARGV[11] ~= '1' then return {'token_required', ''} end
   if redis.call('GET', KEYS[8]) ~= ARGV[2] then return {'token_invalid', ''} end
 end
+-- The waiting room's admission, likewise only on a first attempt: the admitted buyer's own token,
+-- not expired (lua/queue.lua hands it out and drops it at its expiry).
+local needs_admission = sale[7] == '1' and not record[1]
+if needs_admission then
+  local expires = tonumber(redis.call('ZSCORE', KEYS[10], ARGV[2]) or '0')
+  if ARGV[13] == '' or expires <= now_ms or redis.call('HGET', KEYS[11], ARGV[2]) ~= ARGV[13] then
+    return {'admission_required', ''}
+  end
+end
 local held = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '0')
 if held + quantity > limit then return {'limit_exceeded', ''} end
 
@@ -109,4 +122,9 @@ redis.call('INCRBY', KEYS[9], quantity - tonumber(replaced and (string.match(rep
 redis.call('HSET', KEYS[5], 'quantity', quantity, 'order_no', order_no, 'state', 'pending', 'attempt', ARGV[6])
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
 if needs_token then redis.call('DEL', KEYS[8]) end
+if needs_admission then
+  redis.call('ZREM', KEYS[10], ARGV[2])
+  redis.call('HDEL', KEYS[11], ARGV[2])
+  redis.call('HINCRBY', KEYS[12], 'used', 1)
+end
 return {'reserved', order_no, now_ms, sale[4]}

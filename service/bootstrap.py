@@ -37,6 +37,7 @@ from service.domain.stock.catalog import CatalogService
 from service.domain.stock.realign import Realigner
 from service.domain.stock.rebalance import Rebalancer
 from service.domain.stock.recovery import Recovery
+from service.domain.waiting_room.service import WaitingRoomService
 from service.runtime import stop_task
 from service.settings import Settings
 
@@ -88,6 +89,7 @@ class ApiWorker(Resources):
     background: BackgroundPublisher | None
     sold_out: SoldOutFlags | None
     recovery: Recovery | None
+    rooms: WaitingRoomService
 
 
 @dataclass(kw_only=True)
@@ -179,6 +181,8 @@ async def open_api(settings: Settings) -> ApiWorker:
             recovery.start()
         stack.push_async_callback(rebalancer.aclose)
         channels, payments, checkout = _payments(settings, engine, store, stack)
+        rooms = WaitingRoomService(store.rooms, engine, settings.waiting_room, sold_out)
+        stack.push_async_callback(rooms.aclose)
         return ApiWorker(
             **stores,
             publisher=publisher,
@@ -192,6 +196,7 @@ async def open_api(settings: Settings) -> ApiWorker:
             background=background,
             sold_out=sold_out,
             recovery=recovery,
+            rooms=rooms,
         )
 
 

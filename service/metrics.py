@@ -42,6 +42,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _DELAY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000)
+_WAIT_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
 
 # -- API processes ----------------------------------------------------------------------------
 HTTP_REQUEST_SECONDS = Histogram(
@@ -111,6 +112,36 @@ QUEUE_DEPTH = Gauge(
     multiprocess_mode="mostrecent",
 )
 
+# -- waiting rooms (API processes; docs/ARCHITECTURE.md, "Waiting room") --------------------------
+WAITING_ROOM_WAITING = Gauge(
+    "flashsale_waiting_room_waiting_buyers",
+    "Buyers in a product's waiting-room line, as the latest join or poll saw it.",
+    ["product_id"],
+    multiprocess_mode="mostrecent",
+)
+WAITING_ROOM_OUTSTANDING = Gauge(
+    "flashsale_waiting_room_admissions_outstanding",
+    "Admission tokens handed out and neither used nor expired, as the latest join or poll saw it.",
+    ["product_id"],
+    multiprocess_mode="mostrecent",
+)
+WAITING_ROOM_ADMISSIONS = Counter(
+    "flashsale_waiting_room_admissions_total",
+    "Buyers admitted from a product's waiting room (rate(): admissions per second).",
+    ["product_id"],
+)
+WAITING_ROOM_EXPIRED = Counter(
+    "flashsale_waiting_room_admissions_expired_total",
+    "Admission tokens that expired unused (their places went to the next in line).",
+    ["product_id"],
+)
+WAITING_ROOM_WAIT_SECONDS = Histogram(
+    "flashsale_waiting_room_wait_seconds",
+    "Time a buyer waited in line until admitted (the pre-queue from the opening); histogram_quantile for p50/p99.",
+    ["product_id"],
+    buckets=_WAIT_BUCKETS,
+)
+
 # -- realignment and sweep --------------------------------------------------------------------
 REALIGN_DRIFT = Gauge(
     "flashsale_realign_drift_units",
@@ -142,9 +173,9 @@ class LocalCounter:
         self._child = child
         self.pending = 0
 
-    def inc(self) -> None:
-        """Count one."""
-        self.pending += 1
+    def inc(self, amount: int = 1) -> None:
+        """Count ``amount`` (one by default)."""
+        self.pending += amount
 
     def flush(self) -> None:
         if self.pending:
@@ -294,6 +325,56 @@ def purchase_totals() -> dict[str, float]:
                     code = sample.labels["code"]
                     totals[code] = totals.get(code, 0.0) + sample.value
     return totals
+
+
+_ROOM_FAMILIES = {
+    "flashsale_waiting_room_waiting_buyers": "waiting",
+    "flashsale_waiting_room_admissions_outstanding": "outstanding",
+    "flashsale_waiting_room_admissions_total": "admitted",
+    "flashsale_waiting_room_admissions_expired_total": "expired",
+}
+
+
+def waiting_rooms() -> dict[str, dict[str, float | None]]:
+    """Per product id (a string): ``waiting``, ``outstanding``, ``admitted`` and ``expired`` so
+    far, and the wait until admitted, ``wait_p50_seconds`` / ``wait_p99_seconds`` (None before
+    the first admission), estimated from the histogram's buckets as Prometheus'
+    ``histogram_quantile`` does, over :func:`registry` (reads files in multiprocess mode: call it
+    off the event loop after :func:`flush` on it)."""
+    rooms: dict[str, dict[str, float | None]] = {}
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for family in registry().collect():
+        for sample in family.samples:
+            product = sample.labels.get("product_id")
+            if product is None:
+                continue
+            if sample.name in _ROOM_FAMILIES:
+                rooms.setdefault(product, {})[_ROOM_FAMILIES[sample.name]] = sample.value
+            elif sample.name == "flashsale_waiting_room_wait_seconds_bucket":
+                buckets.setdefault(product, []).append((float(sample.labels["le"]), sample.value))
+    for product, cumulative in buckets.items():
+        cumulative.sort()
+        room = rooms.setdefault(product, {})
+        room["wait_p50_seconds"] = _quantile(0.5, cumulative)
+        room["wait_p99_seconds"] = _quantile(0.99, cumulative)
+    return rooms
+
+
+def _quantile(q: float, cumulative: list[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile of a histogram's cumulative ``(le, count)`` buckets, interpolated
+    linearly inside the bucket it falls in (the +Inf bucket answers its lower bound)."""
+    total = cumulative[-1][1] if cumulative else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for bound, count in cumulative:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - below) / (count - below) if count > below else bound
+        lower, below = bound, count
+    return lower
 
 
 def process_exited(pid: int) -> None:

@@ -240,6 +240,21 @@ class RateLimitSettings(BaseModel):
     """Purchase requests per client address and product allowed at once."""
 
 
+class WaitingRoomSettings(BaseModel):
+    """The waiting room of a product with ``waiting_room`` on (docs/ARCHITECTURE.md, "Waiting room"):
+    how many buyers hold an admission at once, how long one lasts, how often clients poll."""
+
+    admit_factor: float = Field(1.5, ge=1.0, le=100.0)
+    """Buyers admitted but not yet bought are kept under the units left times this (people abandon)."""
+    admission_ttl_seconds: int = Field(120, ge=5, le=3600)
+    """How long an admission token lasts; then its holder's place goes to the next in line."""
+    poll_min_ms: int = Field(1000, ge=100, le=60_000)
+    """The soonest a waiting buyer is told to poll again (``poll_after_ms``, ``Retry-After``)."""
+    poll_max_ms: int = Field(5000, ge=100, le=60_000)
+    """The latest a waiting buyer is told to poll again: the bound on how long after the last unit a
+    polling buyer still waits before hearing ``sold_out``."""
+
+
 class RealignSettings(BaseModel):
     """Realignment: a journal entry older than ``grace_seconds`` with no order row is re-published.
     ``auto_seconds``: every API process runs the self-healing pass (one process at a time, under a
@@ -306,6 +321,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = AuthSettings()
     orders: OrderSettings = OrderSettings()
     rate_limit: RateLimitSettings = RateLimitSettings()
+    waiting_room: WaitingRoomSettings = WaitingRoomSettings()
     realign: RealignSettings = RealignSettings()
     payment: PaymentSettings = PaymentSettings()
     metrics: MetricsSettings = MetricsSettings()

@@ -36,7 +36,7 @@ PRODUCT_IDS = text("SELECT product_id FROM inventory ORDER BY product_id")
 
 SNAPSHOT = text(
     "SELECT i.stock, i.sold, i.version, p.per_user_limit, p.price, p.sale_starts_at, p.sale_ends_at,"
-    " p.stock_mode, p.require_token, p.buckets"
+    " p.stock_mode, p.require_token, p.buckets, p.waiting_room"
     " FROM inventory i JOIN products p ON p.id = i.product_id WHERE i.product_id = :p"
 )
 """What realignment reads of product ``:p`` in its consistent snapshot."""

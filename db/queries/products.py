@@ -6,15 +6,17 @@ from sqlalchemy import text
 
 UPSERT = text(
     "INSERT INTO products"
-    " (id, name, price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode, require_token, buckets)"
+    " (id, name, price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode, require_token, buckets,"
+    " waiting_room)"
     " VALUES (:id, COALESCE(:name, :default_name), COALESCE(:price, 0), COALESCE(:limit, 1),"
     " COALESCE(:starts, UTC_TIMESTAMP()), :ends, COALESCE(:mode, 'database'), COALESCE(:require_token, 0),"
-    " COALESCE(:buckets, 1))"
+    " COALESCE(:buckets, 1), COALESCE(:waiting_room, 0))"
     " ON DUPLICATE KEY UPDATE name = COALESCE(:name, name), price = COALESCE(:price, price),"
     " per_user_limit = COALESCE(:limit, per_user_limit),"
     " sale_starts_at = COALESCE(:starts, sale_starts_at),"
     " sale_ends_at = IF(:ends_given, :ends, sale_ends_at),"
-    " require_token = COALESCE(:require_token, require_token)"
+    " require_token = COALESCE(:require_token, require_token),"
+    " waiting_room = COALESCE(:waiting_room, waiting_room)"
 )
 """Create or update product ``:id``; a NULL parameter keeps the stored value, and the sale end
 is written only when ``:ends_given``. ``:mode`` is used on creation only (default
@@ -22,7 +24,8 @@ is written only when ``:ends_given``. ``:mode`` is used on creation only (defaul
 ``:buckets`` too (default 1): a product's stock buckets are fixed at creation."""
 
 TERMS = text(
-    "SELECT price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode, buckets FROM products WHERE id = :id"
+    "SELECT price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode, buckets, waiting_room"
+    " FROM products WHERE id = :id"
 )
 
 BUCKETS = text("SELECT buckets FROM products WHERE id = :id")
@@ -54,12 +57,13 @@ every ``database``-mode purchase reads the mode under a shared lock on that row)
 
 VIEW = text(
     "SELECT p.id, p.name, p.price, p.per_user_limit, p.sale_starts_at, p.sale_ends_at, p.stock_mode,"
-    " p.require_token, p.buckets, i.stock"
+    " p.require_token, p.buckets, p.waiting_room, i.stock"
     " FROM products p JOIN inventory i ON i.product_id = p.id WHERE p.id = :id"
 )
 
 ALL_TERMS = text(
-    "SELECT id, name, price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode, require_token, buckets"
-    " FROM products ORDER BY id"
+    "SELECT id, name, price, per_user_limit, sale_starts_at, sale_ends_at, stock_mode, require_token, buckets,"
+    " waiting_room FROM products ORDER BY id"
 )
-"""Every product's terms (name, price, limit, sale window, stock mode, token, buckets), by id."""
+"""Every product's terms (name, price, limit, sale window, stock mode, token, buckets, waiting
+room), by id."""

@@ -18,6 +18,8 @@ from service.api.controllers.health import HealthController
 from service.api.controllers.orders import OrderController
 from service.api.controllers.payments import PaymentController
 from service.api.controllers.products import ProductController
+from service.api.controllers.queue import QueueController
+from service.api.controllers.waiting_page import WaitingPageController
 from service.api.hooks import before_request
 from service.api.no_shard import stop_server
 from service.api.openapi import document_contract
@@ -64,11 +66,13 @@ class FlashsalePlugin(InitPluginProtocol):
             OrderController,
             CheckoutController,
             ProductController,
+            QueueController,
             AdminController,
             HealthController,
             PaymentController,
         ]
         app_config.route_handlers.append(Router("/api/v1", route_handlers=controllers))
+        app_config.route_handlers.append(WaitingPageController)  # outside the prefix: a page, not the API
         app_config.lifespan.append(lifespan)
         app_config.dependencies.update(providers(slot))
         app_config.exception_handlers.update(ERROR_HANDLERS)

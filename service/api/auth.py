@@ -32,9 +32,10 @@ BEARER_CHALLENGE = f'Bearer realm="{REALM}"'
 """``WWW-Authenticate`` of a 401 to a request that sent no token (RFC 6750 section 3.1)."""
 INVALID_TOKEN_CHALLENGE = f'Bearer realm="{REALM}", error="invalid_token"'
 """``WWW-Authenticate`` of a 401 to a request whose token was refused (RFC 6750 section 3.1)."""
-PUBLIC_PATHS = ["/schema", "/api/v1/health", "^/api/v1/products/", "^/api/v1/payments/notify$"]
+PUBLIC_PATHS = ["/schema", "/api/v1/health", "^/api/v1/products/[^/]+$", "^/api/v1/payments/notify$"]
 """Paths that need no token (regular expressions, as Litestar's ``exclude``): the schema, health,
-product info and payment notifications (signed by the channel instead)."""
+product info (not what lies below it: the waiting room's routes are a buyer's) and payment
+notifications (signed by the channel instead). Matched against request paths and route templates."""
 EXCLUDE_OPT = "exclude_from_auth"
 """``opt`` key of a handler that needs no token (Litestar's ``exclude_opt_key``)."""
 _PUBLIC = re.compile("|".join(PUBLIC_PATHS))

@@ -66,6 +66,7 @@ _PROBLEM = Schema(
         "status": Schema(type=OpenAPIType.INTEGER),
         "detail": Schema(type=OpenAPIType.STRING),
         "code": Schema(type=OpenAPIType.STRING),
+        "queue": Schema(type=OpenAPIType.STRING, description="admission_required: the waiting room to join"),
         "errors": Schema(
             type=OpenAPIType.ARRAY,
             items=Schema(

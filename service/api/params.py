@@ -43,6 +43,17 @@ OrderTokenHeader = Annotated[
     ),
 ]
 
+AdmissionTokenHeader = Annotated[
+    str | None,
+    HeaderParameter(
+        name="Admission-Token",
+        required=False,
+        description="The admission_token the product's waiting room gave you (required when the product has "
+        "waiting_room); 428 admission_required when missing, expired, used, another buyer's or malformed",
+        schema_extra={"pattern": "^[!-~]{1,64}$"},
+    ),
+]
+
 CursorQuery = Annotated[
     str | None,
     QueryParameter(

@@ -136,6 +136,7 @@ STATUS_BY_CODE = {
     "invalid_signature": 401,
     "product_not_found": 404,
     "order_not_found": 404,
+    "not_in_queue": 404,
     "sold_out": 409,
     "limit_exceeded": 409,
     "sale_not_active": 409,
@@ -148,19 +149,22 @@ STATUS_BY_CODE = {
     "payment_in_progress": 409,
     "order_not_payable": 409,
     "refund_refused": 409,
+    "waiting_room_off": 409,
     "channel_unavailable": 503,
     "idempotency_key_reused": 422,
     "token_required": 428,
+    "admission_required": 428,
     "too_many_requests": 429,
     UNAVAILABLE: 503,
 }
 """The one place where a domain error's ``code`` becomes an HTTP status (docs/API.md)."""
 
 
-def problem_response(exc: DomainError) -> Response[Any]:
+def problem_response(exc: DomainError, queue: str | None = None) -> Response[Any]:
     """A :class:`DomainError` as an RFC 9457 problem+json response: status by ``code``,
     ``Retry-After`` when the condition is transient, ``errors`` naming the field of an
-    :class:`InvalidInput`.
+    :class:`InvalidInput`, and ``queue``, when given, the URL of the waiting room to join
+    (``admission_required``).
 
     The encoded body is cached per distinct error (a stampede's rejections are a handful of
     distinct bodies), so the sold-out answer costs no JSON encoding.
@@ -170,7 +174,7 @@ def problem_response(exc: DomainError) -> Response[Any]:
     """
     field = exc.input_field if isinstance(exc, InvalidInput) else None
     message = exc.message if isinstance(exc, InvalidInput) else None
-    status, body, headers = _encoded_problem(exc.code, exc.detail, exc.retry_after, field, message)
+    status, body, headers = _encoded_problem(exc.code, exc.detail, exc.retry_after, field, message, queue)
     return Response(body, status_code=status, media_type=_PROBLEM_JSON, headers=headers)
 
 
@@ -179,7 +183,7 @@ _PROBLEM_JSON = "application/problem+json"
 
 @functools.lru_cache(maxsize=1024)
 def _encoded_problem(
-    code: str, detail: str, retry_after: int | None, field: str | None, message: str | None
+    code: str, detail: str, retry_after: int | None, field: str | None, message: str | None, queue: str | None = None
 ) -> tuple[int, bytes, dict[str, str] | None]:
     status = STATUS_BY_CODE[code]
     problem = Problem(status, code, detail)
@@ -192,6 +196,8 @@ def _encoded_problem(
     }
     if field is not None and message is not None:
         body["errors"] = [{"field": field, "message": message}]
+    if queue is not None:
+        body["queue"] = queue
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     if status == 401:  # RFC 9110 section 15.5.2: a 401 names how to authenticate
         headers = {**(headers or {}), "WWW-Authenticate": SIGNATURE_CHALLENGE}

@@ -19,7 +19,9 @@ from service.domain.errors import Unavailable
 from service.failures import STORE_NAMES, Store
 from service.startup import BackgroundResources
 
-SERVICES = frozenset({"purchases", "orders", "catalog", "realigner", "payments", "checkout", "publisher", "settings"})
+SERVICES = frozenset(
+    {"purchases", "orders", "catalog", "realigner", "payments", "checkout", "publisher", "settings", "rooms"}
+)
 """The dependencies held by the opened worker (:class:`service.bootstrap.ApiWorker`'s fields of
 the same names)."""
 

@@ -30,6 +30,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
 from service.api.controllers.ops import OpsController
+from service.api.controllers.ops_rooms import OpsRoomsController
 from service.log_setup import HTTP_REQUEST_ID
 from service.settings import Settings
 
@@ -176,6 +177,7 @@ def install(app_config: AppConfig, settings: Settings) -> None:
     if enabled:
         app_config.route_handlers.append(metrics_route)
     app_config.route_handlers.append(OpsController)
+    app_config.route_handlers.append(OpsRoomsController)
 
     @contextlib.asynccontextmanager
     async def flushing(_: Any) -> AsyncIterator[None]:

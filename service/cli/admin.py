@@ -1,5 +1,5 @@
 """The operator's set-up commands: ``migrate`` (the schema), ``product set`` (a product and its
-stock) and ``token`` (a JWT for a user)."""
+stock), ``product draw`` (the record of a waiting room's lottery) and ``token`` (a JWT for a user)."""
 
 from __future__ import annotations
 
@@ -89,6 +89,13 @@ def product() -> None:
     help="Redis stock buckets: the stock split over K hash tags, for a product hotter than one Redis Cluster "
     "slot (on creation only, default 1; fixed from then on).",
 )
+@click.option(
+    "--waiting-room",
+    type=click.Choice(["on", "off"]),
+    default=None,
+    help="Buyers pass the product's waiting room and a purchase needs their Admission-Token (stock mode redis, "
+    "one bucket; kept when left out, off on creation).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the load report as JSON.")
 def product_set(
     product_id: int,
@@ -101,6 +108,7 @@ def product_set(
     stock_mode: str | None,
     require_token: bool | None,
     buckets: int | None,
+    waiting_room: str | None,
     as_json: bool,
 ) -> None:
     """Create or update PRODUCT_ID: STOCK is the sale's units in all (sold ones included), and
@@ -139,6 +147,7 @@ def product_set(
         "stock_mode": stock_mode,
         "require_token": require_token,
         "buckets": buckets,
+        "waiting_room": None if waiting_room is None else waiting_room == "on",
     }
     try:
         data = msgspec.convert({k: v for k, v in fields.items() if v is not None}, ProductInput)
@@ -148,6 +157,45 @@ def product_set(
     if not as_json:
         click.echo(change)
     print_reports([report], as_json)
+
+
+@product.command("draw")
+@click.argument("product_id", type=click.IntRange(1))
+@click.option("--json", "as_json", is_flag=True, help="Print the draw as one JSON object, with the whole order.")
+def product_draw(product_id: int, as_json: bool) -> None:
+    """The draw of PRODUCT_ID's waiting-room pre-queue at the opening of its sale, as recorded
+    (MySQL ``waiting_room_draws``; recorded from Redis first if it is not yet): the seed, the
+    entrants, the drawn order, and whether the seed reproduces that order. Exit 1 when it does
+    not, or before the opening (the seed stays secret until then)."""
+    from datetime import UTC
+
+    from service.bootstrap import open_job, opened
+    from service.domain.model.waiting_room import Draw
+    from service.domain.waiting_room.draws import read_draw
+    from service.domain.waiting_room.lottery import drawn_order
+    from service.log_setup import configure_logging
+
+    async def read() -> Draw | None:
+        configure_logging("WARNING")
+        async with opened(open_job(load_settings(), publish=False)) as job:
+            return await read_draw(job.engine, job.store.rooms, product_id)
+
+    draw = run(read())
+    if draw is None:
+        click.echo(f"product {product_id}: its waiting room has not opened (no draw yet)", err=True)
+        raise SystemExit(1)
+    reproduced = drawn_order(draw.seed, draw.order) == list(draw.order)
+    opened_at = datetime.fromtimestamp(draw.opened_ms / 1000, UTC).isoformat(timespec="milliseconds")
+    if as_json:
+        fields = {"product_id": product_id, "opened_at": opened_at, "opened_ms": draw.opened_ms, "seed": draw.seed}
+        click.echo(json.dumps({**fields, "entrants": len(draw.order), "reproduced": reproduced, "order": draw.order}))
+    else:
+        click.echo(f"product {product_id}: opened {opened_at}, seed {draw.seed or '-'}, {len(draw.order)} entrants")
+        click.echo(f"order reproduced from the seed: {'yes' if reproduced else 'NO'}")
+        for place, user_id in enumerate(draw.order, start=1):
+            click.echo(f"{place:>8}  {user_id}")
+    if not reproduced:
+        raise SystemExit(1)
 
 
 @click.command()

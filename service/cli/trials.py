@@ -84,10 +84,24 @@ from service.cli.common import load_settings, run
     help="Run on the running Redis Cluster that has this node (redis://HOST:PORT): "
     "FLASHSALE_REDIS__URL=URL and FLASHSALE_REDIS__CLUSTER=true for every process of the sale.",
 )
+@click.option(
+    "--waiting-room",
+    is_flag=True,
+    help="The product has the waiting room: a crowd of --users buyers (some before the opening, some impatient, "
+    "some scripted) goes through it; the report adds fairness and the room's invariants.",
+)
+@click.option(
+    "--crowd",
+    is_flag=True,
+    help="The same crowd as --waiting-room, straight at the purchase route: the fairness figures without the room.",
+)
+@click.option("--seed", default=None, help="Draw the crowd from this seed (default: the run id), to compare runs.")
 def sale(cluster_node: str | None, **options: Any) -> None:
     """Run a whole flash sale end to end on the real services and check every invariant."""
     from service.sale.job import run_sale
 
+    if (options["waiting_room"] or options["crowd"]) and options["pay_share"]:
+        raise click.UsageError("--pay-share does not combine with --waiting-room or --crowd")
     settings = load_settings()
     if cluster_node is not None:
         redis = settings.redis.model_copy(update={"url": cluster_node, "cluster": True})

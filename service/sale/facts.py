@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.domain.stock.realign_report import RealignReport
+from service.sale.crowd import CrowdRun
 from service.sale.plan import Wave
 
 
@@ -117,7 +118,8 @@ class Measured:
     Seconds for the timings; ``drain_seconds`` None = the queue did not drain. ``queue_timeline``:
     the order queue sampled from the first wave to the end of the last drain
     (``time.perf_counter()``, order rows of the product in MySQL, messages ready in the order
-    queues)."""
+    queues). ``crowd``: what every buyer saw when the purchase wave was a crowd
+    (``--waiting-room``, ``--crowd``), else None."""
 
     purchase: Wave
     noop: Wave | None
@@ -128,3 +130,4 @@ class Measured:
     realignment: RealignReport
     facts: StoreFacts
     queue_timeline: tuple[tuple[float, int, int], ...] = ()
+    crowd: CrowdRun | None = None

@@ -2,7 +2,8 @@
 one order per accepted request, the per-user limit, Redis realigned with MySQL, rejections leave
 no trace: :func:`check_invariants`, docs/ARCHITECTURE.md) and three more for the order lifecycle
 (:func:`check_lifecycle`), each a :class:`Check` with the numbers behind it; :func:`check_all`
-picks what applies to a run.
+picks what applies to a run. :data:`INVARIANT_TITLES` also names the four of a sale through the
+waiting room, checked by :mod:`service.sale.room_checks`.
 """
 
 from __future__ import annotations
@@ -52,6 +53,18 @@ INVARIANT_TITLES = {
     "channels_reconciled": (
         "8. every channel payment matched to exactly one order (channel + txn + order) or flagged owed back;"
         " no order paid at a channel cancelled; reconciliation clean"
+    ),
+    "no_purchase_without_admission": (
+        "9. waiting room: every 202 bought with an admission its buyer was given; no admission bought twice"
+    ),
+    "admitted_once_at_a_time": "10. waiting room: one ticket per buyer; no buyer holds two admissions at once",
+    "sold_out_told_in_time": (
+        "11. waiting room: every buyer waiting at the last unit told sold_out within its longest poll interval"
+        " + 1 s (no buyer left waiting at the deadline)"
+    ),
+    "scripted_no_larger_share": (
+        "12. waiting room: scripted buyers' share of units <= their share of the buyers who stayed (+ 3 standard"
+        " deviations of a fair draw)"
     ),
 }
 

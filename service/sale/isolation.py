@@ -118,7 +118,7 @@ def environment(settings: Settings) -> dict[str, str]:
 class Sale:
     """One run of ``flashsale sale``: its id, the settings of every process in it, the API's base
     URL, the product on sale and its terms (``stock`` and ``per_user_limit`` in units, its stock
-    ``buckets`` in Redis); ``isolated`` False with ``--url``."""
+    ``buckets`` in Redis, its ``waiting_room``); ``isolated`` False with ``--url``."""
 
     run_id: str
     settings: Settings
@@ -128,6 +128,7 @@ class Sale:
     stock: int
     per_user_limit: int
     buckets: int = 1
+    waiting_room: bool = False
 
 
 def sale_settings(settings: Settings, run_id: str, window_seconds: int | None) -> Settings:

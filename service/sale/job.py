@@ -8,11 +8,13 @@ clean up. The phases themselves, the no-op ceiling and the order lifecycle are d
 :mod:`service.sale.phases`.
 
 Package layout; imports flow one way, each module imports only modules left of it:
-``plan`` (plan and answer types) -> ``facts`` (what the stores hold) -> ``report`` (summary
-numbers) -> ``invariants`` (checks 1-7) -> ``render`` (JSON document, tables); ``errors``,
-``isolation`` (run ids, settings, child environment) -> ``load`` (HTTP load generator),
-``processes`` (subprocesses), ``stores`` (connections, set-up and tear-down) -> ``sampler``
-(the queue over time), ``phases`` -> ``job`` (this module, the entry :func:`run_sale`).
+``plan`` (plan and answer types) -> ``crowd`` (the crowd's buyers and what they saw) -> ``facts``
+(what the stores hold) -> ``report`` (summary numbers) -> ``invariants`` (checks 1-8) ->
+``fairness`` (the crowd's fairness figures) -> ``room_checks`` (checks 9-12) -> ``render`` (JSON
+document, tables); ``errors``, ``isolation`` (run ids, settings, child environment) -> ``load``
+(HTTP load generator), ``buyers`` (the crowd at work), ``processes`` (subprocesses), ``stores``
+(connections, set-up and tear-down) -> ``sampler`` (the queue over time), ``phases`` ->
+``crowd_wave`` -> ``job`` (this module, the entry :func:`run_sale`).
 
 Isolation (default). The run gets an id ``sale_<8 hex>`` and settings of its own derived from
 the given ones: database ``<run id>`` on the same MySQL server (created by
@@ -48,6 +50,7 @@ import sys
 import tempfile
 import time
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import aio_pika
@@ -57,6 +60,7 @@ from rich.console import Console
 
 from service.adapters.broker import declare_topology
 from service.log_setup import configure_logging
+from service.sale.crowd_wave import crowd_wave
 from service.sale.errors import SetupError, stderr
 from service.sale.facts import Measured
 from service.sale.isolation import Sale, child_env, consumer_partitions, new_sale, simulator_url
@@ -124,8 +128,16 @@ async def _measure(
             raise SetupError(f"dead-letter queue {sale.settings.amqp.dead_letter_queue!r} not found: {exc!r}") from exc
         noop_skip = await open_sale(sale, processes, console, load.noop_requests)
         noop_requests = 0 if noop_skip else load.noop_requests
+        crowd = None
         async with sampling_queue(sale.settings, sale.product_id) as timeline:  # until the last drain
-            noop, purchase, token_seconds = await first_waves(sale, console, load, noop_requests)
+            if load.crowd_seed is None:
+                noop, purchase, token_seconds = await first_waves(sale, console, load, noop_requests)
+            else:
+                noop, token_seconds = None, 0.0
+                admission = sale.settings.waiting_room.admission_ttl_seconds
+                purchase, crowd = await crowd_wave(
+                    sale, console, load.users, load.crowd_seed, admission, load.concurrency
+                )
             orders = accepted_orders(purchase)
             drain_seconds = await drain(stores, sale, orders, processes, console)
             lifecycle = None
@@ -134,8 +146,15 @@ async def _measure(
         realignment = await stores.realign(sale.product_id)
         facts = await stores.facts(sale.product_id, dead_letters_before)
     return Measured(
-        purchase, noop, noop_skip, lifecycle, token_seconds, drain_seconds, realignment, facts, tuple(timeline)
+        purchase, noop, noop_skip, lifecycle, token_seconds, drain_seconds, realignment, facts, tuple(timeline), crowd
     )
+
+
+CROWD_ADMISSION_SECONDS = 15
+"""The admissions' lifetime in a sale through the waiting room: short, so an impatient buyer's
+lapsed turn passes on within the run, yet well above the longest poll interval (5 s) plus the
+seconds a request of the sale's own saturated client can wait (with 5 s, honest buyers who poll
+as told lost a fifth of their turns to it; scripts polling ten times a second lost few)."""
 
 
 def _quiet_logs() -> None:
@@ -172,6 +191,9 @@ async def run_sale(
     payment_window: int,
     publish_mode: str | None = None,
     report_dir: Path | None = None,
+    waiting_room: bool = False,
+    crowd: bool = False,
+    seed: str | None = None,
 ) -> int:
     """``flashsale sale`` (see the module docstring); returns the exit status: 0 every invariant
     holds, 1 one failed, 2 set-up failed, 130 interrupted. Prints the report to stdout (rich tables, or exactly one
@@ -182,7 +204,12 @@ async def run_sale(
     ``partitions`` (``FLASHSALE_AMQP__PARTITIONS`` when None) the order-queue partitions of every
     process of the run, each consumer taking its share (:func:`consumer_partitions`; with ``url``
     it must be the running API's). With
-    ``report_dir`` an HTML report with charts is written there too (:mod:`service.sale.charts`)."""
+    ``report_dir`` an HTML report with charts is written there too (:mod:`service.sale.charts`).
+    ``waiting_room``: the product gets the waiting room and the purchase wave is a crowd going
+    through it; ``crowd``: the same crowd straight at the purchase route (the comparison); both
+    draw the crowd of ``users`` buyers from ``seed`` (the run id when None), take no no-op wave
+    and no ``pay_share``. An isolated run with the room gives admissions
+    :data:`CROWD_ADMISSION_SECONDS`."""
     began = time.perf_counter()
     _quiet_logs()
     main_task = asyncio.current_task()
@@ -196,10 +223,15 @@ async def run_sale(
         settings = settings.model_copy(
             update={"orders": settings.orders.model_copy(update={"publish_mode": publish_mode})}
         )
-    sale = new_sale(settings, url, stock, per_user_limit, window, buckets)
+    crowd = crowd or waiting_room
+    noop_requests = 0 if crowd else noop_requests
+    if waiting_room and url is None:
+        room = settings.waiting_room.model_copy(update={"admission_ttl_seconds": CROWD_ADMISSION_SECONDS})
+        settings = settings.model_copy(update={"waiting_room": room})
+    sale = replace(new_sale(settings, url, stock, per_user_limit, window, buckets), waiting_room=waiting_room)
     processes = Processes(child_env(sale.settings), Path(tempfile.mkdtemp(prefix=f"flashsale-{sale.run_id}-")))
     try:
-        load = Load(requests_, users, concurrency, noop_requests, pay_share)
+        load = Load(requests_, users, concurrency, noop_requests, pay_share, (seed or sale.run_id) if crowd else None)
         measured = await _measure(sale, processes, console, load, workers, consumers)
     except SetupError as exc:
         return _failed(sale, processes, f"set-up failed: {exc}", 2, as_json)
@@ -228,7 +260,12 @@ async def run_sale(
         "pay_share": pay_share,
         "payment_window_seconds": window,
         "publish_mode": sale.settings.orders.publish_mode if sale.isolated else None,
+        "waiting_room": waiting_room,
+        "crowd_seed": load.crowd_seed,
+        "admission_seconds": sale.settings.waiting_room.admission_ttl_seconds if waiting_room else None,
     }
+    if crowd:
+        run["requests"] = len(measured.purchase.outcomes)
     report = build_report(run, measured, time.perf_counter() - began, processes.exit_codes)
     if report["ok"] and not any(processes.exit_codes.values()):
         shutil.rmtree(processes.log_dir, ignore_errors=True)

@@ -57,7 +57,7 @@ class _Body(msgspec.Struct):
 _decode_body = msgspec.json.Decoder(_Body).decode
 
 
-def _answer(status: int, content: bytes, latency: float) -> Answer:
+def answer_of(status: int, content: bytes, latency: float) -> Answer:
     """The :class:`~service.sale.plan.Answer` to a response with ``status`` and body ``content``
     (``latency`` in seconds)."""
     try:
@@ -125,7 +125,7 @@ class LoadGenerator:
             code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_error"
             outcome = Answer(0, code, None, None, time.perf_counter() - start, time.perf_counter())
         else:
-            outcome = _answer(response.status_code, response.content, time.perf_counter() - start)
+            outcome = answer_of(response.status_code, response.content, time.perf_counter() - start)
         self.outcomes[shot.index] = outcome
         self.done += 1
         self.succeeded += 200 <= outcome.status < 300

@@ -33,6 +33,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import httpx
 import msgspec
@@ -69,13 +70,16 @@ NOOP_PATH = "/api/v1/bench/noop"
 class Load:
     """The traffic asked for: ``requests`` purchases from ``users`` buyers, ``noop_requests``
     no-op requests before them (0 = none), over ``concurrency`` connections; ``pay_share`` of
-    the orders pending payment after the first drain get paid (0 = no lifecycle phases)."""
+    the orders pending payment after the first drain get paid (0 = no lifecycle phases). With a
+    ``crowd_seed`` the purchase wave is instead a crowd of ``users`` buyers drawn from that seed
+    (:mod:`service.sale.crowd_wave`)."""
 
     requests: int
     users: int
     concurrency: int
     noop_requests: int
     pay_share: float
+    crowd_seed: str | None = None
 
 
 async def _send(
@@ -85,8 +89,10 @@ async def _send(
     return await send_wave(console, label, requests, jobs, concurrency, trust_env=not sale.isolated)
 
 
-async def create_product(client: httpx.AsyncClient, sale: Sale) -> None:
-    """``PUT /api/v1/admin/products/{id}`` (admin JWT): the product, its stock and per-user limit.
+async def create_product(client: httpx.AsyncClient, sale: Sale, opens_at: int | None = None) -> None:
+    """``PUT /api/v1/admin/products/{id}`` (admin JWT): the product, its stock and per-user limit,
+    its waiting room when the sale has one, its sale opening at ``opens_at`` (Unix seconds) when
+    given (else open now).
 
     Raises:
         SetupError: the API refused, or Redis stock is not the stock asked for.
@@ -100,6 +106,10 @@ async def create_product(client: httpx.AsyncClient, sale: Sale) -> None:
         "stock_mode": "redis",
         "buckets": sale.buckets,
     }
+    if sale.waiting_room:
+        body["waiting_room"] = True
+    if opens_at is not None:
+        body["sale_starts_at"] = datetime.fromtimestamp(opens_at, UTC).isoformat()
     try:
         response = await client.put(
             f"/api/v1/admin/products/{sale.product_id}", json=body, headers={"Authorization": f"Bearer {admin}"}
@@ -135,8 +145,12 @@ async def noop_skipped(client: httpx.AsyncClient, sale: Sale, noop_requests: int
 
 def mint_tokens(sale: Sale, *plans: list[Job]) -> dict[str, str]:
     """``Authorization`` header value (``Bearer <JWT>``) per user of ``plans``."""
+    return bearer_tokens(sale, {shot.user for jobs in plans for job in jobs for shot in job.shots})
+
+
+def bearer_tokens(sale: Sale, users: set[str]) -> dict[str, str]:
+    """``Authorization`` header value (``Bearer <JWT>``) per user of ``users``."""
     auth = sale.settings.auth
-    users = {shot.user for jobs in plans for job in jobs for shot in job.shots}
     return {user: f"Bearer {issue_token(auth.jwt_secret, user, ttl_seconds=auth.token_ttl_seconds)}" for user in users}
 
 

@@ -13,8 +13,10 @@ from rich.table import Table
 from consumers.realign import print_reports
 from service.domain.stock.realign_report import RealignReport
 from service.sale.facts import Measured
+from service.sale.fairness import fairness
 from service.sale.invariants import INVARIANT_TITLES, check_all
 from service.sale.report import sections, summarize_run
+from service.sale.room_checks import check_room
 
 
 def build_report(
@@ -26,14 +28,21 @@ def build_report(
     ``requests``, ``users``, ``pay_share``, ...); ``wall_seconds`` from start to report;
     ``exit_codes`` per subprocess. ``responses``, ``replays`` and ``performance`` are the
     purchase wave's; ``ceiling`` the no-op wave's; ``lifecycle``
-    None without payments. The invariants span every wave. ``ok`` is True when every invariant
-    holds; ``logs`` is filled in by the caller.
+    None without payments. ``fairness`` (a crowd sale only, else None): the figures of
+    :func:`service.sale.fairness.fairness`. The invariants span every wave, with the four of the
+    waiting room when the crowd went through it. ``ok`` is True when every invariant holds;
+    ``logs`` is filled in by the caller.
     """
     summaries = summarize_run(measured)
     invariants = check_all(summaries, measured, run["stock"], run["per_user_limit"])
+    crowd = measured.crowd
+    figures = None if crowd is None else fairness(crowd)
+    if crowd is not None and crowd.room:
+        invariants |= check_room(crowd, figures)
     return {
         "run": run,
         **sections(measured, summaries, wall_seconds),
+        "fairness": figures,
         "realignment": msgspec.structs.asdict(measured.realignment),
         "processes": exit_codes,
         "invariants": {name: check.as_dict() for name, check in invariants.items()},
@@ -180,6 +189,9 @@ def render(report: dict[str, Any], console: Console) -> None:
         console.print(_table("order lifecycle: payments, payment timeout, resale", rows(report["lifecycle"])))
     elif report["run"]["pay_share"]:
         console.print("[yellow]order lifecycle not run: the queue did not drain after the purchase wave[/]")
+    if report["fairness"] is not None:
+        room = "through the waiting room" if report["fairness"]["waiting_room"] else "without the waiting room"
+        console.print(_table(f"fairness ({room})", rows(report["fairness"])))
     print_reports([RealignReport(**report["realignment"])], False, console)
     console.print(_invariants_table(report["invariants"]))
     codes = ", ".join(f"{name} {code}" for name, code in report["processes"].items())

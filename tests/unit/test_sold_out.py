@@ -129,6 +129,7 @@ class FakeStore:
         *,
         bucket: int = 0,
         buckets: int = 1,
+        admission: str | None = None,
     ) -> Reservation:
         self.calls += 1
         if self.during is not None:

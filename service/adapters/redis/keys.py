@@ -31,7 +31,15 @@ class ProductKeys:
     - ``user_rate(user_id)`` / ``address_rate(address)``: purchase rate buckets (GCRA arrival time).
     - ``order_token(token)``: string, the user id an order token was issued to (expires).
 
-    The ``sale`` hash also holds ``token`` (``1``: a purchase needs an order token), ``buckets``
+    Waiting room (``lua/queue.lua``; docs/ARCHITECTURE.md, "Waiting room"): ``room`` (hash
+    ``seed``, ``seq``, ``opened_ms``, ``entrants``, ``admitted``, ``expired``, ``used``),
+    ``room_line`` (zset user -> place score: positions), ``room_waiting`` (zset, the same scores:
+    who waits), ``room_admitted`` (zset user -> admission expiry ms), ``room_grants`` (hash user ->
+    admission token), ``room_joined`` (hash user -> ms joined, until admitted), ``room_pre`` (zset
+    user -> lottery score: the pre-queue as drawn, kept for the record).
+
+    The ``sale`` hash also holds ``room`` (``1``: a purchase needs an admission), ``token``
+    (``1``: a purchase needs an order token), ``buckets``
     (the product's K) and, while the product sells from MySQL (stock mode ``database``),
     ``mode`` = ``database``.
 
@@ -74,6 +82,34 @@ class ProductKeys:
     @property
     def versions(self) -> str:
         return f"{self.tag}:versions"
+
+    @property
+    def room(self) -> str:
+        return f"{self.tag}:wr"
+
+    @property
+    def room_line(self) -> str:
+        return f"{self.tag}:wr:line"
+
+    @property
+    def room_waiting(self) -> str:
+        return f"{self.tag}:wr:waiting"
+
+    @property
+    def room_admitted(self) -> str:
+        return f"{self.tag}:wr:admitted"
+
+    @property
+    def room_grants(self) -> str:
+        return f"{self.tag}:wr:grants"
+
+    @property
+    def room_joined(self) -> str:
+        return f"{self.tag}:wr:joined"
+
+    @property
+    def room_pre(self) -> str:
+        return f"{self.tag}:wr:pre"
 
     def replay(self, request_id: str) -> str:
         return f"{self.tag}:req:{request_id}"

@@ -108,6 +108,7 @@ class Reservations:
         *,
         bucket: int = 0,
         buckets: int = 1,
+        admission: str | None = None,
     ) -> Reservation:
         """``lua/reserve.lua``, one round trip: replay check for ``request_id``, sale loaded and
         open, per-user limit and quota, numeric stock check, then decrement ``quantity`` units,
@@ -124,7 +125,9 @@ class Reservations:
         ``RESERVED`` writes stock, quota, journal or replay record. Concurrent calls share a
         pipeline (:class:`CommandBatcher`). ``bucket`` is the buyer's among the ``buckets`` the
         caller believes the product has; ``REBUCKET`` (nothing read or spent) names the
-        product's real count."""
+        product's real count. On a product with a waiting room, ``admission`` must be the token
+        the room admitted ``user_id`` with, not expired (else ``ADMISSION_REQUIRED``); the
+        reservation consumes it in the same call."""
         keys = ProductKeys(self._prefix, product_id, bucket)
         started = perf_counter()
         reply = await self._scripts.run_batched(
@@ -140,6 +143,9 @@ class Reservations:
                 keys.address_rate(client),
                 keys.order_token(order_token or ""),
                 keys.units,
+                keys.room_admitted,
+                keys.room_grants,
+                keys.room,
             ],
             args=[
                 request_id,
@@ -151,6 +157,7 @@ class Reservations:
                 *self._rate_args,
                 "0" if order_token is None else "1",
                 buckets,
+                admission or "",
             ],
         )
         _RESERVE_SECONDS.observe(perf_counter() - started)

@@ -22,12 +22,14 @@ from service.adapters.redis.restock_channel import RestockChannel
 from service.adapters.redis.scripts import Scripts
 from service.adapters.redis.sequences import OrderNumberSequences
 from service.adapters.redis.stock import Stock
+from service.adapters.redis.waiting_room import WaitingRooms
 from service.settings import Settings
 
 
 class RedisStores:
     """The pieces, on one client (:func:`open_stores`): reservations, stock, replays, order
-    tokens, leases, order-number sequences, stock buckets and the restock channel, plus the
+    tokens, leases, order-number sequences, stock buckets, the restock channel and the waiting
+    rooms, plus the
     script registry (load once at start-up where the hot path follows: ``scripts.load()``).
 
     A plain class, not a dataclass: frameworks that inspect dataclass fields (Litestar's
@@ -48,6 +50,7 @@ class RedisStores:
         sequences: OrderNumberSequences,
         buckets: StockBuckets,
         restocks: RestockChannel,
+        rooms: WaitingRooms,
     ) -> None:
         self.redis = redis
         self.key_prefix = key_prefix
@@ -60,6 +63,7 @@ class RedisStores:
         self.sequences = sequences
         self.buckets = buckets
         self.restocks = restocks
+        self.rooms = rooms
         self._batcher = batcher
 
     def product_keys(self, product_id: int, bucket: int = 0) -> ProductKeys:
@@ -118,6 +122,7 @@ def open_stores(
         sequences=OrderNumberSequences(scripts, key_prefix),
         buckets=StockBuckets(redis, scripts, restocks, key_prefix),
         restocks=restocks,
+        rooms=WaitingRooms(redis, scripts, batcher, key_prefix),
     )
 
 

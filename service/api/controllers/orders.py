@@ -21,15 +21,29 @@ from service.api.auth import User
 from service.api.body import decode_body
 from service.api.media import JSON_BODY_OPT
 from service.api.openapi import REQUEST_SCHEMA_OPT, problems
-from service.api.params import CursorQuery, IdempotencyKeyHeader, OrderNoPath, OrderTokenHeader
+from service.api.params import (
+    AdmissionTokenHeader,
+    CursorQuery,
+    IdempotencyKeyHeader,
+    OrderNoPath,
+    OrderTokenHeader,
+)
 from service.api.problems import problem_response
 from service.domain.errors import Conflict, DomainError
+from service.domain.model.stock import ReserveOutcome
 from service.domain.orders.service import OrderPage, OrderService, OrderView
+from service.domain.purchase.answers import rejected
 from service.domain.purchase.request_id import is_valid_idempotency_key, request_id_for, request_id_from_key
 from service.domain.purchase.service import PurchaseService
 from service.domain.stock.catalog import PositiveId
 
 _ACCEPTED = metrics.purchase_outcome("accepted")
+ADMISSION_REQUIRED = "admission_required"
+
+
+def _queue_url(product_id: int) -> str:
+    """Where a buyer without an admission queues for ``product_id`` (the waiting room's join route)."""
+    return f"/api/v1/products/{product_id}/queue"
 
 
 class PurchaseRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -94,6 +108,7 @@ class OrderController(Controller):
                 "too_many_requests",
                 "token_invalid",
                 "token_required",
+                "admission_required",
             ),
         },
     )
@@ -103,23 +118,33 @@ class OrderController(Controller):
         purchases: NamedDependency[PurchaseService],
         idempotency_key: IdempotencyKeyHeader = None,
         order_token: OrderTokenHeader = None,
+        admission_token: AdmissionTokenHeader = None,
     ) -> Response[OrderAccepted]:
         """Buy: ``{"product_id", "quantity"}`` (units). Stock mode ``redis``: 202 ``OrderAccepted``
         (``queued``) with ``Location``, only after the broker confirmed; ``database``: 201 with the
         order already ``pending_payment``. ``Idempotency-Key`` (IETF Idempotency-Key draft, 1-64
         visible ASCII) makes retries safe; ``Order-Token`` (from ``POST /orders/tokens``, required
         when the product has ``require_token``) is consumed by the purchase and is its idempotency
-        key (it wins over ``Idempotency-Key``). Errors (RFC 9457 problem+json, ``code``): 400
-        invalid_request / invalid_idempotency_key, 401, 404 product_not_found, 409 sold_out /
+        key (it wins over ``Idempotency-Key``). ``Admission-Token`` (from the product's waiting
+        room, required when the product has ``waiting_room``) is consumed by the purchase; without
+        an ``Idempotency-Key`` it is the idempotency key. Errors (RFC 9457 problem+json, ``code``):
+        400 invalid_request / invalid_idempotency_key, 401, 404 product_not_found, 409 sold_out /
         limit_exceeded / sale_not_active / request_in_progress / token_invalid, 422
-        idempotency_key_reused, 428 token_required, 429 too_many_requests, 503 unavailable."""
+        idempotency_key_reused, 428 token_required / admission_required (with ``queue``, the
+        waiting room to join), 429 too_many_requests, 503 unavailable."""
         data = await decode_body(request, PurchaseRequest)
+        if admission_token is not None and not is_valid_idempotency_key(admission_token):
+            return problem_response(rejected(ReserveOutcome.ADMISSION_REQUIRED), queue=_queue_url(data.product_id))
         if order_token is not None:
             if not is_valid_idempotency_key(order_token):
                 return problem_response(
                     Conflict("The Order-Token is unknown, expired or not yours.", code="token_invalid")
                 )
             request_id = request_id_from_key(request.user.id, data.product_id, f"order-token:{order_token}")
+        elif idempotency_key is None and admission_token is not None:
+            # A retry after a 503 with the same admission is the same purchase (its record
+            # holds the admission it consumed).
+            request_id = request_id_from_key(request.user.id, data.product_id, f"admission:{admission_token}")
         elif idempotency_key is None and (answer := purchases.standing_rejection(data.product_id, data.quantity)):
             metrics.purchase_outcome(answer.code, "sold_out_flag").inc()
             return problem_response(answer)  # a stampede's usual answer: no Redis, no raise
@@ -132,12 +157,15 @@ class OrderController(Controller):
                 data.product_id,
                 data.quantity,
                 request_id,
-                keyed=idempotency_key is not None or order_token is not None,
+                keyed=idempotency_key is not None or order_token is not None or admission_token is not None,
                 order_token=order_token,
                 client=client,
+                admission=admission_token,
             )
         except DomainError as exc:
             metrics.purchase_outcome(exc.code).inc()
+            if exc.code == ADMISSION_REQUIRED:
+                return problem_response(exc, queue=_queue_url(data.product_id))
             raise
         _ACCEPTED.inc()
         request_telemetry.note_order(request.scope, accepted.request_id, accepted.order_no)

@@ -30,6 +30,7 @@ class ReserveOutcome(StrEnum):
     SOLD_OUT = "sold_out"
     TOKEN_REQUIRED = "token_required"  # the product needs an order token and none was sent
     TOKEN_INVALID = "token_invalid"  # the order token is unknown, expired or another user's
+    ADMISSION_REQUIRED = "admission_required"  # waiting room: no valid admission token of this user
     RATE_LIMITED = "rate_limited"  # the user's or the client address's purchase rate is spent
 
 
@@ -102,7 +103,8 @@ class JournalEntry:
 class SaleTerms(NamedTuple):
     """A product's ``sale`` hash: window in Unix milliseconds (``ends_ms`` 0 = no end), per-user
     limit in units, unit price in minor currency units, ``token`` 1 when a purchase needs an
-    order token, ``buckets`` the product's stock buckets K."""
+    order token, ``buckets`` the product's stock buckets K, ``room`` 1 when a purchase needs an
+    admission from the product's waiting room."""
 
     starts_ms: int
     ends_ms: int
@@ -110,6 +112,7 @@ class SaleTerms(NamedTuple):
     price: int
     token: int = 0
     buckets: int = 1
+    room: int = 0
 
 
 @dataclass(frozen=True, slots=True)

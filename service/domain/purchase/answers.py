@@ -61,6 +61,10 @@ REJECTIONS: dict[ReserveOutcome | Down, tuple[str, str]] = {
     ReserveOutcome.NOT_LOADED: (UNAVAILABLE, "Stock is not loaded yet, retry shortly."),
     ReserveOutcome.TOKEN_REQUIRED: ("token_required", "This product needs an Order-Token header."),
     ReserveOutcome.TOKEN_INVALID: ("token_invalid", "The Order-Token is unknown, expired or not yours."),
+    ReserveOutcome.ADMISSION_REQUIRED: (
+        "admission_required",
+        "This product sells through its waiting room: join its queue and buy with the Admission-Token it gives you.",
+    ),
     # Both sides said the other serves: the product is being switched between stock modes.
     ReserveOutcome.MOVED: (UNAVAILABLE, "The product is switching stock mode, retry shortly."),
     # Only a reserve that arrives after its own attempt was released answers this, and by then

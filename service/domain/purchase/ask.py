@@ -21,6 +21,7 @@ class Ask:
     order_token: str | None
     client: str  # the caller's address (per-address purchase rate)
     buckets: int = 1  # the product's stock buckets, as this process knows them
+    admission: str | None = None  # the waiting room's Admission-Token
 
     @property
     def bucket(self) -> int:

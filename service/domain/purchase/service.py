@@ -125,6 +125,7 @@ class PurchaseService:
         keyed: bool = True,
         order_token: str | None = None,
         client: str = "",
+        admission: str | None = None,
     ) -> Accepted:
         """Buy ``quantity`` units of ``product_id`` for ``user_id`` in the product's stock mode.
 
@@ -136,6 +137,8 @@ class PurchaseService:
         answer without asking Redis. ``order_token``: the ``Order-Token`` header (the request id
         derives from it); consumed by the purchase it makes. ``client`` is the caller's address,
         for the per-address purchase rate (checked in the reserve call; stock mode ``redis`` only).
+        ``admission``: the ``Admission-Token`` the product's waiting room gave ``user_id``, checked
+        and consumed in the reserve call (docs/ARCHITECTURE.md, "Waiting room").
 
         Raises:
             PurchaseRejected: a business rejection (nothing was written) or ``unavailable``
@@ -150,7 +153,7 @@ class PurchaseService:
                 raise answer
             token = flags.token(product_id)
         route = self._routes.cached(product_id) or await self._routes.load(product_id)
-        ask = Ask(user_id, product_id, quantity, request_id, order_token, client, route.buckets)
+        ask = Ask(user_id, product_id, quantity, request_id, order_token, client, route.buckets, admission)
         # At most two routes (one move: both sides saying "the other one" means a switch is under
         # way), each tried at most twice (a rebucket, a rebalancing or a token requirement learned).
         step = Again(route.mode, route)
@@ -237,6 +240,7 @@ class PurchaseService:
                 ask.client,
                 bucket=ask.bucket,
                 buckets=ask.buckets,
+                admission=ask.admission,
             )
             others = None
             if reservation.outcome is ReserveOutcome.SOLD_OUT and ask.buckets > 1:

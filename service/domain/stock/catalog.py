@@ -46,7 +46,10 @@ class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
     purchase needs an ``Order-Token``; default false) left out keep their values; a new
     ``stock_mode`` switches the product safely mid-sale (:mod:`service.domain.stock.modes`).
     ``buckets`` (1..64, default 1): how many Redis key sets the stock is split over, for a product
-    hotter than one Redis Cluster slot (:mod:`service.domain.stock.buckets`); fixed at creation."""
+    hotter than one Redis Cluster slot (:mod:`service.domain.stock.buckets`); fixed at creation.
+    ``waiting_room`` (default false; left out: kept): buyers pass the product's waiting room and a
+    purchase needs their admission (docs/ARCHITECTURE.md, "Waiting room"); only for stock mode
+    ``redis`` with one bucket (the admission is consumed in the reserve call, in the product's slot)."""
 
     stock: Annotated[int, Meta(ge=0, le=2**31 - 1)]
     price: Annotated[int, Meta(ge=0, le=2**62)] | None = None
@@ -57,6 +60,7 @@ class ProductInput(msgspec.Struct, forbid_unknown_fields=True):
     stock_mode: StockMode | None = None
     require_token: bool | None = None
     buckets: Annotated[int, Meta(ge=1, le=MAX_BUCKETS)] | None = None
+    waiting_room: bool | None = None
 
 
 class ProductTerms(msgspec.Struct):
@@ -74,6 +78,7 @@ class ProductTerms(msgspec.Struct):
     stock_mode: str
     require_token: bool
     buckets: int
+    waiting_room: bool
 
 
 class ProductView(ProductTerms):
@@ -101,8 +106,9 @@ async def set_product(
 
     Raises:
         InvalidProduct: ``sale_ends_at`` is not after ``sale_starts_at``, ``price x
-            per_user_limit`` does not fit a BIGINT amount, or ``buckets`` differs from the
-            product's (nothing is written).
+            per_user_limit`` does not fit a BIGINT amount, ``buckets`` differs from the
+            product's, or a waiting room would sell in stock mode ``database`` or over several
+            buckets (nothing is written).
         service.failures.StoreUnavailable: Redis failed for a product in stock mode ``redis`` (MySQL
             is written; run it again).
     """
@@ -121,6 +127,7 @@ async def set_product(
         "mode": data.stock_mode.value if data.stock_mode else None,
         "require_token": data.require_token,
         "buckets": data.buckets,
+        "waiting_room": data.waiting_room,
     }
 
     async def write(conn: AsyncConnection) -> str:
@@ -129,7 +136,7 @@ async def set_product(
         await conn.execute(products.LOCKED, {"id": product_id})
         await conn.execute(inventory.STOCK_LOCKED, {"p": product_id})
         await conn.execute(products.UPSERT, row)
-        price, limit, starts_at, ends_at, mode, buckets = (await conn.execute(products.TERMS, row)).one()
+        price, limit, starts_at, ends_at, mode, buckets, room = (await conn.execute(products.TERMS, row)).one()
         # Checked on the values now stored (kept ones included); raised inside the transaction,
         # so nothing is written.
         if price * limit > MAX_AMOUNT:
@@ -138,6 +145,9 @@ async def set_product(
             raise InvalidProduct("sale_ends_at", "must be after sale_starts_at")
         if data.buckets is not None and data.buckets != buckets:
             raise InvalidProduct("buckets", f"is fixed when the product is created (this one has {buckets})")
+        if room and ((data.stock_mode or mode) != StockMode.REDIS or buckets != 1):
+            # The admission is checked and consumed in the reserve call, in the product's one slot.
+            raise InvalidProduct("waiting_room", "needs stock_mode redis and one stock bucket")
         # ``stock`` is the sale's units in all: what is sold stays sold, the rest is on sale.
         # Setting the same number again changes nothing, mid-sale included.
         await conn.execute(inventory.SET_SALE_UNITS, row)
@@ -190,6 +200,7 @@ def _terms(row: Row[Any], now: datetime) -> ProductTerms:
         stock_mode=row.stock_mode,
         require_token=bool(row.require_token),
         buckets=row.buckets,
+        waiting_room=bool(row.waiting_room),
     )
 
 

@@ -243,7 +243,13 @@ class Realigner:
             await conn.rollback()
 
         terms = sale_terms(
-            row.per_user_limit, row.price, row.sale_starts_at, row.sale_ends_at, row.require_token, buckets
+            row.per_user_limit,
+            row.price,
+            row.sale_starts_at,
+            row.sale_ends_at,
+            row.require_token,
+            buckets,
+            row.waiting_room,
         )
         if row.stock_mode == StockMode.DATABASE:
             marker = "database"

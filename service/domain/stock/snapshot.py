@@ -25,15 +25,19 @@ def sale_terms(
     ends_at: datetime | None,
     require_token: bool = False,
     buckets: int = 1,
+    waiting_room: bool = False,
 ) -> SaleTerms:
     """The product's sale terms in Redis from its MySQL row: window in Unix milliseconds
     (``ends_ms`` 0 = no end; MySQL times are naive UTC), per-user limit in units, unit price in
-    minor currency units, whether a purchase needs an order token, its stock buckets K."""
+    minor currency units, whether a purchase needs an order token, its stock buckets K, whether
+    it needs an admission from the waiting room."""
 
     def epoch_ms(value: datetime | None) -> int:
         return 0 if value is None else int(value.replace(tzinfo=UTC).timestamp() * 1000)
 
-    return SaleTerms(epoch_ms(starts_at), epoch_ms(ends_at), per_user_limit, price, int(require_token), buckets)
+    return SaleTerms(
+        epoch_ms(starts_at), epoch_ms(ends_at), per_user_limit, price, int(require_token), buckets, int(waiting_room)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,8 +53,8 @@ async def _one_product_per_master(redis: RedisCluster, store: RedisStores) -> li
     return sorted(chosen.values())
 
 
-async def _put(client, settings: Settings, product_id: int, stock: int, limit: int = 1) -> None:
-    body = {"stock": stock, "per_user_limit": limit, "price": 1500, "stock_mode": "redis"}
+async def _put(client, settings: Settings, product_id: int, stock: int, limit: int = 1, **fields: object) -> None:
+    body = {"stock": stock, "per_user_limit": limit, "price": 1500, "stock_mode": "redis", **fields}
     response = await client.put(
         f"/api/v1/admin/products/{product_id}", json=body, headers=_headers(settings, "admin", admin=True)
     )
@@ -119,6 +119,55 @@ async def test_a_hot_product_split_over_three_buckets_on_three_masters_sells_exa
     assert Counter(row.status for row in rows) == {S.PENDING_PAYMENT: 60}
     assert await inventory(cluster_engine, product_id) == (0, 60)
     assert await cluster_store.stock.units(product_id, buckets=3) == 0
+
+
+async def test_waiting_rooms_on_three_masters_admit_sell_exactly_the_stock_and_answer_sold_out(
+    cluster_client, cluster_settings, cluster_redis, cluster_store
+):
+    """lua/queue.lua and the admission consumed in lua/reserve.lua, in each product's slot."""
+    products = await _one_product_per_master(cluster_redis, cluster_store)
+    for product_id in products:
+        await _put(cluster_client, cluster_settings, product_id, stock=10, waiting_room=True)
+    buyers = [(product_id, f"wr{product_id}-{i}") for product_id in products for i in range(60)]
+    room = "/api/v1/products/{}/queue"
+
+    async def visit(pid: int, user: str, join: bool) -> dict:
+        headers = _headers(cluster_settings, user)
+        if join:
+            return (await cluster_client.post(room.format(pid), headers=headers)).json()
+        return (await cluster_client.get(room.format(pid) + "/me", headers=headers)).json()
+
+    await asyncio.gather(*(visit(pid, user, True) for pid, user in buyers))
+    sold: Counter[int] = Counter()
+    for _ in range(20):
+        tickets = await asyncio.gather(*(visit(pid, user, False) for pid, user in buyers))
+        admitted = [
+            (pid, user, ticket["admission_token"])
+            for (pid, user), ticket in zip(buyers, tickets, strict=True)
+            if ticket.get("state") == "admitted"
+        ]
+        if not admitted:
+            break
+        answers = await asyncio.gather(
+            *(
+                cluster_client.post(
+                    "/api/v1/orders",
+                    json={"product_id": pid, "quantity": 1},
+                    headers={**_headers(cluster_settings, user), "Admission-Token": token},
+                )
+                for pid, user, token in admitted
+            )
+        )
+        bought = {
+            (pid, user) for (pid, user, _), answer in zip(admitted, answers, strict=True) if answer.status_code == 202
+        }
+        sold.update(pid for pid, _ in bought)
+        buyers = [buyer for buyer in buyers if buyer not in bought]
+    assert sold == dict.fromkeys(products, 10)
+    tickets = await asyncio.gather(*(visit(pid, user, False) for pid, user in buyers))
+    assert {ticket["state"] for ticket in tickets} == {"sold_out"} and len(tickets) == 3 * 50
+    refused = await buy(cluster_client, _headers(cluster_settings, "wr-none"), products[0])
+    assert (refused.status_code, refused.json()["code"]) == (409, "sold_out")
 
 
 def _bucket_key(store: RedisStores, product_id: int, bucket: int) -> str:

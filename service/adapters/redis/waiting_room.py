@@ -1,0 +1,126 @@
+"""A product's waiting room in Redis (docs/ARCHITECTURE.md, "Waiting room"): a buyer's join or
+look (``lua/queue.lua``, one round trip, shared with concurrent calls by the hot path's pipeline),
+and the pre-queue's draw as recorded at the opening.
+
+Every key lives in the product's slot (:class:`~.keys.ProductKeys`, bucket 0: a product with a
+waiting room has one stock bucket), so the script runs on Redis Cluster; ``lua/reserve.lua``
+consumes an admission in the same slot. Failures raise
+:class:`~service.failures.StoreUnavailable` ``("redis")`` only (:mod:`.boundary`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import Any, cast
+
+from service.adapters.redis.batcher import CommandBatcher
+from service.adapters.redis.boundary import translated
+from service.adapters.redis.client import RedisClient
+from service.adapters.redis.keys import ProductKeys
+from service.adapters.redis.scripts import Scripts
+from service.domain.model.waiting_room import Draw, RoomState, Visit
+
+NONCE_BYTES = 16
+"""Random bytes of a call's nonce: the room's secret seed on its first pre-queue join, and what
+the admission tokens handed out in the call derive from."""
+
+
+def parse_visit(reply: Sequence[Any]) -> Visit:
+    """``lua/queue.lua``'s reply as a :class:`Visit` (``-1`` and ``''`` read as unknown/none).
+
+    Raises:
+        ValueError: a state the script does not answer.
+    """
+    state = RoomState(reply[0])
+    if len(reply) == 1:
+        return Visit(state)
+    position, ahead, units, token, expires, waiting, outstanding, opened, admitted, expired = reply[1:11]
+    limit, left_ms, now_ms, starts_ms = reply[11:15]
+    return Visit(
+        state,
+        position=None if int(position) < 0 else int(position),
+        ahead=None if int(ahead) < 0 else int(ahead),
+        units_left=int(units),
+        token=str(token) or None,
+        expires_ms=int(expires) or None,
+        waiting=int(waiting),
+        outstanding=int(outstanding),
+        opened=bool(int(opened)),
+        admitted=int(admitted),
+        expired=int(expired),
+        per_user_limit=int(limit),
+        sale_left_ms=None if int(left_ms) < 0 else int(left_ms),
+        now_ms=int(now_ms),
+        starts_ms=int(starts_ms),
+        waits_ms=tuple(int(wait) for wait in reply[15:]),
+    )
+
+
+class WaitingRooms:
+    """The waiting rooms of one key prefix."""
+
+    def __init__(self, redis: RedisClient, scripts: Scripts, batcher: CommandBatcher, key_prefix: str) -> None:
+        self._redis = redis
+        self._scripts = scripts
+        self._batcher = batcher
+        self._prefix = key_prefix
+
+    async def visit(
+        self, product_id: int, user_id: str, *, join: bool, admit_factor: float, admission_ttl_ms: int
+    ) -> Visit:
+        """``lua/queue.lua``: ``user_id`` joins (``join``) or looks at the product's room, which
+        moves on in the same call (the opening's draw, expired admissions dropped, the next in
+        line admitted while admitted buyers who have not bought stay under ``ceil(units left x
+        admit_factor)``, each admission lasting ``admission_ttl_ms``)."""
+        keys = ProductKeys(self._prefix, product_id)
+        reply = await self._scripts.run_batched(
+            self._batcher,
+            "queue",
+            keys=[
+                keys.stock,
+                keys.sale,
+                keys.room,
+                keys.room_line,
+                keys.room_waiting,
+                keys.room_admitted,
+                keys.room_grants,
+                keys.room_joined,
+                keys.room_pre,
+            ],
+            args=[user_id, "1" if join else "0", repr(admit_factor), admission_ttl_ms, secrets.token_hex(NONCE_BYTES)],
+        )
+        return parse_visit(reply)
+
+    @translated
+    async def draw(self, product_id: int) -> Draw | None:
+        """The pre-queue as drawn at the opening, or None before the opening (the seed stays
+        secret until then) or when Redis holds no room for the product. One round trip (neither
+        changes after the opening)."""
+        keys = ProductKeys(self._prefix, product_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.room, ["opened_ms", "seed"])
+            pipe.zrange(keys.room_pre, 0, -1)
+            (opened_ms, seed), order = await pipe.execute()
+        if opened_ms is None:
+            return None
+        return Draw(product_id, int(opened_ms), cast(str | None, seed) or "", tuple(order))
+
+    @translated
+    async def counters(self, product_id: int) -> dict[str, int]:
+        """The room's counters (``admitted``, ``expired``, ``used``, ``entrants``) and sizes
+        (``waiting``, ``outstanding``) now: what operators read. One round trip."""
+        keys = ProductKeys(self._prefix, product_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.room, ["admitted", "expired", "used", "entrants"])
+            pipe.zcard(keys.room_waiting)
+            pipe.zcard(keys.room_admitted)
+            (admitted, expired, used, entrants), waiting, outstanding = await pipe.execute()
+        return {
+            "admitted": int(admitted or 0),
+            "expired": int(expired or 0),
+            "used": int(used or 0),
+            "entrants": int(entrants or 0),
+            "waiting": int(waiting),
+            "outstanding": int(outstanding),
+        }

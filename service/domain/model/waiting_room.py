@@ -1,0 +1,61 @@
+"""What a product's waiting room answers, in the domain's words (docs/ARCHITECTURE.md, "Waiting
+room"): one buyer's visit (``lua/queue.lua``) and the record of a pre-queue's draw."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class RoomState(StrEnum):
+    """A buyer's state in a product's waiting room, as ``lua/queue.lua`` answers it."""
+
+    WAITING = "waiting"  # in line (position unknown until the sale opens and the pre-queue is drawn)
+    ADMITTED = "admitted"  # holds an admission token: may buy until it expires
+    SOLD_OUT = "sold_out"  # no units left (units that come back reopen admission)
+    CLOSED = "closed"  # the sale ended
+    NONE = "none"  # a look by a buyer who holds no place (never joined, admission expired or used)
+    OFF = "off"  # the product has no waiting room
+    NOT_LOADED = "not_loaded"  # Redis does not know the product's sale
+
+
+@dataclass(frozen=True, slots=True)
+class Visit:
+    """One join or look. ``position``: the buyer's place in the line (1 first) and ``ahead`` the
+    buyers still waiting before them, None when unknown (before the opening, or not waiting).
+    ``units_left``: the product's units Redis can still sell. ``token`` / ``expires_ms`` (Unix
+    ms, Redis time): the admission, when ``ADMITTED``. ``waiting`` / ``outstanding``: buyers in
+    line and admissions not yet used, after this call. ``opened``: this call found the sale open
+    first and fixed the pre-queue's order. ``admitted`` / ``expired``: admissions this call made
+    and dropped at their expiry; ``waits_ms`` how long each one admitted now waited (from the
+    opening for the pre-queue). ``sale_left_ms``: None for a sale without end."""
+
+    state: RoomState
+    position: int | None = None
+    ahead: int | None = None
+    units_left: int = 0
+    token: str | None = None
+    expires_ms: int | None = None
+    waiting: int = 0
+    outstanding: int = 0
+    opened: bool = False
+    admitted: int = 0
+    expired: int = 0
+    per_user_limit: int = 0
+    sale_left_ms: int | None = None
+    now_ms: int = 0
+    starts_ms: int = 0
+    waits_ms: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Draw:
+    """A product's pre-queue as drawn at the opening of its sale: ``opened_ms`` (Redis time, Unix
+    ms), the ``seed`` each place derives from (``""`` when nobody joined before the opening), and
+    the user ids in drawn order (:func:`service.domain.waiting_room.lottery.drawn_order`
+    reproduces it from the seed and the entrants)."""
+
+    product_id: int
+    opened_ms: int
+    seed: str
+    order: tuple[str, ...]
