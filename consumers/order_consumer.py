@@ -4,8 +4,8 @@ Deliveries come through :class:`service.adapters.subscription.Subscription` (aio
 without aio-pika's message objects); each is decoded as it arrives and waits in the batch being
 gathered; a delivery carries one order or a group of them (docs/ARCHITECTURE.md, "Order
 messages and groups"), and a group is never split between batches. One writer task per consumer
-takes the waiting deliveries of up to ``batch_size`` orders (whatever arrived, lingering
-``linger_seconds`` for more while fewer wait; a group larger than that alone) and hands their
+takes waiting deliveries until it holds ``batch_size`` orders (whatever arrived, lingering
+``linger_seconds`` for more while fewer wait; the last group taken may go beyond it) and hands their
 orders to :class:`service.domain.fulfilment.order_writer.OrderWriter`: one Redis claim round trip,
 one MySQL transaction. Each order then gets one :class:`Settlement`, and
 :meth:`OrderConsumer._settle` is the one place where settlements become broker actions, delivery
@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Collection, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -47,7 +46,18 @@ from aiormq.abc import AbstractChannel as AbstractAMQPChannel
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers import worker_metrics
-from consumers.settlements import ACK, Action, Carried, Copy, Settlement, copies_of, fallback
+from consumers.settlements import (
+    ACK,
+    Action,
+    Carried,
+    Copy,
+    Settled,
+    Settlement,
+    Waiting,
+    by_delivery,
+    copies_of,
+    fallback,
+)
 from service.adapters.broker import connect_when_up, declare_topology
 from service.adapters.redis.stores import RedisStores
 from service.adapters.retry_routing import RetryRouter, times_retried
@@ -55,7 +65,6 @@ from service.adapters.subscription import Delivery, Subscription
 from service.bootstrap import Resources
 from service.domain.fulfilment.incoming import InvalidOrder, parse_body
 from service.domain.fulfilment.order_writer import OrderWriter, Outcome
-from service.domain.model.order_message import OrderGroup, OrderMessage
 from service.failures import is_transient
 from service.runtime import freeze_startup_heap, stop_signal
 from service.settings import AMQPSettings
@@ -72,31 +81,6 @@ schema the code does not expect) before it is dead-lettered (``write_failed``)."
 
 
 _DEAD_OUTCOMES = {Outcome.UNKNOWN_PRODUCT: "unknown_product", Outcome.CONFLICT: "order_no_conflict"}
-
-
-@dataclass(slots=True)
-class _Waiting:
-    """One order of a decoded delivery waiting for (or in) a batch: the HTTP request it came
-    with, the group it came in (None: a single-order body), and why it is out of its domain
-    (then it is dead-lettered, not written)."""
-
-    message: Delivery
-    order: OrderMessage
-    http_request_id: str | None
-    group: OrderGroup | None
-    invalid: InvalidOrder | None = None
-
-
-_Settled = tuple[OrderGroup | None, list[Carried]]
-"""One delivery's orders as settled: the group its body is (None: a single order), each order."""
-
-
-def _by_delivery(batch: list[_Waiting], settlements: list[Settlement]) -> dict[Delivery, _Settled]:
-    settled: dict[Delivery, _Settled] = {}
-    for waiting, settlement in zip(batch, settlements, strict=True):
-        carried = Carried(waiting.order, waiting.http_request_id, settlement)
-        settled.setdefault(waiting.message, (waiting.group, []))[1].append(carried)
-    return settled
 
 
 class OrderConsumer:
@@ -119,7 +103,7 @@ class OrderConsumer:
         self._batch_size = batch_size
         self._linger = linger_seconds
         self._router: RetryRouter | None = None
-        self._waiting: list[list[_Waiting]] = []  # per delivery, the orders it carries
+        self._waiting: list[list[Waiting]] = []  # per delivery, the orders it carries
         self._waiting_orders = 0
         self._batch_full = asyncio.Event()
         self._writing: asyncio.Task[None] | None = None
@@ -159,12 +143,12 @@ class OrderConsumer:
             self._aside(self._settle_alone(message, settlement))
             return
         group = incoming.group
-        orders: list[_Waiting] = []
+        orders: list[Waiting] = []
         for index, (order, invalid) in enumerate(zip(incoming.orders, incoming.invalid, strict=True)):
             http_request_id = message.correlation_id if group is None else group.http_request_id(index)
             if invalid is not None:
                 self._count("invalid")
-            orders.append(_Waiting(message, order, http_request_id, group, invalid))
+            orders.append(Waiting(message, order, http_request_id, group, invalid))
         self._waiting.append(orders)
         self._waiting_orders += len(orders)
         if self._waiting_orders >= self._batch_size:
@@ -191,14 +175,14 @@ class OrderConsumer:
         """Write what waits, one batch at a time, until nothing waits. A short batch lingers
         (not while stopping) so deliveries arriving together share a transaction; deliveries
         arriving while a batch is written wait for the next one. A batch takes whole
-        deliveries, up to ``batch_size`` orders (a larger group alone)."""
+        deliveries until it holds ``batch_size`` orders (so it may hold up to one group more)."""
         while self._waiting:
             if self._waiting_orders < self._batch_size and not self._stopping.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._batch_full.wait(), self._linger)
             taken = count = 0
             for orders in self._waiting:
-                if count and taken + len(orders) > self._batch_size:
+                if taken >= self._batch_size:
                     break
                 taken, count = taken + len(orders), count + 1
             deliveries, self._waiting = self._waiting[:count], self._waiting[count:]
@@ -207,7 +191,7 @@ class OrderConsumer:
                 self._batch_full.clear()
             batch = [waiting for orders in deliveries for waiting in orders]
             try:
-                left = await self._settle(_by_delivery(batch, await self._write(batch)))
+                left = await self._settle(by_delivery(batch, await self._write(batch)))
             except Exception as exc:  # a bug in writing or settling: back to the queue, later
                 log.exception("batch_settle_failed", orders=len(batch), error=repr(exc))
                 failed = Settlement(Action.RETRY, "failed", repr(exc))
@@ -215,7 +199,7 @@ class OrderConsumer:
             for message, settlement in left.items():
                 self._aside(self._requeue_later(message, settlement))
 
-    async def _write(self, batch: list[_Waiting]) -> list[Settlement]:
+    async def _write(self, batch: list[Waiting]) -> list[Settlement]:
         """One settlement per order of ``batch``: an order out of its domain (in a group) is
         dead-lettered unwritten, the others are written (:meth:`_write_orders`)."""
         settlements = [
@@ -226,7 +210,7 @@ class OrderConsumer:
         written = iter(await self._write_orders(writable) if writable else [])
         return [next(written) if settlement is None else settlement for settlement in settlements]
 
-    async def _write_orders(self, batch: list[_Waiting]) -> list[Settlement]:
+    async def _write_orders(self, batch: list[Waiting]) -> list[Settlement]:
         """One settlement per order of ``batch``: the batch written in one transaction; when that
         fails with an error not known to be transient, order by order."""
         orders = [waiting.order for waiting in batch]
@@ -275,7 +259,7 @@ class OrderConsumer:
             return Settlement(Action.DEAD, "write_failed", repr(exc))
         return Settlement(Action.RETRY, "transient" if is_transient(exc) else "failed", repr(exc))
 
-    async def _settle(self, settled: dict[Delivery, _Settled]) -> dict[Delivery, Settlement]:
+    async def _settle(self, settled: dict[Delivery, Settled]) -> dict[Delivery, Settlement]:
         """The one place where settlements become broker actions. The retry and dead-letter
         copies of every delivery (:func:`consumers.settlements.copies_of`) are published
         (confirmed, side by side), then every delivery whose copies all went is acked together

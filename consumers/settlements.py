@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from service.adapters.subscription import Delivery
+from service.domain.fulfilment.incoming import InvalidOrder
 from service.domain.model.order_message import GROUP_FORMAT, OrderGroup, OrderMessage, encode_group, encode_order
 
 
@@ -61,6 +63,32 @@ class Carried:
     order: OrderMessage | None
     http_request_id: str | None
     settlement: Settlement
+
+
+@dataclass(slots=True)
+class Waiting:
+    """One order of a decoded delivery waiting for (or in) a batch: the HTTP request it came
+    with, the group it came in (None: a single-order body), and why it is out of its domain
+    (then it is dead-lettered, not written)."""
+
+    message: Delivery
+    order: OrderMessage
+    http_request_id: str | None
+    group: OrderGroup | None
+    invalid: InvalidOrder | None = None
+
+
+Settled = tuple[OrderGroup | None, list[Carried]]
+"""One delivery's orders as settled: the group its body is (None: a single order), each order."""
+
+
+def by_delivery(batch: list[Waiting], settlements: list[Settlement]) -> dict[Delivery, Settled]:
+    """The settlements of ``batch``'s orders (one each, in order), delivery by delivery."""
+    settled: dict[Delivery, Settled] = {}
+    for waiting, settlement in zip(batch, settlements, strict=True):
+        carried = Carried(waiting.order, waiting.http_request_id, settlement)
+        settled.setdefault(waiting.message, (waiting.group, []))[1].append(carried)
+    return settled
 
 
 def copies_of(group: OrderGroup | None, carried: Sequence[Carried]) -> list[Copy]:
