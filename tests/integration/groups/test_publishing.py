@@ -1,7 +1,7 @@
 """The API's group publishing on the real Redis, RabbitMQ and MariaDB (docs/ARCHITECTURE.md,
 "Order messages and groups"): a burst of purchases leaves in groups and lands as exactly the
 accepted orders; a group the broker nacks, or whose confirm is lost, answers each of its
-requests as a message of its own would."""
+requests as a message of its own would; realignment's re-publishing groups too."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ import aio_pika
 import pytest
 
 from consumers.order_consumer import OrderConsumer, consuming
-from service.adapters.broker import queue_depth
+from service.adapters.broker import Publisher, queue_depth
 from service.adapters.publish_groups import Group
 from service.api.app import create_app
 from service.bootstrap import open_api
+from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.answers import PurchaseRejected
 from service.domain.purchase.request_id import mint_request_id
+from service.domain.stock.realign import Realigner
 from service.failures import PublishFailed
 from service.settings import Settings
 from tests.integration.groups.conftest import orders_in, take_all
@@ -170,3 +172,33 @@ async def test_group_max_one_sends_one_order_per_message_in_the_single_format(
         assert all(message.body.startswith(b'{"request_id"') for message in messages)
     else:
         assert len(messages) == 1
+
+
+async def test_realignment_republishes_a_products_overdue_reservations_in_one_group(
+    own, channel, put_product, product_id, engine, store
+):
+    """Reservations whose API died before publishing: one realignment pass re-publishes them side
+    by side, so they leave in one group, and each lands as its own order."""
+    await put_product(product_id, stock=20, limit=1)
+    stranded = []
+    for i in range(12):
+        request_id, order_no = mint_request_id(), compose_order_no("FS", "20261203000000", 96, 9_000 + i)
+        assert (await store.reservations.reserve(product_id, request_id, f"crashed{i}", 1, order_no, "a")).outcome == (
+            "reserved"
+        )
+        stranded.append(order_no)
+    publisher = Publisher(own.amqp)
+    await publisher.connect()
+    try:
+        assert (
+            await Realigner(engine, store, grace_seconds=0, publisher=publisher).realign(product_id)
+        ).republished == 12
+    finally:
+        await publisher.close()
+    messages = await take_all(channel, own.amqp.queue)
+    assert len(messages) == 1 and sorted(order.order_no for order in orders_in(messages)) == sorted(stranded)
+    consumer = OrderConsumer(engine, store)
+    async with consuming(own.amqp, consumer, prefetch=8):
+        await publish_raw(channel, own, messages[0].body, messages[0].message_id or "")
+        await eventually(lambda: rows_are(engine, product_id, 12))
+    assert await inventory(engine, product_id) == (8, 12)
