@@ -112,7 +112,8 @@ class AMQPSettings(BaseModel):
     delivery_limit: int = Field(5, ge=1)
     """Redeliveries before the broker dead-letters a message (a consumer dying with it in hand)."""
     prefetch: int = Field(256, ge=1)
-    """Default ``consume --prefetch``: deliveries in hand per consumer and order queue it takes."""
+    """Default ``consume --prefetch``: deliveries in hand per consumer and order queue it takes
+    (a delivery is a message: with groups, up to ``group_max`` orders)."""
     batch_size: int = Field(100, ge=1)
     """Orders one consumer writes in one MySQL transaction, at most."""
     publish_channels: int = Field(4, ge=1, le=64)
