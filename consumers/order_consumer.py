@@ -2,11 +2,15 @@
 
 Deliveries come through :class:`service.adapters.subscription.Subscription` (aiormq's layer,
 without aio-pika's message objects); each is decoded as it arrives and waits in the batch being
-gathered. One writer task per consumer takes up to ``batch_size`` waiting orders (whatever
-arrived, lingering ``linger_seconds`` for more while fewer wait) and hands them to
-:class:`service.domain.fulfilment.order_writer.OrderWriter`: one Redis claim round trip, one MySQL
-transaction. Each delivery then gets one :class:`Settlement`, and :meth:`OrderConsumer._settle` is
-the one place where settlements become broker actions:
+gathered; a delivery carries one order or a group of them (docs/ARCHITECTURE.md, "Order
+messages and groups"), and a group is never split between batches. One writer task per consumer
+takes waiting deliveries until it holds ``batch_size`` orders (whatever arrived, lingering
+``linger_seconds`` for more while fewer wait; the last group taken may go beyond it) and hands their
+orders to :class:`service.domain.fulfilment.order_writer.OrderWriter`: one Redis claim round trip,
+one MySQL transaction. Each order then gets one :class:`Settlement`, and
+:meth:`OrderConsumer._settle` is the one place where settlements become broker actions, delivery
+by delivery (:mod:`consumers.settlements`: an order of a group is dead-lettered alone, the
+orders retried go to the retry queue together):
 
 - ``ACK``: written (applied or rejected), a duplicate, or released by the API: acked (one
   ``multiple`` ack where the window allows).
@@ -23,7 +27,7 @@ the one place where settlements become broker actions:
   (:mod:`service.adapters.retry_routing`), without holding up the rest of its batch.
 
 A failed batch whose error is not known to be transient is written again order by order, so one
-poison order cannot fail the others. If a copy cannot be published (the broker is failing too),
+poison order (of a group too) cannot fail the others. If a copy cannot be published (the broker is failing too),
 the delivery is requeued (nack) instead: then, and only then, the delivery limit counts.
 """
 
@@ -33,8 +37,6 @@ import asyncio
 import contextlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Collection, Coroutine
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import structlog
@@ -44,14 +46,25 @@ from aiormq.abc import AbstractChannel as AbstractAMQPChannel
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from consumers import worker_metrics
+from consumers.settlements import (
+    ACK,
+    Action,
+    Carried,
+    Copy,
+    Settled,
+    Settlement,
+    Waiting,
+    by_delivery,
+    copies_of,
+    fallback,
+)
 from service.adapters.broker import connect_when_up, declare_topology
 from service.adapters.redis.stores import RedisStores
 from service.adapters.retry_routing import RetryRouter, times_retried
 from service.adapters.subscription import Delivery, Subscription
 from service.bootstrap import Resources
-from service.domain.fulfilment.incoming import InvalidOrder, parse_order
+from service.domain.fulfilment.incoming import InvalidOrder, parse_body
 from service.domain.fulfilment.order_writer import OrderWriter, Outcome
-from service.domain.model.order_message import OrderMessage
 from service.failures import is_transient
 from service.runtime import freeze_startup_heap, stop_signal
 from service.settings import AMQPSettings
@@ -67,32 +80,7 @@ MAX_FAILED_WRITES = 5
 schema the code does not expect) before it is dead-lettered (``write_failed``)."""
 
 
-class Action(Enum):
-    ACK = "ack"
-    RETRY = "retry"
-    DEAD = "dead"
-
-
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """What becomes of one delivery: ``action``, and for ``RETRY``/``DEAD`` why (``reason``: the
-    dead-letter reason; ``detail``: the error)."""
-
-    action: Action
-    reason: str = ""
-    detail: str = ""
-
-
-ACK = Settlement(Action.ACK)
 _DEAD_OUTCOMES = {Outcome.UNKNOWN_PRODUCT: "unknown_product", Outcome.CONFLICT: "order_no_conflict"}
-
-
-@dataclass(slots=True)
-class _Waiting:
-    """One decoded delivery waiting for (or in) a batch."""
-
-    message: Delivery
-    order: OrderMessage
 
 
 class OrderConsumer:
@@ -115,7 +103,8 @@ class OrderConsumer:
         self._batch_size = batch_size
         self._linger = linger_seconds
         self._router: RetryRouter | None = None
-        self._waiting: list[_Waiting] = []
+        self._waiting: list[list[Waiting]] = []  # per delivery, the orders it carries
+        self._waiting_orders = 0
         self._batch_full = asyncio.Event()
         self._writing: asyncio.Task[None] | None = None
         self._alone: set[asyncio.Task[None]] = set()  # settling one delivery outside a batch
@@ -138,12 +127,12 @@ class OrderConsumer:
         worker_metrics.count(what)
 
     def handle(self, message: Delivery) -> None:
-        """Take one delivery (the subscription's callback; returns at once): it waits in the next
-        batch and is acked after that batch committed, or sent to a retry queue, or
-        dead-lettered (a body that is not an order: at once)."""
+        """Take one delivery (the subscription's callback; returns at once): its orders wait in
+        the next batch and it is acked after that batch committed, or sent to a retry queue, or
+        dead-lettered (a body that is not an order nor a group: at once)."""
         self._unsettled.add(message)
         try:
-            order = parse_order(message.body)
+            incoming = parse_body(message.body)
         except Exception as exc:  # never leave a delivery unsettled: it would stall the prefetch window
             if isinstance(exc, InvalidOrder):
                 self._count("invalid")
@@ -153,8 +142,16 @@ class OrderConsumer:
                 settlement = self._failed(message, exc)
             self._aside(self._settle_alone(message, settlement))
             return
-        self._waiting.append(_Waiting(message, order))
-        if len(self._waiting) >= self._batch_size:
+        group = incoming.group
+        orders: list[Waiting] = []
+        for index, (order, invalid) in enumerate(zip(incoming.orders, incoming.invalid, strict=True)):
+            http_request_id = message.correlation_id if group is None else group.http_request_id(index)
+            if invalid is not None:
+                self._count("invalid")
+            orders.append(Waiting(message, order, http_request_id, group, invalid))
+        self._waiting.append(orders)
+        self._waiting_orders += len(orders)
+        if self._waiting_orders >= self._batch_size:
             self._batch_full.set()
         if self._writing is None or self._writing.done():
             self._writing = asyncio.create_task(self._write_batches())
@@ -167,7 +164,7 @@ class OrderConsumer:
 
     async def _settle_alone(self, message: Delivery, settlement: Settlement) -> None:
         try:
-            left = await self._settle([message], [settlement])
+            left = await self._settle({message: (None, [Carried(None, message.correlation_id, settlement)])})
         except Exception as exc:  # a bug in settling: back to the queue, later
             log.exception("settle_failed", message_id=message.message_id, error=repr(exc))
             left = {message: settlement}
@@ -177,25 +174,44 @@ class OrderConsumer:
     async def _write_batches(self) -> None:
         """Write what waits, one batch at a time, until nothing waits. A short batch lingers
         (not while stopping) so deliveries arriving together share a transaction; deliveries
-        arriving while a batch is written wait for the next one."""
+        arriving while a batch is written wait for the next one. A batch takes whole
+        deliveries until it holds ``batch_size`` orders (so it may hold up to one group more)."""
         while self._waiting:
-            if len(self._waiting) < self._batch_size and not self._stopping.is_set():
+            if self._waiting_orders < self._batch_size and not self._stopping.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._batch_full.wait(), self._linger)
-            batch, self._waiting = self._waiting[: self._batch_size], self._waiting[self._batch_size :]
-            if len(self._waiting) < self._batch_size:
+            taken = count = 0
+            for orders in self._waiting:
+                if taken >= self._batch_size:
+                    break
+                taken, count = taken + len(orders), count + 1
+            deliveries, self._waiting = self._waiting[:count], self._waiting[count:]
+            self._waiting_orders -= taken
+            if self._waiting_orders < self._batch_size:
                 self._batch_full.clear()
-            messages = [waiting.message for waiting in batch]
+            batch = [waiting for orders in deliveries for waiting in orders]
             try:
-                left = await self._settle(messages, await self._write(batch))
+                left = await self._settle(by_delivery(batch, await self._write(batch)))
             except Exception as exc:  # a bug in writing or settling: back to the queue, later
                 log.exception("batch_settle_failed", orders=len(batch), error=repr(exc))
-                left = {m: Settlement(Action.RETRY, "failed", repr(exc)) for m in messages if m in self._unsettled}
+                failed = Settlement(Action.RETRY, "failed", repr(exc))
+                left = {orders[0].message: failed for orders in deliveries if orders[0].message in self._unsettled}
             for message, settlement in left.items():
                 self._aside(self._requeue_later(message, settlement))
 
-    async def _write(self, batch: list[_Waiting]) -> list[Settlement]:
-        """One settlement per delivery of ``batch``: the batch written in one transaction; when that
+    async def _write(self, batch: list[Waiting]) -> list[Settlement]:
+        """One settlement per order of ``batch``: an order out of its domain (in a group) is
+        dead-lettered unwritten, the others are written (:meth:`_write_orders`)."""
+        settlements = [
+            None if waiting.invalid is None else Settlement(Action.DEAD, "invalid_order", str(waiting.invalid))
+            for waiting in batch
+        ]
+        writable = [waiting for waiting in batch if waiting.invalid is None]
+        written = iter(await self._write_orders(writable) if writable else [])
+        return [next(written) if settlement is None else settlement for settlement in settlements]
+
+    async def _write_orders(self, batch: list[Waiting]) -> list[Settlement]:
+        """One settlement per order of ``batch``: the batch written in one transaction; when that
         fails with an error not known to be transient, order by order."""
         orders = [waiting.order for waiting in batch]
         try:
@@ -207,7 +223,7 @@ class OrderConsumer:
                     self._count("failed")
                 return [self._failed(waiting.message, exc) for waiting in batch]
             log.warning("batch_failed_writing_one_by_one", orders=len(batch), error=repr(exc))
-            return [settlement for waiting in batch for settlement in await self._write([waiting])]
+            return [settlement for waiting in batch for settlement in await self._write_orders([waiting])]
         worker_metrics.written(orders, outcomes)
         log.info(
             "orders_written",
@@ -216,7 +232,7 @@ class OrderConsumer:
                     "request_id": waiting.order.request_id,
                     "order_no": waiting.order.order_no,
                     "outcome": outcome.value,
-                    "http_request_id": waiting.message.correlation_id,
+                    "http_request_id": waiting.http_request_id,
                 }
                 for waiting, outcome in zip(batch, outcomes, strict=True)
             ],
@@ -243,18 +259,21 @@ class OrderConsumer:
             return Settlement(Action.DEAD, "write_failed", repr(exc))
         return Settlement(Action.RETRY, "transient" if is_transient(exc) else "failed", repr(exc))
 
-    async def _settle(self, messages: list[Delivery], settlements: list[Settlement]) -> dict[Delivery, Settlement]:
-        """The one place where settlements become broker actions. Retry and dead-letter copies are
-        published (confirmed, side by side), then every delivery settled so is acked together
-        with the written ones. Returns the deliveries whose copy could not be published (the
-        broker is failing too, or no router), with their settlements: still unsettled, for
-        their own tasks to requeue (:meth:`_requeue_later`)."""
-        redirected = [(m, v) for m, v in zip(messages, settlements, strict=True) if v.action is not Action.ACK]
-        sent = await asyncio.gather(*(self._redirect(message, settlement) for message, settlement in redirected))
-        to_ack = [m for m, v in zip(messages, settlements, strict=True) if v.action is Action.ACK]
-        to_ack += [message for (message, _), done in zip(redirected, sent, strict=True) if done]
-        await self._ack(to_ack)
-        return {message: settlement for (message, settlement), done in zip(redirected, sent, strict=True) if not done}
+    async def _settle(self, settled: dict[Delivery, Settled]) -> dict[Delivery, Settlement]:
+        """The one place where settlements become broker actions. The retry and dead-letter
+        copies of every delivery (:func:`consumers.settlements.copies_of`) are published
+        (confirmed, side by side), then every delivery whose copies all went is acked together
+        with the written ones. Returns the deliveries a copy of which could not be published
+        (the broker is failing too, or no router), each with one settlement
+        (:func:`consumers.settlements.fallback`): still unsettled, for their own tasks to
+        requeue whole (:meth:`_requeue_later`)."""
+        copies = [
+            (message, copy) for message, (group, carried) in settled.items() for copy in copies_of(group, carried)
+        ]
+        sent = await asyncio.gather(*(self._redirect(message, copy) for message, copy in copies))
+        failed = {message for (message, _), done in zip(copies, sent, strict=True) if not done}
+        await self._ack([message for message in settled if message not in failed])
+        return {message: fallback(settled[message][1]) for message in failed}
 
     async def _requeue_later(self, message: Delivery, settlement: Settlement) -> None:
         """The fallback when no copy could be published: after :data:`FALLBACK_SECONDS` (cut
@@ -272,21 +291,28 @@ class OrderConsumer:
             except CONNECTION_EXCEPTIONS as exc:
                 log.warning("requeue_failed", message_id=message.message_id, error=repr(exc))
 
-    async def _redirect(self, message: Delivery, settlement: Settlement) -> bool:
-        """Publish ``message``'s copy to a retry queue or the dead-letter queue; True once the
-        broker confirmed it (the delivery may then be acked)."""
+    async def _redirect(self, message: Delivery, copy: Copy) -> bool:
+        """Publish a copy of ``message`` (or of part of its group) to a retry queue or the
+        dead-letter queue; True once the broker confirmed it."""
         if self._router is None:
             return False
+        settlement = copy.settlement
+        message_id = copy.message_id or message.message_id
         try:
             if settlement.action is Action.DEAD:
-                await self._router.dead_letter(message, settlement.reason, settlement.detail)
-                log.error(
-                    "dead_lettered", message_id=message.message_id, reason=settlement.reason, error=settlement.detail
+                await self._router.dead_letter(
+                    message,
+                    settlement.reason,
+                    settlement.detail,
+                    body=copy.body,
+                    message_id=copy.message_id,
+                    correlation_id=copy.correlation_id,
                 )
+                log.error("dead_lettered", message_id=message_id, reason=settlement.reason, error=settlement.detail)
                 self._count("dead_lettered")
             else:
-                delay = await self._router.retry(message, settlement.detail)
-                log.info("retry_later", message_id=message.message_id, seconds=delay, why=settlement.reason)
+                delay = await self._router.retry(message, settlement.detail, body=copy.body, message_id=copy.message_id)
+                log.info("retry_later", message_id=message_id, seconds=delay, why=settlement.reason)
                 self._count("retried")
         except Exception as exc:  # the broker is failing too: requeue instead
             log.warning("redirect_failed", message_id=message.message_id, error=repr(exc))

@@ -114,11 +114,21 @@ class AMQPSettings(BaseModel):
     delivery_limit: int = Field(5, ge=1)
     """Redeliveries before the broker dead-letters a message (a consumer dying with it in hand)."""
     prefetch: int = Field(256, ge=1)
-    """Default ``consume --prefetch``: deliveries in hand per consumer and order queue it takes."""
+    """Default ``consume --prefetch``: deliveries in hand per consumer and order queue it takes
+    (a delivery is a message: with groups, up to ``group_max`` orders)."""
     batch_size: int = Field(100, ge=1)
     """Orders one consumer writes in one MySQL transaction, at most."""
     publish_channels: int = Field(4, ge=1, le=64)
     """Confirming channels of the API's publisher (used in turn)."""
+    group_max: int = Field(64, ge=1, le=1000)
+    """Orders one published message carries at most: the publisher groups the orders of one
+    order queue reserved within ``group_linger_ms`` into one message (docs/ARCHITECTURE.md,
+    "Order messages and groups"), sent at once when full. 1: one order per message, in the
+    single-order format."""
+    group_linger_ms: float = Field(2.0, ge=0, le=50)
+    """Milliseconds a group waits for more orders after its first (0: only the orders that
+    arrive in the same turn of the event loop); every order of it waits that long more for its
+    confirm."""
     retry_delays: list[Annotated[float, Field(gt=0, le=3600)]] = Field([1.0, 2.0, 5.0, 10.0, 30.0], min_length=1)
     """Seconds an order the consumer could not write for a transient reason (MySQL unreachable,
     deadlocks or lock waits past their retries) waits in a retry queue before it is delivered

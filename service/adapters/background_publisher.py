@@ -31,7 +31,8 @@ class BackgroundPublisher:
     """One task per process draining an in-memory queue onto the confirming :class:`Publisher`.
 
     The task takes up to :data:`BATCH` queued messages, publishes them all and awaits their
-    publisher confirms together (one round of confirms instead of one wait per message). A
+    publisher confirms together (one round of confirms instead of one wait per message; the
+    publisher puts the orders of one queue into groups, :mod:`service.adapters.publish_groups`). A
     message that was not confirmed (nack, unroutable, timeout, connection down) is queued again
     and retried after a backoff; the consumer's ``UNIQUE(request_id)`` makes a second copy
     harmless. Call :meth:`start` inside the event loop, :meth:`close` on shutdown.

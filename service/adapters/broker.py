@@ -43,7 +43,15 @@ from aio_pika.abc import (
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 
 from service import metrics
-from service.domain.model.order_message import OrderMessage, decode_order, encode_order
+from service.adapters.publish_groups import Group, Grouper
+from service.domain.model.order_message import (
+    GROUP_FORMAT,
+    OrderGroup,
+    OrderMessage,
+    encode_group,
+    encode_order,
+    orders_of,
+)
 from service.failures import PublishFailed
 from service.log_setup import HTTP_REQUEST_ID
 from service.runtime import OutageLog, when_reachable
@@ -56,11 +64,13 @@ _PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)
 
 
 def partition_of_body(settings: AMQPSettings, body: bytes) -> int | None:
-    """The partition of the product of the order ``body`` carries; None when it is no order."""
+    """The partition of the product of the orders ``body`` carries (a group's orders share one
+    partition); None when it is no order."""
     try:
-        return settings.partition_of(decode_order(body).product_id)
+        orders = orders_of(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    return settings.partition_of(orders[0].product_id) if orders else None
 
 
 @contextlib.contextmanager
@@ -205,7 +215,9 @@ class Publisher:
     used in turn (confirms on one channel come back in order; several channels let the broker
     confirm concurrent publishes side by side).
 
-    ``publish`` returns only after the broker confirmed the message (persistent, mandatory).
+    ``publish`` returns only after the broker confirmed the message that carries the order
+    (persistent, mandatory): with ``group_max`` > 1 the orders of one order queue published
+    within ``group_linger_ms`` share one message (:mod:`service.adapters.publish_groups`).
 
     A channel the broker closed (e.g. 404 NOT_FOUND after the exchange was deleted; aio-pika's
     robust channels come back only after a *connection* loss, and not at all when restoring
@@ -223,6 +235,11 @@ class Publisher:
         self._next_reopen: list[float] = []
         self._turn = 0
         self._reading: AbstractChannel | None = None
+        self._grouper = (
+            Grouper(self._send_group, settings.group_max, settings.group_linger_ms / 1000)
+            if settings.group_max > 1
+            else None
+        )
 
     async def connect(self) -> None:
         """Open the robust connection and the confirming channels; declare the topology.
@@ -254,7 +271,10 @@ class Publisher:
         return channel
 
     async def close(self) -> None:
-        """Close the connection (and its channels)."""
+        """Fail the groups not sent yet, wait for those being sent, close the connection (and
+        its channels)."""
+        if self._grouper is not None:
+            await self._grouper.close()
         if self._connection is not None:
             await self._connection.close()
 
@@ -326,22 +346,40 @@ class Publisher:
             return channel
 
     async def publish(self, order: OrderMessage) -> None:
-        """Publish ``order`` and wait for the publisher confirm (:meth:`_publish`), observed in
-        ``flashsale_publish_confirm_duration_seconds`` and ``flashsale_publish_failures_total``.
+        """Publish ``order`` and wait for the publisher confirm of the message carrying it (alone,
+        or in its group), observed in ``flashsale_publish_confirm_duration_seconds`` and
+        ``flashsale_publish_failures_total`` (per order).
 
         Raises:
-            PublishFailed: see :meth:`_publish`.
+            PublishFailed: see :meth:`_publish`; for a group, every order of it.
         """
         started = perf_counter()
+        queue = self._settings.queue_of(order.product_id)
         try:
-            await self._publish(order)
+            if self._grouper is None:
+                await self._publish(encode_order(order), order.request_id, queue, HTTP_REQUEST_ID.get())
+            else:
+                await self._grouper.publish(queue, order, HTTP_REQUEST_ID.get())
         except PublishFailed:
             _PUBLISH_FAILURES.inc()
             raise
         _CONFIRM_SECONDS.observe(perf_counter() - started)
 
-    async def _publish(self, order: OrderMessage) -> None:
-        """Publish ``order`` and wait for the publisher confirm.
+    async def _send_group(self, group: Group) -> None:
+        """Publish ``group``: a single order in its own format, several in a group body whose
+        ``message_id`` is the group's id."""
+        if len(group.orders) == 1:
+            order = group.orders[0]
+            await self._publish(encode_order(order), order.request_id, group.queue, group.http_request_ids[0])
+            return
+        http_request_ids = group.http_request_ids if any(group.http_request_ids) else None
+        body = encode_group(OrderGroup(GROUP_FORMAT, group.id, group.orders, http_request_ids))
+        await self._publish(body, group.id, group.queue, None, orders=len(group.orders))
+
+    async def _publish(
+        self, body: bytes, message_id: str, queue: str, correlation_id: str | None, orders: int = 1
+    ) -> None:
+        """Publish ``body`` to ``queue`` and wait for the publisher confirm.
 
         Raises:
             PublishFailed: nack, unroutable (returned), no confirm within ``confirm_timeout``
@@ -359,23 +397,23 @@ class Publisher:
         properties = aiormq.spec.Basic.Properties(
             content_type="application/json",
             delivery_mode=_PERSISTENT,
-            message_id=order.request_id,
-            correlation_id=HTTP_REQUEST_ID.get(),  # the consumer's log lines name the HTTP request
+            message_id=message_id,
+            correlation_id=correlation_id,  # the consumer's log lines name the HTTP request
         )
         try:
             async with asyncio.timeout(self._settings.confirm_timeout):
                 # the concrete aiormq channel aio-pika hands out: its basic_publish takes ``wait``
                 channel = cast(aiormq.Channel, await (await self._channel_at(turn)).get_underlay_channel())
                 await channel.basic_publish(
-                    encode_order(order),
+                    body,
                     exchange=self._settings.exchange,
-                    routing_key=self._settings.queue_of(order.product_id),
+                    routing_key=queue,
                     properties=properties,
                     mandatory=True,  # unroutable: the channel raises (on_return_raises)
                     wait=False,  # the confirm is what is awaited, not the socket's drain
                 )
         except (TimeoutError, *CONNECTION_EXCEPTIONS) as exc:
-            log.warning("publish_failed", request_id=order.request_id, error=repr(exc))
+            log.warning("publish_failed", message_id=message_id, orders=orders, error=repr(exc))
             raise PublishFailed(repr(exc)) from exc
 
 

@@ -15,6 +15,11 @@ prefetch window, and neither spends the order queue's delivery limit:
   redrives included), :data:`DIED_IN` (the order queue it came from) and :data:`DIED_AT`.
   ``flashsale dlq`` shows them (:mod:`service.adapters.dead_letters`).
 
+A copy may also carry part of a group the delivery carried (its own body and ids): an order of
+a group is dead-lettered alone, as a single-order message under its request id, and the orders
+of a group retried while others were written go to the retry queue together
+(:mod:`consumers.settlements`).
+
 A crash between the publish and the ack leaves both copies: the order's idempotency
 (``UNIQUE(request_id)``) makes the second one a duplicate, as for any redelivery.
 """
@@ -81,8 +86,11 @@ class RetryRouter:
         delays = self._settings.retry_delays
         return delays[min(retries, len(delays) - 1)]
 
-    async def retry(self, message: Delivery, why: str) -> float:
-        """Send a copy of ``message`` to the retry queue of its turn; returns the delay.
+    async def retry(
+        self, message: Delivery, why: str, *, body: bytes | None = None, message_id: str | None = None
+    ) -> float:
+        """Send a copy of ``message`` (with ``body`` and ``message_id`` instead of its own when
+        given: part of its group) to the retry queue of its turn; returns the delay.
 
         Raises:
             service.failures.PublishFailed: not confirmed.
@@ -90,7 +98,8 @@ class RetryRouter:
         retries = times_retried(message)
         delay = self.retry_delay(retries)
         headers = _carried(message.headers) | {RETRIES: retries + 1, ERROR: why[:200]}
-        await self._publish(message, headers, self._settings.retry_queue(delay, self.partition_of(message)))
+        queue = self._settings.retry_queue(delay, self.partition_of(message))
+        await self._publish(message, headers, queue, body, message_id, message.correlation_id)
         return delay
 
     def partition_of(self, message: Delivery) -> int:
@@ -102,8 +111,19 @@ class RetryRouter:
             partition = partition_of_body(self._settings, message.body)
         return partition or 0
 
-    async def dead_letter(self, message: Delivery, reason: str, error: str) -> None:
-        """Send a copy of ``message`` to the dead-letter queue with why it died.
+    async def dead_letter(
+        self,
+        message: Delivery,
+        reason: str,
+        error: str,
+        *,
+        body: bytes | None = None,
+        message_id: str | None = None,
+        correlation_id: str | None = None,
+    ) -> None:
+        """Send a copy of ``message`` (with ``body``, ``message_id`` and ``correlation_id``
+        instead of its own when ``body`` is given: one order of its group) to the dead-letter
+        queue with why it died.
 
         Raises:
             service.failures.PublishFailed: not confirmed.
@@ -117,17 +137,27 @@ class RetryRouter:
             DIED_IN: self._settings.partition_queue(self.partition_of(message)),
             DIED_AT: datetime.now(UTC).replace(microsecond=0),
         }
-        await self._publish(message, headers, self._settings.dead_letter_queue)
+        if body is None:
+            correlation_id = message.correlation_id
+        await self._publish(message, headers, self._settings.dead_letter_queue, body, message_id, correlation_id)
 
-    async def _publish(self, message: Delivery, headers: dict[str, Any], queue: str) -> None:
+    async def _publish(
+        self,
+        message: Delivery,
+        headers: dict[str, Any],
+        queue: str,
+        body: bytes | None,
+        message_id: str | None,
+        correlation_id: str | None,
+    ) -> None:
         if self._channel.is_closed and self._reopen is not None:
             self._channel = await self._reopen()
         copy = aio_pika.Message(
-            message.body,
+            message.body if body is None else body,
             headers=headers,
             content_type=message.content_type,
-            message_id=message.message_id,
-            correlation_id=message.correlation_id,
+            message_id=message.message_id if message_id is None else message_id,
+            correlation_id=correlation_id,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
         try:

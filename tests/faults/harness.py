@@ -67,7 +67,7 @@ from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import RedisStores, make_stores
 from service.api.tokens import issue_token
 from service.bootstrap import open_job, opened
-from service.domain.model.order_message import decode_order, encode_order
+from service.domain.model.order_message import encode_order, orders_of
 from service.domain.stock.catalog import ProductInput
 from service.sale.isolation import environment, free_port, new_run_id, sale_settings
 from service.sale.plan import ACCEPTED, Answer, Job, Kind, Shot, build_plan
@@ -743,7 +743,7 @@ class FaultSale:
         return total
 
     async def dead_letters(self) -> dict[str, int]:
-        """The dead-letter queue's messages by kind: ``sale`` (an order of the sale), ``canary``,
+        """The dead-letter queue's orders by kind: ``sale`` (an order of the sale), ``canary``,
         ``other`` (the poison flood); read off the queue (it is the case's own)."""
         kinds: Counter[str] = Counter()
         connection = await aio_pika.connect(self.settings.amqp.url)
@@ -751,11 +751,13 @@ class FaultSale:
             channel = await connection.channel()
             queue = await channel.get_queue(self.settings.amqp.dead_letter_queue)
             while (message := await queue.get(no_ack=True, fail=False)) is not None:
-                try:
-                    product = decode_order(message.body).product_id
+                try:  # a group the broker dead-lettered whole counts once per order
+                    products = [order.product_id for order in orders_of(message.body)]
                 except msgspec.MsgspecError:
-                    product = -1
-                kinds["sale" if product == self.product_id else "canary" if product == self.canary_id else "other"] += 1
+                    products = [-1]
+                for product in products:
+                    kind = "sale" if product == self.product_id else "canary" if product == self.canary_id else "other"
+                    kinds[kind] += 1
         finally:
             await connection.close()
         return dict(kinds)

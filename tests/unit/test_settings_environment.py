@@ -61,6 +61,8 @@ def _unlike_the_defaults() -> Settings:
             delivery_limit=9,
             prefetch=11,
             publish_channels=3,
+            group_max=7,
+            group_linger_ms=0.5,
             batch_size=13,
             retry_delays=[0.25, 3.0],
             partitions=3,

@@ -10,6 +10,11 @@ dropped (its replay record becomes a ``released`` tombstone, so a late copy of t
 dropped by the consumer) and one realignment pass of the product recomputes Redis stock and
 quotas from MySQL and the journal left. An order MySQL already has (applied or rejected) holds
 no reservation to give back; a message that is no order holds nothing at all.
+
+The consumer dead-letters every order alone, even one of a group; a group reaches this queue
+whole only when the broker dead-lettered it (its delivery limit spent by a consumer dying with
+it in hand). Such a letter is shown as one view per order (all under the group's id), and
+purging it gives back each of its orders as above; a redrive puts the group back whole.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from db.queries import orders
 from service.adapters.dead_letters import DEFAULT_LIMIT, DeadLetter, DeadLetterQueue
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound
-from service.domain.fulfilment.incoming import InvalidOrder, parse_order
+from service.domain.fulfilment.incoming import InvalidOrder, parse_body
 from service.domain.model.order_message import OrderMessage
 from service.domain.stock.realign import Realigner
 from service.domain.stock.realign_report import RealignReport
@@ -77,22 +82,36 @@ class DeadLetterNotFound(LookupError):
         self.id = dead_letter_id
 
 
-def _view(letter: DeadLetter) -> DeadLetterView:
+def _orders(letter: DeadLetter) -> list[OrderMessage]:
+    """The orders ``letter`` carries (one, or a group's).
+
+    Raises:
+        InvalidOrder: its body is neither an order nor a group.
+    """
+    return parse_body(letter.body).orders
+
+
+def _views(letter: DeadLetter) -> list[DeadLetterView]:
+    """One view per order ``letter`` carries; one without an order when it carries none."""
     try:
-        order, error = parse_order(letter.body), None
+        orders: list[OrderMessage | None] = list(_orders(letter))
+        error = None
     except InvalidOrder as exc:
-        order, error = None, str(exc)
-    return DeadLetterView(
-        id=letter.id,
-        reason=letter.reason,
-        count=letter.count,
-        queue=letter.queue,
-        died_at=letter.died_at,
-        order=order,
-        error=error,
-        body=letter.body.decode("utf-8", errors="replace"),
-        detail=letter.error,
-    )
+        orders, error = [None], str(exc)
+    return [
+        DeadLetterView(
+            id=letter.id,
+            reason=letter.reason,
+            count=letter.count,
+            queue=letter.queue,
+            died_at=letter.died_at,
+            order=order,
+            error=error,
+            body=letter.body.decode("utf-8", errors="replace"),
+            detail=letter.error,
+        )
+        for order in orders
+    ]
 
 
 class DeadLetterService:
@@ -105,8 +124,9 @@ class DeadLetterService:
         self._realigner = realigner
 
     async def entries(self, limit: int = DEFAULT_LIMIT) -> list[DeadLetterView]:
-        """Every dead-lettered message (oldest first, at most ``limit``); nothing is removed."""
-        return [_view(letter) for letter in await self._queue.peek(limit)]
+        """Every dead-lettered message (oldest first, at most ``limit``; a group one view per
+        order); nothing is removed."""
+        return [view for letter in await self._queue.peek(limit) for view in _views(letter)]
 
     async def show(self, dead_letter_id: str) -> list[DeadLetterView]:
         """The message(s) with this id (several when the same order died more than once).
@@ -127,12 +147,13 @@ class DeadLetterService:
         """
         if ids is not None:
             await self._require(ids)
-        moved = [_view(letter) for letter in await self._queue.redrive(ids)]
+        moved = [view for letter in await self._queue.redrive(ids) for view in _views(letter)]
         log.info("dead_letters_redriven", count=len(moved), request_ids=[view.id for view in moved])
         return moved
 
     async def purge(self, ids: Collection[str]) -> list[Purged]:
-        """Remove the messages with these ids for good, giving back what their orders reserved.
+        """Remove the messages with these ids for good, giving back what their orders reserved
+        (one :class:`Purged` per order).
 
         Raises:
             DeadLetterNotFound: an id names no message (checked first: then nothing is removed).
@@ -141,7 +162,12 @@ class DeadLetterService:
         purged: list[Purged] = []
 
         async def give_back(letter: DeadLetter) -> bool:
-            purged.append(await self._give_back(letter))
+            try:
+                orders = _orders(letter)
+            except InvalidOrder:
+                purged.append(Purged(letter.id, None, PurgeOutcome.NOT_AN_ORDER))
+                return True
+            purged.extend([await self._give_back(letter.id, order) for order in orders])
             return True
 
         await self._queue.settle(lambda letter: letter.id in ids, give_back)
@@ -154,32 +180,28 @@ class DeadLetterService:
 
         async def landed(letter: DeadLetter) -> bool:
             try:
-                order = parse_order(letter.body)
+                request_ids = {order.request_id for order in _orders(letter)}
             except InvalidOrder:
                 return False
             async with self._engine.connect() as conn:
-                rows = await conn.execute(orders.PRESENT_REQUEST_IDS, {"r": [order.request_id]})
-                return rows.first() is not None
+                rows = await conn.execute(orders.PRESENT_REQUEST_IDS, {"r": list(request_ids)})
+                return set(rows.scalars()) == request_ids
 
         dropped = await self._queue.settle(lambda _letter: True, landed)
         if dropped:
             log.info("dead_letters_landed_dropped", count=len(dropped), request_ids=[letter.id for letter in dropped])
         return len(dropped)
 
-    async def _give_back(self, letter: DeadLetter) -> Purged:
-        try:
-            order = parse_order(letter.body)
-        except InvalidOrder:
-            return Purged(letter.id, None, PurgeOutcome.NOT_AN_ORDER)
+    async def _give_back(self, letter_id: str, order: OrderMessage) -> Purged:
         async with self._engine.connect() as conn:
             present = (await conn.execute(orders.PRESENT_ORDER_NOS, {"order_nos": [order.order_no]})).first()
         if present is not None:
-            return Purged(letter.id, order, PurgeOutcome.ALREADY_IN_MYSQL)
+            return Purged(letter_id, order, PurgeOutcome.ALREADY_IN_MYSQL)
         await self._store.reservations.forget(order.product_id, order.request_id, bucket=order.bucket)
         try:
             report = await self._realigner.realign(order.product_id)
         except ProductNotFound:
-            return Purged(letter.id, order, PurgeOutcome.NOT_AN_ORDER)
+            return Purged(letter_id, order, PurgeOutcome.NOT_AN_ORDER)
         log.warning(
             "dead_letter_purged",
             request_id=order.request_id,
@@ -187,7 +209,7 @@ class DeadLetterService:
             product_id=order.product_id,
             quantity=order.quantity,
         )
-        return Purged(letter.id, order, PurgeOutcome.GIVEN_BACK, report)
+        return Purged(letter_id, order, PurgeOutcome.GIVEN_BACK, report)
 
     async def _require(self, ids: Collection[str]) -> None:
         present = {letter.id for letter in await self._queue.peek()}

@@ -1,14 +1,16 @@
-"""An order message as the consumer takes it in: decoded and checked field by field, so that no
-single message can fail a batch's statements (docs/ARCHITECTURE.md, "Consumer")."""
+"""An order message as the consumer takes it in: decoded (either body format,
+:mod:`service.domain.model.order_message`) and checked field by field, so that no single order
+can fail a batch's statements (docs/ARCHITECTURE.md, "Consumer")."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import msgspec
 
 from db.models import MAX_AMOUNT
-from service.domain.model.order_message import OrderMessage, decode_order
+from service.domain.model.order_message import OrderGroup, OrderMessage, decode_body
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.purchase.request_id import USER_ID
 
@@ -22,17 +24,51 @@ class InvalidOrder(ValueError):
     """A message that is not a well-formed order; it is dead-lettered at once."""
 
 
-def parse_order(body: bytes) -> OrderMessage:
-    """Decode and check a message body: every field within its column's domain, so no single
-    message can fail a batch's statements.
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """What one message body carries: ``group`` the group envelope (None for a body in the
+    single-order format), its ``orders``, and by position why an order is out of its domain
+    (``invalid``; None for a good one): an order of a group out of its domain is dead-lettered
+    alone, the others are written."""
+
+    group: OrderGroup | None
+    orders: list[OrderMessage]
+    invalid: list[InvalidOrder | None]
+
+
+def parse_body(body: bytes) -> Incoming:
+    """Decode a message body of either format and check its orders (:func:`check_order`).
 
     Raises:
-        InvalidOrder: not JSON of the order shape, or a field out of its domain.
+        InvalidOrder: neither format, an empty group, or a single-order body out of its domain
+            (nothing of it can be written).
     """
     try:
-        order = decode_order(body)
+        decoded = decode_body(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InvalidOrder(str(exc)) from exc
+    if isinstance(decoded, OrderMessage):
+        return Incoming(None, [check_order(decoded)], [None])
+    if not decoded.orders:
+        raise InvalidOrder("a group without orders")
+    return Incoming(decoded, decoded.orders, [_why_invalid(order) for order in decoded.orders])
+
+
+def _why_invalid(order: OrderMessage) -> InvalidOrder | None:
+    try:
+        check_order(order)
+    except InvalidOrder as exc:
+        return exc
+    return None
+
+
+def check_order(order: OrderMessage) -> OrderMessage:
+    """``order`` when every field is within its column's domain, so no single order can fail a
+    batch's statements.
+
+    Raises:
+        InvalidOrder: a field out of its domain.
+    """
     if not (
         _REQUEST_ID.fullmatch(order.request_id)
         and is_valid_order_no(order.order_no)

@@ -5,6 +5,7 @@ and publish). Safe to repeat: the consumer's ``UNIQUE(request_id)`` makes a seco
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection
 
 import structlog
@@ -51,14 +52,13 @@ class Republisher:
         return await self._publish(product_id, price, [e for e in journal if e.request_id in due], bucket)
 
     async def _publish(self, product_id: int, price: int, stale: list[JournalEntry], bucket: int) -> int:
-        """Publish overdue reservations again, each priced at the unit price fixed when it was
-        reserved. ``price`` (the product's price now, minor units) only prices entries written
-        before the journal recorded the unit price (left in a live journal by an upgrade): for
-        those nothing better is known, as before."""
-        count = 0
-        published: list[dict[str, str]] = []
-        for entry in stale:
-            message = OrderMessage(
+        """Publish overdue reservations again, side by side (so they leave in groups, as the API's
+        orders do: :mod:`service.adapters.publish_groups`), each priced at the unit price fixed
+        when it was reserved. ``price`` (the product's price now, minor units) only prices
+        entries written before the journal recorded the unit price (left in a live journal by
+        an upgrade): for those nothing better is known, as before."""
+        messages = [
+            OrderMessage(
                 entry.request_id,
                 entry.order_no,
                 entry.user_id,
@@ -68,14 +68,20 @@ class Republisher:
                 (price if entry.unit_price is None else entry.unit_price) * entry.quantity,
                 bucket,
             )
-            try:
-                await self._publisher.publish(message)
-            except PublishFailed:
-                log.warning("republish_failed", request_id=entry.request_id, order_no=entry.order_no)
+            for entry in stale
+        ]
+        outcomes = await asyncio.gather(
+            *(self._publisher.publish(message) for message in messages), return_exceptions=True
+        )
+        published: list[dict[str, str]] = []
+        for message, outcome in zip(messages, outcomes, strict=True):
+            if isinstance(outcome, PublishFailed):
+                log.warning("republish_failed", request_id=message.request_id, order_no=message.order_no)
                 continue
-            count += 1
-            published.append({"request_id": entry.request_id, "order_no": entry.order_no})
-            await self._store.replays.mark_queued_if_pending(product_id, entry.request_id, bucket=bucket)
-        if count:
-            log.warning("republished_stale_reservations", product_id=product_id, count=count, orders=published)
-        return count
+            if isinstance(outcome, BaseException):
+                raise outcome
+            published.append({"request_id": message.request_id, "order_no": message.order_no})
+            await self._store.replays.mark_queued_if_pending(product_id, message.request_id, bucket=bucket)
+        if published:
+            log.warning("republished_stale_reservations", product_id=product_id, count=len(published), orders=published)
+        return len(published)

@@ -1,4 +1,4 @@
-"""The consumer's ``parse_order`` bounds every field to its column or format, so a poison value is
+"""The consumer's ``parse_body`` bounds every field to its column or format, so a poison value is
 dead-lettered at once (``InvalidOrder``) instead of failing a batch and going through the
 redelivery backoff."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from service.domain.fulfilment.incoming import InvalidOrder, parse_order
+from service.domain.fulfilment.incoming import InvalidOrder, parse_body
 from service.domain.order_numbers.format import compose_order_no
 
 GOOD = {
@@ -21,12 +21,17 @@ GOOD = {
 }
 
 
+def _parse_one(body: bytes):
+    [order] = parse_body(body).orders
+    return order
+
+
 def body(**changes: object) -> bytes:
     return msgspec.json.encode({**GOOD, **changes})
 
 
 def test_a_good_order_parses() -> None:
-    order = parse_order(body())
+    order = _parse_one(body())
     assert (order.product_id, order.quantity, order.amount, order.reserved_at_ms) == (1000, 2, 3000, 1_764_460_800_000)
 
 
@@ -53,10 +58,10 @@ def test_a_good_order_parses() -> None:
 )
 def test_a_poison_field_is_invalid(changes: dict[str, object]) -> None:
     with pytest.raises(InvalidOrder):
-        parse_order(body(**changes))
+        _parse_one(body(**changes))
 
 
 def test_the_bounds_themselves_are_accepted() -> None:
-    order = parse_order(body(quantity=2**31 - 1, product_id=2**63 - 1, amount=2**63 - 1, reserved_at_ms=2**53))
+    order = _parse_one(body(quantity=2**31 - 1, product_id=2**63 - 1, amount=2**63 - 1, reserved_at_ms=2**53))
     assert order.quantity == 2**31 - 1 and order.reserved_at_ms == 2**53
-    assert parse_order(body(reserved_at_ms=0, amount=0)).reserved_at_ms == 0
+    assert _parse_one(body(reserved_at_ms=0, amount=0)).reserved_at_ms == 0

@@ -1,0 +1,116 @@
+"""Group publishing: the orders of one order queue that arrive within a short linger leave in one
+AMQP message (the broker's group commit; docs/ARCHITECTURE.md, "Order messages and groups").
+
+:class:`Grouper` holds one open group per order queue. The first order opens it and starts the
+linger (``FLASHSALE_AMQP__GROUP_LINGER_MS``); the group is sent when the linger is up or at once
+when it is full (``FLASHSALE_AMQP__GROUP_MAX``), and every order of it gets the outcome of that
+one message: each caller's wait ends when the broker confirmed it, or raises the same
+:class:`PublishFailed` when it was nacked, returned or not confirmed in time, so each caller
+releases its own reservation exactly as for a message of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from service.domain.model.order_message import OrderMessage
+from service.failures import PublishFailed
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(slots=True)
+class Group:
+    """Orders on their way in one message: ``id`` (the message's ``message_id`` when it carries
+    more than one order), the orders in arrival order and the HTTP request each came with."""
+
+    queue: str
+    id: str = field(default_factory=lambda: os.urandom(16).hex())
+    orders: list[OrderMessage] = field(default_factory=list)
+    http_request_ids: list[str | None] = field(default_factory=list)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    timer: asyncio.Handle | None = None
+
+
+Send = Callable[[Group], Awaitable[None]]
+"""Publishes one group and returns once the broker confirmed it (raises :class:`PublishFailed`)."""
+
+
+class Grouper:
+    """Collects orders into groups per order queue and sends each with ``send``: at most
+    ``max_size`` orders, the first waiting at most ``linger_seconds`` (0: the orders added in
+    the same turn of the event loop)."""
+
+    def __init__(self, send: Send, max_size: int, linger_seconds: float) -> None:
+        self._send = send
+        self._max = max_size
+        self._linger = linger_seconds
+        self._open: dict[str, Group] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+
+    async def publish(self, queue: str, order: OrderMessage, http_request_id: str | None) -> None:
+        """Add ``order`` to the open group of ``queue`` and wait for that group's confirm.
+
+        Raises:
+            PublishFailed: the group's message was nacked, returned, not confirmed in time, or
+                the publisher closed before sending it.
+        """
+        group = self._open.get(queue)
+        if group is None:
+            group = self._open[queue] = Group(queue)
+            loop = asyncio.get_running_loop()
+            group.timer = (
+                loop.call_later(self._linger, self._flush, group)
+                if self._linger > 0
+                else loop.call_soon(self._flush, group)
+            )
+        waiter = asyncio.get_running_loop().create_future()
+        group.orders.append(order)
+        group.http_request_ids.append(http_request_id)
+        group.waiters.append(waiter)
+        if len(group.orders) >= self._max:
+            self._flush(group)
+        await waiter
+
+    def _flush(self, group: Group) -> None:
+        if self._open.get(group.queue) is not group:
+            return  # sent already (full before its linger was up)
+        del self._open[group.queue]
+        if group.timer is not None:
+            group.timer.cancel()
+        task = asyncio.create_task(self._send_group(group))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send_group(self, group: Group) -> None:
+        failure: PublishFailed | None = None
+        try:
+            await self._send(group)
+        except PublishFailed as exc:
+            failure = exc
+        except Exception as exc:  # never leave a waiter hanging: its request would never answer
+            log.exception("group_publish_failed", group=group.id, orders=len(group.orders))
+            failure = PublishFailed(repr(exc))
+        for waiter in group.waiters:
+            if not waiter.done():  # a waiter whose request was cancelled is done
+                if failure is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(failure)
+
+    async def close(self) -> None:
+        """Fail the groups not sent yet (their callers release their reservations) and wait for
+        the ones being sent."""
+        for group in list(self._open.values()):
+            del self._open[group.queue]
+            if group.timer is not None:
+                group.timer.cancel()
+            for waiter in group.waiters:
+                if not waiter.done():
+                    waiter.set_exception(PublishFailed("publisher closed"))
+        await asyncio.gather(*self._sending, return_exceptions=True)
