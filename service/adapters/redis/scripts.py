@@ -43,6 +43,7 @@ SCRIPT_NAMES = (
     "epoch",
     "restore_replays",
     "bucket_fill",
+    "journal_size",
 )
 """Every script of the ``lua`` package, by file name without ``.lua``."""
 
