@@ -25,6 +25,7 @@ from tests.faults.harness import FaultSale
 from tests.servers import PrivateRedis
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
+ci = pytest.mark.faults_ci
 
 _AOF_DIR = "appendonlydir"  # redis-server's default appenddirname
 _AOF_BASE = "appendonly.aof.1.base.rdb"
@@ -75,6 +76,7 @@ async def _faulted_mid_sale(sale: FaultSale) -> None:
     sale.faulted()
 
 
+@ci
 async def test_redis_rolled_back_across_releases(servers, log_root, record):
     """The issue's case: the broker freezes long enough for publishes to time out, so buyers'
     first attempts are released (tombstones) and answered 503; the snapshot is taken then. The
