@@ -80,4 +80,5 @@ async def test_api_clock_steps_back_two_seconds(servers, log_root, record):
             sale.notes.append(f"{len(behind)} canary numbers minted after the step carry a time {STEP_SECONDS} s back")
             return None
 
+        sale.extra_checks.append(numbers_valid_and_stepped)
         record(await sale.finish())
