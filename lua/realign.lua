@@ -13,7 +13,8 @@
 --   For a product whose Redis state is missing or predates the counter.
 -- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota   KEYS[4] versions   KEYS[5] sale
 -- KEYS[6] journal units   KEYS[7] re-publish times
--- ARGV[1] MySQL stock in the snapshot   ARGV[2] '1' write, '0' dry run
+-- ARGV[1] MySQL stock in the snapshot   ARGV[2] '0' dry run, else write: the run id of the
+-- server the caller read the journal on (journal_size.lua); a server restarted since answers {'full'}
 -- ARGV[3] inventory version of the snapshot
 -- ARGV[4..10] sale terms in the snapshot: starts_ms, ends_ms (0 = no end), per-user limit, price,
 -- token ('1': a purchase needs an order token), buckets (the product's K), room ('1': a purchase
@@ -32,6 +33,9 @@
 -- resolved in the snapshot (a dry run, which dropped nothing; 0 and 0 otherwise)
 -- full: ARGV[15] n = number of resolved request ids   ARGV[16 .. 15+n] request ids whose order
 -- has a row in the snapshot   ARGV[16+n ..] pairs: user id, units that user holds in MySQL
+-- The sale hash records the run id of the server it was written on ('server'): reserve.lua
+-- sells only on that server's life, so a Redis restarted from older data sells nothing until a
+-- full pass (after the caller gave the replay records back from MySQL) writes it again.
 -- Returns {stock_before or '', stock_after, in_flight_count, in_flight_units, resolved_dropped, stale}.
 -- stale = 1: Redis already reflects a newer MySQL state (another pass, or a restock); nothing
 -- was written (the next pass, with a newer snapshot, writes).
@@ -43,13 +47,15 @@ local versions = redis.call('HMGET', KEYS[4], 'synced', 'restocked', 'dropped', 
 -- this snapshot already reached Redis. Writing would turn the clock back.
 local stale = tonumber(versions[1] or '0') > version or tonumber(versions[2] or '0') > version
   or tonumber(versions[3] or '0') > version or tonumber(versions[4] or '0') > pass
-local write = ARGV[2] == '1' and not stale
+local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+if ARGV[2] ~= '0' and ARGV[2] ~= run_id then return {'full'} end
+local write = ARGV[2] ~= '0' and not stale
 local before = redis.call('GET', KEYS[1]) or ''
 local in_flight, units, dropped = 0, 0, 0
 
 if n < 0 then
   local counted = redis.call('GET', KEYS[6])
-  if before == '' or not counted then return {'full'} end
+  if before == '' or not counted or redis.call('HGET', KEYS[5], 'server') ~= run_id then return {'full'} end
   in_flight = redis.call('HLEN', KEYS[2]) - tonumber(ARGV[17])
   units = tonumber(counted) - tonumber(ARGV[16])
 else
@@ -101,6 +107,7 @@ if write then
   end
   redis.call('HSET', KEYS[5], 'starts_ms', ARGV[4], 'ends_ms', ARGV[5], 'limit', ARGV[6], 'price', ARGV[7],
     'token', ARGV[8], 'buckets', ARGV[9], 'room', ARGV[10])
+  if n >= 0 then redis.call('HSET', KEYS[5], 'server', run_id) end
   if ARGV[11] == 'database' then
     redis.call('HSET', KEYS[5], 'mode', 'database')
   elseif ARGV[11] == 'open' then

@@ -69,12 +69,16 @@ if record[1] then
   order_no = record[2]
 end
 
-local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit', 'price', 'token', 'mode', 'room')
+local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit', 'price', 'token', 'mode', 'room', 'server')
 -- The product sells from MySQL (stock mode 'database'), or is being switched there: the marker
 -- is written before MySQL serves, so no reservation is taken here after it.
 if sale[6] == 'database' then return {'moved', ''} end
 local stock = redis.call('GET', KEYS[1])
 if not sale[1] or not sale[4] or not stock then return {'not_loaded', ''} end
+-- Loaded in another life of this server (a restart from an older snapshot or AOF, a replica
+-- promoted before it had the last writes): stock, quotas and replay records may be rolled back.
+-- Not loaded until realignment has given back what MySQL knows (lua/realign.lua writes 'server').
+if sale[8] ~= string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') then return {'not_loaded', ''} end
 
 local ends_ms = tonumber(sale[2])
 if now_ms < tonumber(sale[1]) or (ends_ms > 0 and now_ms >= ends_ms) then

@@ -127,6 +127,30 @@ async def redis_state(redis: Redis, settings: Settings, product_id: int) -> dict
     }
 
 
+class RedisSnapshot:
+    """Every key of a product's slot as it is now (``DUMP`` with its time to live); :meth:`restore`
+    puts the slot back to exactly that, as a Redis restarted from an older RDB file would (keys
+    written since are gone, keys changed since are old again)."""
+
+    def __init__(self, redis: Redis, settings: Settings, product_id: int) -> None:
+        self._redis = redis
+        self._match = f"{ProductKeys(settings.redis.key_prefix, product_id).tag}:*"
+        self._dumps: dict[str, tuple[bytes, int]] = {}
+
+    async def take(self) -> RedisSnapshot:
+        async for key in self._redis.scan_iter(match=self._match, count=1000):
+            dump, ttl = await self._redis.dump(key), await self._redis.pttl(key)
+            if dump is not None:
+                self._dumps[key] = (dump, max(ttl, 0))
+        return self
+
+    async def restore(self) -> None:
+        async for key in self._redis.scan_iter(match=self._match, count=1000):
+            await self._redis.delete(key)
+        for key, (dump, ttl) in self._dumps.items():
+            await self._redis.restore(key, ttl, dump, replace=True)
+
+
 async def behind_a_row_lock(settings: Settings, engine: AsyncEngine, product_id: int, work) -> tuple[object, int]:
     """Run ``work(impatient)`` while another transaction holds product ``product_id``'s inventory
     row lock; ``impatient`` is an engine whose sessions give up a lock wait after 1 s (1205). The

@@ -296,6 +296,24 @@ class Publisher:
             await queue_depth(self._reading, self._settings.dead_letter_queue),
         )
 
+    async def orders_waiting(self) -> int:
+        """Order messages the broker holds ready for a consumer: in the order queues and in their
+        retry queues together, asked now (not the deliveries consumers hold unacknowledged).
+
+        Raises:
+            PublishFailed: the connection is down or the broker did not answer as asked.
+        """
+        if self._connection is None or self._connection.is_closed:
+            raise PublishFailed("broker connection is down")
+        try:
+            if self._reading is None or self._reading.is_closed:
+                self._reading = await self._connection.channel()
+            return await queue_depths(
+                self._reading, [*self._settings.partition_queues(), *self._settings.retry_queues()]
+            )
+        except aio_pika.exceptions.AMQPError as exc:
+            raise PublishFailed(f"queue depths not read: {exc!r}") from exc
+
     @property
     def ready(self) -> bool:
         """True when the connection and every channel are open."""

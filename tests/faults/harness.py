@@ -155,6 +155,7 @@ class _Process:
     expected_exit: bool = False  # the suite killed it (or is stopping it)
     stopped: bool = False  # the case is over: not started again
     starts: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's, this process only
 
 
 class Supervisor:
@@ -174,8 +175,9 @@ class Supervisor:
         self._respawns: set[asyncio.Task[None]] = set()
         self._script = str(Path(sys.executable).with_name("flashsale"))
 
-    async def start(self, name: str, *argv: str) -> None:
-        entry = self._processes.setdefault(name, _Process(name, list(argv)))
+    async def start(self, name: str, *argv: str, env: dict[str, str] | None = None) -> None:
+        """Start ``name`` (``flashsale *argv``), with ``env`` on top of the case's environment."""
+        entry = self._processes.setdefault(name, _Process(name, list(argv), env=dict(env or {})))
         await self._spawn(entry)
         if self._watcher is None:
             self._watcher = asyncio.create_task(self._watch())
@@ -189,7 +191,7 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self._env,
+                env={**self._env, **entry.env},
                 start_new_session=True,
             )
         entry.expected_exit = False
@@ -523,9 +525,9 @@ class FaultSale:
 
     # -- processes --------------------------------------------------------------------------------
 
-    async def start_api(self) -> None:
+    async def start_api(self, env: dict[str, str] | None = None) -> None:
         await self.supervisor.start(
-            "api", "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(WORKERS)
+            "api", "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(WORKERS), env=env
         )
 
     async def start_consumer(self, prefetch: int = PREFETCH) -> None:
@@ -545,8 +547,10 @@ class FaultSale:
     async def start_sweep(self) -> None:
         await self.supervisor.start("sweep", "sweep", "--watch", str(SWEEP_SECONDS), "--json")
 
-    async def start_all(self, *, realign: bool = True, consumer: bool = True) -> None:
-        await self.start_api()
+    async def start_all(
+        self, *, realign: bool = True, consumer: bool = True, api_env: dict[str, str] | None = None
+    ) -> None:
+        await self.start_api(api_env)
         if consumer:
             await self.start_consumer()
         if realign:

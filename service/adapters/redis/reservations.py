@@ -210,18 +210,24 @@ class Reservations:
         value = cast(str | None, await self._redis.get(order_key(self._prefix, order_no)))
         return None if value is None else parse_queued_order(order_no, value)
 
-    async def claim(self, product_id: int, request_id: str, *, bucket: int = 0) -> ClaimOutcome:
-        """:meth:`claim_many` for one request id."""
-        return (await self.claim_many(product_id, [request_id], bucket=bucket))[0]
+    async def claim(self, product_id: int, request_id: str, attempt: str = "", *, bucket: int = 0) -> ClaimOutcome:
+        """:meth:`claim_many` for one message."""
+        return (await self.claim_many(product_id, [(request_id, attempt)], bucket=bucket))[0]
 
-    async def claim_many(self, product_id: int, request_ids: Sequence[str], *, bucket: int = 0) -> list[ClaimOutcome]:
-        """``lua/claim.lua``, one round trip for any number of one product's reservations: mark
-        each of ``request_ids`` as taken by a consumer, so a late release does not give it back.
-        One answer per request id, in order. Every key lives in the slot of the product's ``bucket``
-        (the one the reservations were made in)."""
+    async def claim_many(
+        self, product_id: int, messages: Sequence[tuple[str, str]], *, bucket: int = 0
+    ) -> list[ClaimOutcome]:
+        """``lua/claim.lua``, one round trip for any number of one product's messages, each a
+        request id and the attempt token it carries (``""``: unknown): mark each reservation as
+        taken by a consumer, so a late release does not give it back. ``RELEASED`` only where
+        the replay record is the tombstone of that very attempt. One answer per message, in
+        order. Every key lives in the slot of the product's ``bucket`` (the one the reservations
+        were made in)."""
         keys = ProductKeys(self._prefix, product_id, bucket)
         reply = await self._scripts.run(
-            "claim", keys=[keys.journal, *(keys.replay(request_id) for request_id in request_ids)], args=request_ids
+            "claim",
+            keys=[keys.journal, *(keys.replay(request_id) for request_id, _ in messages)],
+            args=[part for message in messages for part in message],
         )
         return [ClaimOutcome(status) for status in reply]
 

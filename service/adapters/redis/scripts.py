@@ -44,6 +44,7 @@ SCRIPT_NAMES = (
     "restore_replays",
     "bucket_fill",
     "queue",
+    "journal_size",
 )
 """Every script of the ``lua`` package, by file name without ``.lua``."""
 

@@ -87,16 +87,18 @@ class Stock(KeyspaceStore):
         return list(entries.values())
 
     @translated
-    async def journal_size(self, product_id: int, *, bucket: int = 0) -> int | None:
-        """Entries in the product's journal (HLEN), or None when the product's stock or its
-        journal-units counter is missing from Redis (then only a full realignment pass can
-        restore it; else a pass may be incremental: :meth:`drop_resolved`, :meth:`realign`)."""
+    async def journal_size(self, product_id: int, *, bucket: int = 0) -> tuple[int | None, str]:
+        """``lua/journal_size.lua``: entries in the product's journal (HLEN), or None when Redis
+        does not hold the bucket as it was loaded (its stock or journal-units counter is missing,
+        or it was loaded in another life of the server: a restart from older data, a promoted
+        replica); then only a full realignment pass can restore it, else a pass may be
+        incremental (:meth:`drop_resolved`, :meth:`realign`). With it, the run id of the Redis
+        server that answered (what :meth:`realign` writes on)."""
         keys = ProductKeys(self._prefix, product_id, bucket)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.exists(keys.stock, keys.units)
-            pipe.hlen(keys.journal)
-            present, size = await pipe.execute()
-        return int(size) if int(present) == 2 else None
+        size, server = await self._scripts.run(
+            "journal_size", keys=[keys.stock, keys.units, keys.journal, keys.sale], args=[]
+        )
+        return (None if int(size) < 0 else int(size)), str(server)
 
     async def drop_resolved(
         self, product_id: int, inventory_version: int, resolved: Sequence[tuple[str, str, bool]], *, bucket: int = 0
@@ -160,6 +162,7 @@ class Stock(KeyspaceStore):
         units_held: Iterable[tuple[str, int]] = (),
         pending: tuple[int, int] = (0, 0),
         dry_run: bool,
+        server: str = "",
         marker: str = "keep",
         bucket: int = 0,
         pass_no: int = 0,
@@ -174,14 +177,20 @@ class Stock(KeyspaceStore):
         ``resolved`` None: the incremental form, O(1): the resolved entries were already dropped
         (:meth:`drop_resolved`; in a dry run ``pending`` = (entries, units) still in the journal
         though resolved); returns None when the stock or the units counter is missing (Redis lost
-        data): run the full form. Else the full form: walks the journal, drops the entries whose
+        data) or the bucket was loaded in another life of the server: run the full form. Else
+        the full form: walks the journal, drops the entries whose
         request id is in ``resolved``, rebuilds per-user quotas = ``units_held`` (user id, units
         held in MySQL) + units still in the journal, and sets the units counter.
 
         ``pass_no`` > 0 (a bucket of a product of several, :meth:`.buckets.StockBuckets.next_pass`):
         the write drains the ``bucket`` instead (stock 0 until :meth:`.buckets.StockBuckets.fill`),
         and is ``stale`` too when a newer pass drained it; ``in_flight_units`` is the bucket's,
-        for the caller to sum."""
+        for the caller to sum.
+
+        ``server``: the run id :meth:`journal_size` answered with; a write on a server restarted
+        since returns None (run the full form, after giving the replay records back). The full
+        form records the server's run id in the sale terms: ``lua/reserve.lua`` sells only while
+        it is the server's own."""
         keys = ProductKeys(self._prefix, product_id, bucket)
         if resolved is None:
             tail: list[str | int] = [-1, pending[1], pending[0]]
@@ -192,7 +201,7 @@ class Stock(KeyspaceStore):
             keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale, keys.units, keys.republished],
             args=[
                 mysql_stock,
-                "0" if dry_run else "1",
+                "0" if dry_run else server,
                 inventory_version,
                 *terms,
                 marker,

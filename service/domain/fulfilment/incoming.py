@@ -15,6 +15,7 @@ from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.purchase.request_id import USER_ID
 
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
+_ATTEMPT = re.compile(r"[0-9a-f]{0,32}")  # service.adapters.redis.reservations.new_attempt, or none
 _MAX_QUANTITY = 2**31 - 1  # orders.quantity is INT
 _MAX_PRODUCT_ID = 2**63 - 1  # products.id is BIGINT
 _MAX_RESERVED_AT_MS = 2**53  # Unix ms from Redis TIME; no column, but a sane clock and exact as a float
@@ -71,6 +72,7 @@ def check_order(order: OrderMessage) -> OrderMessage:
     """
     if not (
         _REQUEST_ID.fullmatch(order.request_id)
+        and _ATTEMPT.fullmatch(order.attempt)
         and is_valid_order_no(order.order_no)
         and USER_ID.fullmatch(order.user_id)
         and 0 < order.product_id <= _MAX_PRODUCT_ID

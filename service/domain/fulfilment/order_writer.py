@@ -3,9 +3,11 @@
 The brief's per-message rules ("Consumer (authoritative write)"), applied to a batch at once:
 
 1. Claim (:class:`OrderWriter`): one ``lua/claim.lua`` call per product in the batch (its keys
-   live in that product's ``{p:ID}`` slot), run concurrently: one round trip. A ``released``
-   reservation (the API gave it back and answered 503) is dropped, nothing written. Without
-   Redis, MySQL's unique request id still decides.
+   live in that product's ``{p:ID}`` slot), run concurrently: one round trip. A message whose
+   own attempt's reservation was ``released`` (the API gave it back and answered 503) is
+   dropped, nothing written. Anything else without a journal entry (Redis lost or rolled back
+   its data, or Redis is away) is written as far as MySQL allows: its unique request id and
+   conditional stock UPDATE decide, never state Redis can lose.
 2. One transaction (:func:`write_orders`):
    - one multi-row ``INSERT ... SELECT`` of the orders (``pending_payment``) under
      ``UNIQUE(request_id)`` and ``UNIQUE(order_no)``; a row naming an unknown product inserts
@@ -103,7 +105,7 @@ class OrderWriter:
 
     async def _released(self, batch: Sequence[OrderMessage]) -> list[bool]:
         """Claim every reservation of ``batch`` (one script call per product and stock bucket,
-        concurrently); True for the ones the API released."""
+        concurrently); True for the messages whose own attempt the API released."""
         by_bucket: dict[tuple[int, int], list[int]] = defaultdict(list)
         for index, order in enumerate(batch):
             by_bucket[order.product_id, order.bucket].append(index)
@@ -111,7 +113,7 @@ class OrderWriter:
             answers = await asyncio.gather(
                 *(
                     self._store.reservations.claim_many(
-                        product_id, [batch[i].request_id for i in indexes], bucket=bucket
+                        product_id, [(batch[i].request_id, batch[i].attempt) for i in indexes], bucket=bucket
                     )
                     for (product_id, bucket), indexes in by_bucket.items()
                 )

@@ -22,7 +22,10 @@ class OrderMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
 
     ``quantity`` in units; ``reserved_at_ms`` in Unix milliseconds (Redis server time);
     ``amount`` in minor currency units, priced when the stock was reserved; ``bucket`` the stock
-    bucket it was reserved in (:mod:`service.domain.stock.buckets`; left out of the body when 0).
+    bucket it was reserved in (:mod:`service.domain.stock.buckets`; left out of the body when 0);
+    ``attempt`` the token of the HTTP attempt whose reservation it carries (left out when unknown:
+    a re-publish by realignment). A ``released`` tombstone drops a message only when it names that
+    very attempt (``lua/claim.lua``): a Redis rolled back to before a retry cannot drop the retry.
     """
 
     request_id: str
@@ -33,6 +36,7 @@ class OrderMessage(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
     reserved_at_ms: int
     amount: int
     bucket: int = 0
+    attempt: str = ""
 
 
 GROUP_FORMAT: Literal[1] = 1

@@ -47,8 +47,8 @@ class ClaimOutcome(StrEnum):
     """What ``lua/claim.lua`` found for a message a consumer is about to write."""
 
     HELD = "held"  # journal entry present, now marked claimed
-    RELEASED = "released"  # the API gave the reservation back: drop the message
-    UNKNOWN = "unknown"  # no trace in Redis: MySQL's unique request id decides
+    RELEASED = "released"  # the API gave back the reservation of the message's own attempt: drop it
+    UNKNOWN = "unknown"  # no journal entry nor that attempt's tombstone: MySQL decides
 
 
 class RestockOutcome(StrEnum):

@@ -301,6 +301,7 @@ class PurchaseService:
             reservation.reserved_at_ms,
             reservation.unit_price * quantity,
             ask.bucket,
+            attempt,
         )
         if self._background is not None:
             # The journal entry is the outbox: marked queued first, a retry is answered as a replay.

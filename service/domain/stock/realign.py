@@ -82,6 +82,10 @@ LOCK_WAIT_SECONDS = 30.0
 """How long a pass waits for another pass of the product to release the lock (seconds)."""
 STALE_RETRIES = 3
 """A pass over several buckets that a newer MySQL state made stale runs again, this many times."""
+QUEUED_WAIT_SECONDS = 15.0
+"""How long a pass that reloads a lost bucket waits for the orders queued at the loss to be written."""
+CONSUMER_SETTLE_SECONDS = 0.5
+"""Once no order message is ready: time for the batches consumers hold to commit."""
 
 
 class RealignmentBusy(Unavailable):
@@ -105,6 +109,7 @@ class Realigner:
         self.engine = engine
         self._store = store
         self._grace_ms = int(grace_seconds * 1000)
+        self._publisher = publisher
         self._republisher = None if publisher is None else Republisher(store, publisher, self._grace_ms)
         self._buckets: dict[int, int] = {}
 
@@ -132,12 +137,16 @@ class Realigner:
             return await self.realign_all(dry_run)
         return [await self.realign(product_id, dry_run)]
 
-    async def _restore_replays(self, product_id: int, buckets: int, lost: set[int]) -> None:
-        """Redis does not hold the product's buckets ``lost`` (lost, or never loaded): give back
-        the replay records of their buyers' orders still in the replay window, read fresh from
-        MySQL just before the stock is loaded (until then reserves answer ``not loaded``), so a
-        buyer who retries with the same Idempotency-Key is answered the order they have, not a
-        second one."""
+    async def _restore_replays(self, product_id: int, buckets: int, lost: set[int], *, after_sales: bool) -> None:
+        """Redis does not hold the product's buckets ``lost`` (lost, rolled back, or never
+        loaded): give back the replay records of their buyers' orders still in the replay
+        window, read fresh from MySQL just before the stock is loaded (until then reserves answer
+        ``not loaded``), so a buyer who retries with the same Idempotency-Key is answered the
+        order they have, not a second one. When the product ``after_sales`` had sold, the orders
+        still queued at the loss are written first (:meth:`_queued_orders_written`), so their
+        records are given back too."""
+        if after_sales:
+            await self._queued_orders_written()
         async with self.engine.connect() as conn:
             found = await conn.execute(orders.REPLAYABLE, {"p": product_id, "s": self._store.replays.ttl_seconds})
             by_bucket: dict[int, list[tuple[str, str, int, int]]] = defaultdict(list)
@@ -149,6 +158,27 @@ class Realigner:
             restored = await self._store.replays.restore(product_id, by_bucket[bucket], bucket=bucket)
             if restored:
                 log.warning("replay_records_restored", product_id=product_id, bucket=bucket, restored=restored)
+
+    async def _queued_orders_written(self) -> None:
+        """Wait, at most :data:`QUEUED_WAIT_SECONDS`, until the broker holds no order message
+        ready (order and retry queues), then :data:`CONSUMER_SETTLE_SECONDS` for the batches
+        consumers hold to commit: the orders accepted before Redis lost its data have their rows
+        by then. Without a publisher, or when the broker cannot be asked, no wait (a retry of such
+        an order may then be answered a second order number: recorded ``rejected``)."""
+        if self._publisher is None:
+            return
+        deadline = time.monotonic() + QUEUED_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                waiting = await self._publisher.orders_waiting()
+            except StoreFailure as exc:
+                log.warning("queued_orders_unknown", error=repr(exc))
+                return
+            if waiting == 0:
+                await asyncio.sleep(CONSUMER_SETTLE_SECONDS)
+                return
+            await asyncio.sleep(0.1)
+        log.warning("queued_orders_still_waiting", seconds=QUEUED_WAIT_SECONDS)
 
     async def realign(
         self, product_id: int, dry_run: bool = False, *, open_sale: bool = False, favour: tuple[int, int] | None = None
@@ -231,10 +261,10 @@ class Realigner:
                 await conn.rollback()
                 raise ProductNotFound(product_id)
             mysql_stock, mysql_sold, version = row.stock, row.sold, row.version
-            for bucket, size in enumerate(sizes):
+            for bucket, (size, server) in enumerate(sizes):
                 journal = await self._store.stock.journal(product_id, bucket=bucket)
                 incremental = size is not None and size > FULL_PASS_MAX_ENTRIES
-                views.append(BucketView(bucket, size, incremental, journal, await resolved_in(conn, journal)))
+                views.append(BucketView(bucket, size, server, incremental, journal, await resolved_in(conn, journal)))
             held: dict[int, list[tuple[str, int]]] = defaultdict(list)
             if not all(view.incremental for view in views):
                 found = await conn.execute(orders.UNITS_HELD, {"p": product_id, "released": _RELEASED_STATUSES})
@@ -257,7 +287,8 @@ class Realigner:
             marker = "open" if open_sale else "keep"
         lost = {view.bucket for view in views if view.size is None}
         if lost and not dry_run:
-            await self._restore_replays(product_id, buckets, lost)
+            # A product that sold nothing has no order to wait for (its first load, typically).
+            await self._restore_replays(product_id, buckets, lost, after_sales=mysql_sold > 0)
         results: list[RealignResult] = []
         for view in views:
             result = await self._realign_bucket(
@@ -338,6 +369,7 @@ class Realigner:
             units_held=units_held,
             pending=pending,
             dry_run=dry_run,
+            server=view.server,
             marker=marker,
             bucket=view.bucket,
             pass_no=pass_no,

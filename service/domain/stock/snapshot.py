@@ -43,11 +43,13 @@ def sale_terms(
 @dataclass(frozen=True, slots=True)
 class BucketView:
     """What a pass read of one stock bucket: its journal size before the snapshot (None: Redis
-    lost the bucket), whether it is realigned incrementally, its journal, and its resolved
+    lost the bucket, or holds it from another life of the server), the run id of the Redis
+    server that answered, whether it is realigned incrementally, its journal, and its resolved
     entries (request id -> (entry, rejected))."""
 
     bucket: int
     size: int | None
+    server: str
     incremental: bool
     journal: list[JournalEntry]
     resolved: dict[str, tuple[JournalEntry, bool]]

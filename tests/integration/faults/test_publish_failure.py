@@ -97,7 +97,9 @@ async def test_late_copy_of_a_released_message_is_dropped(store, put_product, pr
     assert await store.reservations.release(product_id, request_id, "a2") == "absent"  # idempotent
 
     consumer = OrderConsumer(engine, store)
-    late = _FakeDelivery(encode_order(OrderMessage(request_id, order_no, "u", product_id, 1, reserved_at, 1500)))
+    late = _FakeDelivery(
+        encode_order(OrderMessage(request_id, order_no, "u", product_id, 1, reserved_at, 1500, attempt="a2"))
+    )
     consumer.handle(late)  # type: ignore[arg-type]  # a stand-in for the Delivery
     await consumer.drain()
     assert late.settled == "ack"

@@ -1,0 +1,165 @@
+"""Fault row: Redis Cluster with one replica per master; the master holding the hot product is
+killed with SIGKILL mid-sale (docs/RELIABILITY.md).
+
+Six private ``redis-server`` processes in cluster mode on free ports (three masters, three
+replicas: ``redis-cli --cluster create ... --cluster-replicas 1``, ``cluster-node-timeout`` of
+two seconds), AOF off as on a cache node: the replica is promoted with whatever the asynchronous
+replication had sent it, possibly without the last writes. The service runs with
+``FLASHSALE_REDIS__CLUSTER`` on (the session's private MariaDB and RabbitMQ as in every row) and
+must follow the new topology by itself: redis-py's cluster client reloads the slot map after a
+connection error, and the promoted replica is another server (run id), so realignment gives back
+from MySQL what it may lack before the product sells there again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from service.adapters.redis.keys import ProductKeys
+from service.sale.isolation import environment
+from tests.faults.harness import FaultSale, Servers, Supervisor
+from tools.redis_cluster import _free_ports as free_cluster_ports  # each with its bus port free
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+NODE_TIMEOUT_MS = 2000
+_HAVE_REDIS = shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
+
+
+def _cli(port: int, *command: str) -> str:
+    done = subprocess.run(["redis-cli", "-p", str(port), *command], capture_output=True, text=True, timeout=10)
+    return done.stdout.strip()
+
+
+class PrivateRedisCluster:
+    """Three masters and three replicas on free ports under a directory of their own; each node
+    a process of its own (killed by its PID), removed with :meth:`remove`."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="flashsale-faults-cluster-"))
+        self.ports = free_cluster_ports(6)
+        self.nodes: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def _start(self, port: int) -> None:
+        log = (self.root / f"node-{port}.log").open("ab")
+        with log:
+            self.nodes[port] = subprocess.Popen(
+                [
+                    "redis-server",
+                    "--port", str(port),
+                    "--bind", "127.0.0.1",
+                    "--cluster-enabled", "yes",
+                    "--cluster-config-file", str(self.root / f"nodes-{port}.conf"),
+                    "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+                    "--dir", str(self.root),
+                    "--dbfilename", f"dump-{port}.rdb",
+                    "--save", "",
+                    "--appendonly", "no",
+                    "--maxmemory-policy", "noeviction",
+                    "--daemonize", "no",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    async def start(self) -> None:
+        for port in self.ports:
+            self._start(port)
+        await _until(lambda: all(_cli(port, "ping") == "PONG" for port in self.ports), "nodes did not answer")
+        created = await asyncio.to_thread(
+            subprocess.run,
+            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{port}" for port in self.ports)]
+            + ["--cluster-replicas", "1", "--cluster-yes"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert created.returncode == 0, f"redis-cli --cluster create failed: {created.stdout}{created.stderr}"
+        await _until(self.healthy, "cluster_state not ok with three masters and three replicas")
+
+    def healthy(self) -> bool:
+        alive = [port for port, node in self.nodes.items() if node.poll() is None]
+        if not all("cluster_state:ok" in _cli(port, "cluster", "info") for port in alive):
+            return False
+        roles = [line.split()[2] for line in _cli(alive[0], "cluster", "nodes").splitlines()]
+        return sum("master" in role and "fail" not in role for role in roles) == 3
+
+    def master_of(self, key: str) -> int:
+        """The port of the master that holds ``key``'s slot."""
+        slot = int(_cli(self.ports[0], "cluster", "keyslot", key))
+        for line in _cli(self.ports[0], "cluster", "nodes").splitlines():
+            fields = line.split()
+            if "master" not in fields[2] or "fail" in fields[2]:
+                continue
+            for span in fields[8:]:
+                low, _, high = span.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    return int(fields[1].split("@")[0].rsplit(":", 1)[1])  # ip:port@bus-port
+        raise AssertionError(f"no master holds slot {slot}")
+
+    async def kill(self, port: int) -> None:
+        node = self.nodes[port]
+        node.kill()
+        await asyncio.to_thread(node.wait)
+
+    async def remove(self) -> None:
+        for node in self.nodes.values():
+            if node.poll() is None:
+                node.terminate()
+        for node in self.nodes.values():
+            await asyncio.to_thread(node.wait, 10)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+async def _until(condition, problem: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await asyncio.to_thread(condition):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(problem)
+
+
+class ClusterFaultSale(FaultSale):
+    """A :class:`FaultSale` whose Redis is ``cluster`` (the session's MariaDB and RabbitMQ)."""
+
+    def __init__(self, servers: Servers, cluster: PrivateRedisCluster, fault: str, log_root: Path) -> None:
+        super().__init__(servers, fault, log_root)
+        redis = self.settings.redis.model_copy(update={"url": cluster.url, "cluster": True})
+        self.settings = self.settings.model_copy(update={"redis": redis})
+        self.supervisor = Supervisor({**os.environ, **environment(self.settings)}, self.log_dir)
+
+
+@pytest.mark.skipif(not _HAVE_REDIS, reason="redis-server or redis-cli not installed (Debian package redis-server)")
+async def test_hot_products_master_killed_replica_promoted(servers, log_root, record):
+    cluster = PrivateRedisCluster()
+    try:
+        await cluster.start()
+        fault = "Redis Cluster: hot product's master killed -9, replica promoted"
+        async with ClusterFaultSale(servers, cluster, fault, log_root) as sale:
+            await sale.start_all()
+            assert await sale.ready()
+            sale.start_load()
+            await sale.mid_sale(0.3)
+            master = cluster.master_of(ProductKeys(sale.settings.redis.key_prefix, sale.product_id).stock)
+            sale.faulted()
+            await cluster.kill(master)
+            await _until(cluster.healthy, "no replica was promoted", timeout=30)
+            sale.fault_over()
+            sale.notes.append(f"master :{master} killed; a replica took its slots")
+            record(await sale.finish())
+    finally:
+        await cluster.remove()
