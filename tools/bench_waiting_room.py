@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import open_stores
+from service.domain.model.waiting_room import RoomPace
 from service.sale.isolation import free_port
 
 PREFIX = "bench"
@@ -78,7 +79,7 @@ async def measure(url: str, buyers: int, polls: int, stock: int, concurrency: in
     users = [f"u{i}" for i in range(buyers)]
 
     def visit(user: str, join: bool):
-        return lambda: rooms.visit(PRODUCT, user, join=join, admit_factor=FACTOR, admission_ttl_ms=120_000)
+        return lambda: rooms.visit(PRODUCT, user, join=join, pace=RoomPace(FACTOR, 120_000, 1000, 5000, 20, 1000))
 
     results = [await _phase(redis, "pre-queue joins", [visit(user, True) for user in users], concurrency)]
     await redis.hset(keys.sale, "starts_ms", now_ms - 1000)
