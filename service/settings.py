@@ -263,6 +263,10 @@ class WaitingRoomSettings(BaseModel):
     poll_max_ms: int = Field(5000, ge=100, le=60_000)
     """The latest a waiting buyer is told to poll again: the bound on how long after the last unit a
     polling buyer still waits before hearing ``sold_out``."""
+    arrival_window_ms: int = Field(1000, ge=0, le=60_000)
+    """After the opening, buyers who join within one such window share it, in random order, and hear of
+    an admission no sooner than its end (plus up to ``poll_min_ms``): the fastest of many parallel joins
+    gains little. 0: exact arrival order, an admission told at the join."""
 
 
 class RealignSettings(BaseModel):

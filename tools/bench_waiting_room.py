@@ -36,11 +36,15 @@ from redis.asyncio import Redis
 
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import open_stores
+from service.domain.model.waiting_room import RoomPace
 from service.sale.isolation import free_port
 
 PREFIX = "bench"
 PRODUCT = 1
 FACTOR = 1.5
+PACE = RoomPace(FACTOR, 120_000, 100, 100, 20, 1000)
+"""Buyers told to come back within 0.1 s: the polls below come later, so each one is a full poll
+(an early one would be answered 429 before the positions are read)."""
 
 
 async def _evalsha(redis: Redis) -> tuple[int, int]:
@@ -78,7 +82,7 @@ async def measure(url: str, buyers: int, polls: int, stock: int, concurrency: in
     users = [f"u{i}" for i in range(buyers)]
 
     def visit(user: str, join: bool):
-        return lambda: rooms.visit(PRODUCT, user, join=join, admit_factor=FACTOR, admission_ttl_ms=120_000)
+        return lambda: rooms.visit(PRODUCT, user, join=join, pace=PACE)
 
     results = [await _phase(redis, "pre-queue joins", [visit(user, True) for user in users], concurrency)]
     await redis.hset(keys.sale, "starts_ms", now_ms - 1000)

@@ -31,6 +31,7 @@ async def product_terms(settings: Settings, product_id: int) -> dict[str, Any] |
         "until": f"{row.sale_ends_at.isoformat(timespec='seconds')}Z" if row.sale_ends_at else "no end",
         "order token": "required" if row.require_token else "not required",
         "buckets": row.buckets,
+        "waiting room": "on" if row.waiting_room else "off",
     }
 
 

@@ -26,6 +26,9 @@ SNIPE_EVERY = 10
 """A scripted buyer in the queue fires a purchase without an admission every this many polls."""
 NOT_IN_QUEUE = "not_in_queue"
 """``GET .../queue/me`` of a buyer without a place (recorded as a ticket in this state)."""
+TOO_SOON = "too_many_requests"
+"""``GET .../queue/me`` sooner than the last answer said (a ticket in this state, ``poll_after_ms``
+its ``Retry-After``)."""
 CLOCK_SLACK = 1.0
 """Seconds past the opening after which ``sale_not_active`` means the sale is over, not yet to open."""
 DONE = frozenset({"sold_out", "closed"})
@@ -75,6 +78,9 @@ class _Client:
             self._error(code)
             if code == NOT_IN_QUEUE:  # no place (an admission lapsed or was used): the buyer may join again
                 return Told(time.perf_counter(), NOT_IN_QUEUE, None, None, None, None, None, None, None)
+            if code == TOO_SOON:  # asked sooner than told: wait_of decides how long this buyer waits
+                retry_ms = int(response.headers.get("Retry-After") or FALLBACK_POLL) * 1000
+                return Told(time.perf_counter(), TOO_SOON, None, None, None, None, None, None, retry_ms)
             await asyncio.sleep(float(response.headers.get("Retry-After") or FALLBACK_POLL))
             return None
         body = _decode_ticket(response.content)
@@ -134,8 +140,12 @@ def _impatient_gone(client: _Client) -> bool:
 
 
 def _wait_of(told: Told, buyer: Buyer) -> float:
-    """How long a buyer waits before its next poll: a script its own interval, a person what it was told."""
+    """How long a buyer waits before its next poll: a person what it was told; a script its own
+    interval, except after a ``429``: then it hammers again from a second before the whole-second
+    ``Retry-After`` ends (hammering sooner is answered ``429`` again)."""
     if buyer.behaviour is Behaviour.SCRIPTED:
+        if told.state == TOO_SOON and told.poll_after_ms:
+            return max(told.poll_after_ms / 1000 - 1.0, SCRIPT_POLL)
         return SCRIPT_POLL
     return told.poll_after_ms / 1000 if told.poll_after_ms else FALLBACK_POLL
 

@@ -222,6 +222,14 @@ def _section(title: str, values: dict[str, Any] | None) -> str:
     return f"<h2>{html.escape(title)}</h2>" + _table(rows(values), ("", "value"))
 
 
+def _fairness(figures: dict[str, Any] | None) -> str:
+    """The crowd sale's fairness figures (None: not a crowd sale), titled as the terminal table."""
+    if figures is None:
+        return ""
+    room = "through the waiting room" if figures["waiting_room"] else "without the waiting room"
+    return _section(f"fairness ({room})", figures).replace("<table>", '<table id="fairness">', 1)
+
+
 _STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
@@ -267,7 +275,7 @@ purchase latency p50 {marks["p50"]:.1f} ms, p95 {marks["p95"]:.1f} ms, p99 {mark
 {images}
 {_section("run", run)}{_section("performance", report["performance"])}{_section("ceiling", report["ceiling"])}
 {_section("orders by status", report["orders_by_status"])}{_section("realignment", report["realignment"])}
-{_section("lifecycle", report["lifecycle"])}
+{_section("lifecycle", report["lifecycle"])}{_fairness(report["fairness"])}
 </body></html>
 """
     target = directory / "report.html"

@@ -49,6 +49,12 @@ def settings() -> Settings:
             # No self-healing pass behind the tests' backs (tests/integration/recovery turn it on):
             # many tests set Redis state up by hand and check what one explicit pass does to it.
             "realign": isolated.realign.model_copy(update={"auto_seconds": 0.0}),
+            # Line order is checked one join at a time: exact arrival order, an admission told at
+            # the join (the windows are tested on their own, tests/integration/waiting_room/test_pace.py);
+            # waiting buyers are told to come back soon, so tests that wait as told wait little.
+            "waiting_room": isolated.waiting_room.model_copy(
+                update={"arrival_window_ms": 0, "poll_min_ms": 100, "poll_max_ms": 200}
+            ),
         }
     )
 

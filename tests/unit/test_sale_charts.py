@@ -16,6 +16,7 @@ REPORT = {
     "orders_by_status": {},
     "realignment": {},
     "lifecycle": None,
+    "fairness": None,
 }
 
 

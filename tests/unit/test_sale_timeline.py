@@ -169,9 +169,19 @@ def test_the_report_page_has_no_python_in_its_tables(tmp_path, monkeypatch):
         "orders_by_status": {},
         "realignment": {"dry_run": False, "drift": 0},
         "lifecycle": {"sweep": "one pass", "reconciliation": {"clean": True, "mismatches": {}}},
+        "fairness": {
+            "waiting_room": True,
+            "scripted_share_of_units": 0.21,
+            "admissions_by_behaviour": None,
+            "turn_order": {"after_opening": {"kendall_tau_distance": 0.0063}},
+        },
     }
     page = charts.write_report(tmp_path, report, _measured()).read_text(encoding="utf-8")
     tables = " ".join(re.findall(r"<table.*?</table>", page, re.S))
     assert not re.search(r"\bTrue\b|\bFalse\b|\bNone\b|\{|service\.", tables), tables
     assert "drained: yes" in tables and "<td>latency ms: p50</td><td>1.0</td>" in tables
     assert "<td>reconciliation: mismatches</td><td>none</td>" in tables
+    title = r'<h2>fairness \(through the waiting room\)</h2><table id="fairness">(.*?)</table>'
+    fairness = re.search(title, page, re.S)
+    assert fairness is not None
+    assert "<td>turn order: after opening: kendall tau distance</td><td>0.0063</td>" in fairness[1]

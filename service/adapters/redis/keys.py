@@ -36,7 +36,8 @@ class ProductKeys:
     ``room_line`` (zset user -> place score: positions), ``room_waiting`` (zset, the same scores:
     who waits), ``room_admitted`` (zset user -> admission expiry ms), ``room_grants`` (hash user ->
     admission token), ``room_joined`` (hash user -> ms joined, until admitted), ``room_pre`` (zset
-    user -> lottery score: the pre-queue as drawn, kept for the record).
+    user -> lottery score: the pre-queue as drawn, kept for the record), ``room_due`` (hash user ->
+    ms before which a call learns no admission).
 
     The ``sale`` hash also holds ``room`` (``1``: a purchase needs an admission), ``token``
     (``1``: a purchase needs an order token), ``buckets``
@@ -110,6 +111,10 @@ class ProductKeys:
     @property
     def room_pre(self) -> str:
         return f"{self.tag}:wr:pre"
+
+    @property
+    def room_due(self) -> str:
+        return f"{self.tag}:wr:due"
 
     def replay(self, request_id: str) -> str:
         return f"{self.tag}:req:{request_id}"

@@ -19,7 +19,7 @@ from service.adapters.redis.boundary import translated
 from service.adapters.redis.client import RedisClient
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.scripts import Scripts
-from service.domain.model.waiting_room import Draw, RoomState, Visit
+from service.domain.model.waiting_room import Draw, RoomPace, RoomState, Visit
 
 NONCE_BYTES = 16
 """Random bytes of a call's nonce: the room's secret seed on its first pre-queue join, and what
@@ -36,7 +36,7 @@ def parse_visit(reply: Sequence[Any]) -> Visit:
     if len(reply) == 1:
         return Visit(state)
     position, ahead, units, token, expires, waiting, outstanding, opened, admitted, expired = reply[1:11]
-    limit, left_ms, now_ms, starts_ms = reply[11:15]
+    limit, left_ms, now_ms, starts_ms, poll_after_ms = reply[11:16]
     return Visit(
         state,
         position=None if int(position) < 0 else int(position),
@@ -53,7 +53,8 @@ def parse_visit(reply: Sequence[Any]) -> Visit:
         sale_left_ms=None if int(left_ms) < 0 else int(left_ms),
         now_ms=int(now_ms),
         starts_ms=int(starts_ms),
-        waits_ms=tuple(int(wait) for wait in reply[15:]),
+        poll_after_ms=int(poll_after_ms),
+        waits_ms=tuple(int(wait) for wait in reply[16:]),
     )
 
 
@@ -66,13 +67,11 @@ class WaitingRooms:
         self._batcher = batcher
         self._prefix = key_prefix
 
-    async def visit(
-        self, product_id: int, user_id: str, *, join: bool, admit_factor: float, admission_ttl_ms: int
-    ) -> Visit:
+    async def visit(self, product_id: int, user_id: str, *, join: bool, pace: RoomPace) -> Visit:
         """``lua/queue.lua``: ``user_id`` joins (``join``) or looks at the product's room, which
         moves on in the same call (the opening's draw, expired admissions dropped, the next in
         line admitted while admitted buyers who have not bought stay under ``ceil(units left x
-        admit_factor)``, each admission lasting ``admission_ttl_ms``)."""
+        admit_factor)``); an admission is told no sooner than the buyer's due time (``pace``)."""
         keys = ProductKeys(self._prefix, product_id)
         reply = await self._scripts.run_batched(
             self._batcher,
@@ -87,8 +86,19 @@ class WaitingRooms:
                 keys.room_grants,
                 keys.room_joined,
                 keys.room_pre,
+                keys.room_due,
             ],
-            args=[user_id, "1" if join else "0", repr(admit_factor), admission_ttl_ms, secrets.token_hex(NONCE_BYTES)],
+            args=[
+                user_id,
+                "1" if join else "0",
+                repr(pace.admit_factor),
+                pace.admission_ttl_ms,
+                secrets.token_hex(NONCE_BYTES),
+                pace.poll_min_ms,
+                pace.poll_max_ms,
+                pace.poll_per_ahead_ms,
+                pace.arrival_window_ms,
+            ],
         )
         return parse_visit(reply)
 

@@ -48,12 +48,13 @@ class QueueController(Controller):
         "/me",
         summary="Your ticket's state (poll it)",
         response_headers=_RETRY_AFTER,
-        opt=problems("product_not_found", "waiting_room_off", "not_in_queue"),
+        opt=problems("product_not_found", "waiting_room_off", "not_in_queue", "too_many_requests"),
     )
     async def me(
         self, request: Request[User, Any, Any], product_id: ProductIdPath, rooms: NamedDependency[WaitingRoomService]
     ) -> Response[Ticket]:
         """Your ticket's state now; poll it after ``poll_after_ms``. Errors: 401, 404
         product_not_found / not_in_queue (no place: never joined, or the admission expired or
-        was used), 409 waiting_room_off, 503 unavailable."""
+        was used), 409 waiting_room_off, 429 too_many_requests (sooner than the last answer said:
+        ``Retry-After``), 503 unavailable."""
         return _answer(await rooms.look(request.user.id, product_id))

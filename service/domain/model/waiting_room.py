@@ -15,6 +15,7 @@ class RoomState(StrEnum):
     SOLD_OUT = "sold_out"  # no units left (units that come back reopen admission)
     CLOSED = "closed"  # the sale ended
     NONE = "none"  # a look by a buyer who holds no place (never joined, admission expired or used)
+    EARLY = "early"  # a look before the time the buyer's last answer said to ask again
     OFF = "off"  # the product has no waiting room
     NOT_LOADED = "not_loaded"  # Redis does not know the product's sale
 
@@ -45,7 +46,23 @@ class Visit:
     sale_left_ms: int | None = None
     now_ms: int = 0
     starts_ms: int = 0
+    poll_after_ms: int = 0
     waits_ms: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RoomPace:
+    """How a room admits and paces its buyers (``lua/queue.lua``): admitted-but-not-bought under
+    ``ceil(units left x admit_factor)``, each admission lasting ``admission_ttl_ms``; a waiting
+    buyer asks again after ``poll_per_ahead_ms`` per buyer ahead, within ``poll_min_ms`` ..
+    ``poll_max_ms``; arrivals after the opening count in windows of ``arrival_window_ms``."""
+
+    admit_factor: float
+    admission_ttl_ms: int
+    poll_min_ms: int
+    poll_max_ms: int
+    poll_per_ahead_ms: int
+    arrival_window_ms: int
 
 
 @dataclass(frozen=True, slots=True)

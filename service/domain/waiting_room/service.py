@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import random
 
 import msgspec
 import structlog
@@ -24,7 +23,7 @@ from db.queries import products
 from service import metrics
 from service.adapters.redis.waiting_room import WaitingRooms
 from service.domain.errors import Conflict, DomainError, ProductNotFound, Unavailable
-from service.domain.model.waiting_room import RoomState, Visit
+from service.domain.model.waiting_room import RoomPace, RoomState, Visit
 from service.domain.purchase.sold_out import FlagAnswer, SoldOutFlags
 from service.domain.waiting_room.draws import record_draw
 from service.failures import StoreFailure, unavailable_detail
@@ -43,6 +42,13 @@ class NotInQueue(DomainError):
     """A look by a buyer who holds no place in the room (``not_in_queue``)."""
 
     code = "not_in_queue"
+
+
+class PollTooSoon(DomainError):
+    """A look before the time the buyer's last answer said to ask again (``too_many_requests``,
+    ``Retry-After``): asking sooner learns nothing sooner."""
+
+    code = "too_many_requests"
 
 
 class Ticket(msgspec.Struct, frozen=True):
@@ -84,7 +90,14 @@ class WaitingRoomService:
         self._engine = engine
         self._settings = settings
         self._flags = flags
-        self._ttl_ms = settings.admission_ttl_seconds * 1000
+        self._pace = RoomPace(
+            settings.admit_factor,
+            settings.admission_ttl_seconds * 1000,
+            settings.poll_min_ms,
+            settings.poll_max_ms,
+            AHEAD_POLL_MS,
+            settings.arrival_window_ms,
+        )
         self._waits: dict[int, metrics.LocalHistogram] = {}
         self._recording: set[asyncio.Task[object]] = set()
 
@@ -104,6 +117,7 @@ class WaitingRoomService:
 
         Raises:
             NotInQueue: the buyer holds no place (never joined, the admission expired or was used).
+            PollTooSoon: sooner than the buyer's last answer said to ask again.
             ProductNotFound, Conflict, Unavailable: as :meth:`join`.
         """
         return await self._visit(user_id, product_id, join=False)
@@ -116,13 +130,7 @@ class WaitingRoomService:
                 return self._ticket(product_id, user_id, Visit(RoomState.SOLD_OUT))
             token = flags.token(product_id)
         try:
-            visit = await self._rooms.visit(
-                product_id,
-                user_id,
-                join=join,
-                admit_factor=self._settings.admit_factor,
-                admission_ttl_ms=self._ttl_ms,
-            )
+            visit = await self._rooms.visit(product_id, user_id, join=join, pace=self._pace)
         except (StoreFailure, OSError) as exc:
             log.warning("waiting_room_unavailable", product_id=product_id, error=repr(exc))
             raise Unavailable(unavailable_detail("Waiting room")) from exc
@@ -132,6 +140,11 @@ class WaitingRoomService:
             await self._known(product_id)
             raise Unavailable("The sale is not loaded yet, retry shortly.")
         self._observe(product_id, visit)
+        if visit.state is RoomState.EARLY:
+            raise PollTooSoon(
+                "Ask again when your last answer said (Retry-After): asking sooner learns nothing sooner.",
+                retry_after=-(-visit.poll_after_ms // 1000),
+            )
         if visit.state is RoomState.NONE:
             raise NotInQueue(
                 "You hold no place in this waiting room (never joined, or your admission expired or was used): "
@@ -155,17 +168,13 @@ class WaitingRoomService:
         )
 
     def _poll_after_ms(self, visit: Visit) -> int:
-        """When this buyer should ask again: before the opening, at the opening (spread over
-        ``poll_min_ms`` so a pre-queue does not ask in one instant; polling first gains nothing,
-        the order is drawn); in line, sooner the nearer the front; otherwise ``poll_max_ms``."""
-        low, high = self._settings.poll_min_ms, self._settings.poll_max_ms
+        """When this buyer should ask again: while waiting, what the room said (``lua/queue.lua``
+        paces it: asking sooner learns nothing new); otherwise ``poll_max_ms``."""
         if visit.state is RoomState.CLOSED:
             return CLOSED_POLL_MS
         if visit.state is not RoomState.WAITING:
-            return high
-        if visit.ahead is None:
-            return min(max(visit.starts_ms - visit.now_ms, low), high) + random.randrange(low)
-        return min(max(visit.ahead * AHEAD_POLL_MS, low), high)
+            return self._settings.poll_max_ms
+        return visit.poll_after_ms
 
     def _observe(self, product_id: int, visit: Visit) -> None:
         label = str(product_id)

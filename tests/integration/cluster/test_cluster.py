@@ -140,6 +140,7 @@ async def test_waiting_rooms_on_three_masters_admit_sell_exactly_the_stock_and_a
     await asyncio.gather(*(visit(pid, user, True) for pid, user in buyers))
     sold: Counter[int] = Counter()
     for _ in range(20):
+        await asyncio.sleep(cluster_settings.waiting_room.poll_max_ms / 1000)  # polls come when told
         tickets = await asyncio.gather(*(visit(pid, user, False) for pid, user in buyers))
         admitted = [
             (pid, user, ticket["admission_token"])

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from db.migrate import upgrade
-from service.api.auth import issue_token
+from service.api.tokens import issue_token
 from service.sale.isolation import free_port, isolated_settings, new_run_id
 from service.sale.stores import tear_down
 from tests.integration.ops.test_ops_page import CHROMIUM, CHROMIUM_FLAGS

@@ -8,7 +8,8 @@ import asyncio
 import math
 from collections import Counter
 
-from tests.integration.waiting_room.test_join import QUEUE, join, poll
+from service.domain.model.waiting_room import RoomPace
+from tests.integration.waiting_room.test_join import QUEUE, as_told, join, poll
 from tests.support import eventually, redis_state, rows_at_least
 
 
@@ -78,7 +79,8 @@ async def test_a_stampede_sells_exactly_the_stock_each_purchase_admitted_and_eve
 
     await asyncio.gather(*(join(client, headers[user], product_id) for user in users))
     accepted: dict[str, str] = {}
-    for _ in range(50):  # rounds of: everyone not served polls, the admitted buy at once
+    for _ in range(50):  # rounds of: everyone not served polls (as told), the admitted buy at once
+        await as_told(settings)
         remaining = [user for user in users if user not in accepted]
         bodies = [
             answer.json() for answer in await asyncio.gather(*(poll(client, headers[u], product_id) for u in remaining))
@@ -113,7 +115,7 @@ async def test_admission_never_exceeds_the_bound_of_the_units_left_at_any_call(
     await put_product(product_id, stock=stock, limit=1, waiting_room=True)
 
     async def visit(user: str, join_it: bool):
-        return await store.rooms.visit(product_id, user, join=join_it, admit_factor=factor, admission_ttl_ms=60_000)
+        return await store.rooms.visit(product_id, user, join=join_it, pace=RoomPace(factor, 60_000, 1000, 5000, 20, 0))
 
     visits = await asyncio.gather(*(visit(f"wr-bound-{i}", True) for i in range(crowd)))
     bound = math.ceil(stock * factor)
@@ -132,6 +134,7 @@ async def test_units_that_come_back_and_expired_admissions_reopen_admission_in_l
     users = [f"wr-back-{i}" for i in range(bound + 4)]
     for user in users:  # one by one: arrival order is line order
         await join(client, token(user), product_id)
+    await as_told(settings)
     first = [(await poll(client, token(user), product_id)).json() for user in users]
     assert [body["state"] for body in first] == ["admitted"] * bound + ["waiting"] * 4
     for user, body in zip(users[:2], first, strict=False):
@@ -141,11 +144,13 @@ async def test_units_that_come_back_and_expired_admissions_reopen_admission_in_l
     # product set with one unit more: the next in line are admitted, in line order.
     await put_product(product_id, stock=3, limit=1, waiting_room=True)
     reopened = max(math.ceil(1 * settings.waiting_room.admit_factor), 1)  # users[2] still holds one
+    await as_told(settings)
     states = [(await poll(client, token(user), product_id)).json()["state"] for user in users[2:]]
     assert states == ["admitted"] * reopened + ["waiting"] * (len(users) - 2 - reopened)
     # An admission that expires: its holder's place goes to the next in line.
     holder = users[2]
     await redis.zadd(store.product_keys(product_id).room_admitted, {holder: 1})
+    await as_told(settings)
     states = [(await poll(client, token(user), product_id)).json()["state"] for user in users[3:]]
     assert states == ["admitted"] * reopened + ["waiting"] * (len(users) - 3 - reopened)
     gone = await poll(client, token(holder), product_id)

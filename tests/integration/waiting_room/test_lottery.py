@@ -16,7 +16,7 @@ from sqlalchemy import text
 from service.domain.waiting_room.draws import read_draw
 from service.domain.waiting_room.lottery import drawn_order
 from service.sale.isolation import environment
-from tests.integration.waiting_room.test_join import join, poll
+from tests.integration.waiting_room.test_join import as_told, join, poll
 from tests.support import eventually
 
 
@@ -54,6 +54,7 @@ async def test_the_pre_queue_is_drawn_at_the_opening_and_later_joiners_queue_beh
     expected = drawn_order(record.seed, early) + late
     assert record.drawn_order.split("\n") == expected[: len(early)]
     assert expected[: len(early)] != sorted(early)  # drawn, not by name nor by arrival
+    await as_told(settings)
     polled = {user: (await poll(client, token(user), product_id)).json() for user in early + late}
     assert sorted(polled, key=lambda user: polled[user]["position"]) == expected
     assert [polled[user]["position"] for user in expected] == list(range(1, len(expected) + 1))

@@ -9,7 +9,7 @@ import math
 from prometheus_client.parser import text_string_to_metric_families
 
 from service import metrics
-from tests.integration.waiting_room.test_join import join, poll
+from tests.integration.waiting_room.test_join import as_told, join, poll
 
 
 def _samples(text: str, product_id: int) -> dict[str, float]:
@@ -30,6 +30,7 @@ async def test_metrics_show_the_line_admissions_outstanding_expired_and_waits(
     bound = math.ceil(stock * settings.waiting_room.admit_factor)
     users = [f"wr-metrics-{i}" for i in range(crowd)]
     await asyncio.gather(*(join(client, token(user), product_id) for user in users))
+    await as_told(settings)
     tickets = [(await poll(client, token(user), product_id)).json() for user in users]
     holder = next(user for user, ticket in zip(users, tickets, strict=True) if ticket["state"] == "admitted")
     await redis.zadd(store.product_keys(product_id).room_admitted, {holder: 1})  # its expiry, now
