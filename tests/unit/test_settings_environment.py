@@ -63,6 +63,8 @@ def _unlike_the_defaults() -> Settings:
             batch_size=13,
             retry_delays=[0.25, 3.0],
             partitions=3,
+            failover_urls=["amqp://u:p@rabbit-2:5673/v", "amqps://u:p@rabbit-3:5671/v"],
+            heartbeat_seconds=4,
         ),
         auth=AuthSettings(
             jwt_secret="s" * 40,
