@@ -70,6 +70,11 @@ class DBSettings(BaseModel):
     """Connections each process keeps open to MySQL."""
     max_overflow: int = Field(10, ge=0)
     """Connections a process may open beyond ``pool_size`` under load."""
+    idle_session_seconds: int = Field(15, ge=1, le=86_400)
+    """MySQL closes a connection of the service idle this long (its session ``wait_timeout``) and
+    rolls back the transaction it had open: a process stopped in the middle of a transaction
+    (paused, its host frozen) holds its row locks, and stalls every writer of those rows, no longer
+    than this. Pooled connections idle longer are replaced when next used."""
 
 
 class RedisSettings(BaseModel):

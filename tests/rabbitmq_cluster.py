@@ -4,6 +4,9 @@ docs/RELIABILITY.md): three :class:`tests.servers.PrivateRabbitMQ` nodes ``fs-<h
 second and third joined to the first with ``rabbitmqctl join_cluster``. Each node can be killed,
 paused and started again (it rejoins by itself: it is still a member). Nothing here touches the
 system's broker: other node names, ports and ``epmd``.
+
+``python -m tests.rabbitmq_cluster`` starts one, prints its nodes' URLs (comma-separated, for
+``flashsale sale --rabbitmq-cluster``) and removes it on Ctrl-C (docs/OPERATIONS.md).
 """
 
 from __future__ import annotations
@@ -150,3 +153,20 @@ class PrivateRabbitMQCluster:
                 assert entry["type"] == "quorum", entry
                 return entry["leader"], sorted(entry["members"])
         raise AssertionError(f"no queue {queue}")
+
+
+async def _serve() -> None:
+    """Start a cluster, print its nodes' URLs (comma-separated, for ``flashsale sale
+    --rabbitmq-cluster``), keep it until interrupted, then remove it."""
+    cluster = PrivateRabbitMQCluster()
+    try:
+        await cluster.start()
+        print(",".join(cluster.urls), flush=True)
+        await asyncio.Event().wait()
+    finally:
+        await cluster.remove()
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve())

@@ -13,7 +13,10 @@ private Redis and MariaDB; the session's single RabbitMQ node is not used here.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -82,3 +85,24 @@ async def test_rabbitmq_cluster_queue_leader_killed(cluster_servers, log_root, r
 
         sale.extra_checks.append(replicated_and_consumed)
         record(await sale.finish())
+
+
+async def test_flashsale_sale_on_the_cluster_holds_every_invariant(cluster_servers):
+    """``flashsale sale --rabbitmq-cluster URL,URL,URL`` (a small sale, payments and sweep
+    included) on the private cluster, Redis and MariaDB; not a row of the table."""
+    cluster: PrivateRabbitMQCluster = cluster_servers.rabbitmq
+    flashsale = str(Path(sys.executable).with_name("flashsale"))
+    small = ["--stock", "30", "--requests", "400", "--users", "150", "--concurrency", "32", "--noop-requests", "0"]
+    env = {
+        **os.environ,
+        "FLASHSALE_REDIS__URL": cluster_servers.redis.url,
+        "FLASHSALE_DB__URL": cluster_servers.mariadb.url("flashsale"),
+        "FLASHSALE_DB__POOL_SIZE": "4",
+        "FLASHSALE_DB__MAX_OVERFLOW": "4",
+    }
+    argv = [flashsale, "sale", "--json", "--rabbitmq-cluster", ",".join(cluster.urls), *small]
+    argv += ["--pay-share", "0.5", "--payment-window", "2"]
+    result = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["ok"] is True and all(check["ok"] for check in report["invariants"].values())

@@ -96,7 +96,8 @@ async def test_consumer_paused_holding_deliveries(servers, log_root, record):
                 for o in sale.buyers.outcomes
                 if o is not None and o.code == "accepted" and o.request_id and o.finished < paused_at
             ]
-            missing_before_wake = len(accepted_before) - len(await sale._present(accepted_before))
+            missing = sorted(set(accepted_before) - await sale._present(accepted_before))
+            missing_before_wake = len(missing)
         finally:
             _signal(pid, signal.SIGCONT, group=True)
         sale.fault_over()
@@ -109,7 +110,9 @@ async def test_consumer_paused_holding_deliveries(servers, log_root, record):
             if before_wake["consumers"] != 1:
                 problems.append(f"{before_wake['consumers']} consumers before the wake: the stopped one was kept")
             if missing_before_wake:
-                problems.append(f"{missing_before_wake} orders accepted before the pause had no row at the wake")
+                problems.append(
+                    f"{missing_before_wake} orders accepted before the pause had no row at the wake: {missing[:5]}"
+                )
             log = sale.supervisor.log_text("consumer")
             if "PRECONDITION_FAILED" in log or "unknown delivery tag" in log:
                 problems.append("the woken consumer acked a delivery tag its channel does not have")

@@ -40,7 +40,9 @@ def _leaves(model: BaseModel, path: str = "") -> dict[str, object]:
 def _unlike_the_defaults() -> Settings:
     """Settings with every field set to something other than its default."""
     return Settings(
-        db=DBSettings(url="mysql+asyncmy://app:pw@db.example:3307/shop", pool_size=7, max_overflow=3),
+        db=DBSettings(
+            url="mysql+asyncmy://app:pw@db.example:3307/shop", pool_size=7, max_overflow=3, idle_session_seconds=9
+        ),
         redis=RedisSettings(
             url="redis://cache.example:6380/2",
             key_prefix="run_1.x-y",
