@@ -58,7 +58,8 @@ from consumers.settlements import (
     copies_of,
     fallback,
 )
-from service.adapters.broker import connect_when_up, declare_topology
+from service.adapters.broker import declare_topology
+from service.adapters.broker_connection import connect_when_up
 from service.adapters.redis.stores import RedisStores
 from service.adapters.retry_routing import RetryRouter, times_retried
 from service.adapters.subscription import Delivery, Subscription
@@ -371,13 +372,13 @@ async def consuming(
     own while the block runs, and sends retries and dead letters on a confirming channel of that
     connection; on exit it stops taking deliveries, finishes and settles those in hand, and
     closes the connection. A broker that is away at start is waited for
-    (:func:`service.adapters.broker.connect_when_up`).
+    (:func:`service.adapters.broker_connection.connect_when_up`).
 
     Raises:
         ValueError: a partition outside 0 … ``amqp.partitions`` − 1 (before connecting).
     """
     chosen = amqp.chosen_partitions(partitions)
-    connection = await connect_when_up(amqp.url, "consumer")
+    connection = await connect_when_up(amqp, "consumer")
     try:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=prefetch)  # per consumer, so per queue (quorum queues refuse a global one)

@@ -13,7 +13,8 @@ import aio_pika
 import structlog
 
 from service import metrics
-from service.adapters.broker import connect_when_up, queue_depth
+from service.adapters.broker import queue_depth
+from service.adapters.broker_connection import connect_when_up
 from service.domain.fulfilment.order_writer import Outcome
 from service.domain.model.order_message import OrderMessage
 from service.runtime import OutageLog, stop_task
@@ -57,7 +58,7 @@ async def _sample_queue_depths(settings: Settings) -> None:
         "retry": amqp.retry_queues(),
         "dead_letter": [amqp.dead_letter_queue],
     }
-    connection = await connect_when_up(amqp.url, "queue_depths")
+    connection = await connect_when_up(amqp, "queue_depths")
     sampling = OutageLog("queue_depth_sample")  # one line per outage, not one per sample
     channel: aio_pika.abc.AbstractChannel | None = None
     try:

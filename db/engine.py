@@ -68,19 +68,28 @@ async def in_transaction(
     raise AssertionError("unreachable")
 
 
-def make_engine(url: str, *, pool_size: int = 20, max_overflow: int = 10) -> AsyncEngine:
+def make_engine(
+    url: str, *, pool_size: int = 20, max_overflow: int = 10, idle_session_seconds: int | None = None
+) -> AsyncEngine:
     """One pooled engine per process (no connection set-up per request).
 
-    ``url``: ``mysql+asyncmy://...``; ``pool_size``/``max_overflow``: connections kept / allowed beyond.
+    ``url``: ``mysql+asyncmy://...``; ``pool_size``/``max_overflow``: connections kept / allowed
+    beyond; ``idle_session_seconds``: the sessions' ``wait_timeout`` (the server's own when None):
+    the server closes a session idle that long and rolls back its open transaction, so a process
+    stopped mid-transaction (paused, its host frozen) holds its row locks no longer than that.
+    A pooled connection the server closed meanwhile is replaced when next checked out (pre-ping).
     """
+    # Every timestamp the service writes or compares (CURRENT_TIMESTAMP, NOW()) is UTC.
+    session = "SET time_zone = '+00:00'"
+    if idle_session_seconds is not None:
+        session += f", wait_timeout = {int(idle_session_seconds)}"
     engine = create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=True,
         pool_recycle=1800,
-        # Every timestamp the service writes or compares (CURRENT_TIMESTAMP, NOW()) is UTC.
-        connect_args={"init_command": "SET time_zone = '+00:00'"},
+        connect_args={"init_command": session},
     )
     event.listen(engine.sync_engine, "do_connect", connect_typed)
     event.listen(engine.sync_engine, "handle_error", _translated, retval=True)

@@ -235,7 +235,9 @@ class _Stores(TypedDict):
 async def _open_stores(settings: Settings, stack: AsyncExitStack) -> _Stores:
     """MySQL's engine and the stock store with its scripts loaded, Redis's eviction policy read."""
     db = settings.db
-    engine = make_engine(db.url, pool_size=db.pool_size, max_overflow=db.max_overflow)
+    engine = make_engine(
+        db.url, pool_size=db.pool_size, max_overflow=db.max_overflow, idle_session_seconds=db.idle_session_seconds
+    )
     stack.push_async_callback(engine.dispose)
     store = make_stores(settings)
     stack.push_async_callback(store.aclose)

@@ -72,6 +72,11 @@ class DBSettings(BaseModel):
     """Connections each process keeps open to MySQL."""
     max_overflow: int = Field(10, ge=0)
     """Connections a process may open beyond ``pool_size`` under load."""
+    idle_session_seconds: int = Field(15, ge=1, le=86_400)
+    """MySQL closes a connection of the service idle this long (its session ``wait_timeout``) and
+    rolls back the transaction it had open: a process stopped in the middle of a transaction
+    (paused, its host frozen) holds its row locks, and stalls every writer of those rows, no longer
+    than this. Pooled connections idle longer are replaced when next used."""
 
 
 class RedisSettings(BaseModel):
@@ -100,7 +105,15 @@ class AMQPSettings(BaseModel):
     """RabbitMQ topology and publishing (seconds for timeouts)."""
 
     url: Annotated[str, _url_scheme("amqp", "amqps")] = "amqp://guest:guest@127.0.0.1:5672/"
-    """RabbitMQ 3.10+ (``amqp://``, ``amqps://``)."""
+    """RabbitMQ 3.10+ (``amqp://``, ``amqps://``); on a cluster, the first node tried."""
+    failover_urls: list[Annotated[str, _url_scheme("amqp", "amqps")]] = []
+    """The other nodes of the same RabbitMQ cluster (a JSON list of URLs). Every connection tries
+    ``url`` and these in turn, and a connection lost with its node is made again to the next one
+    (docs/OPERATIONS.md, "A RabbitMQ cluster")."""
+    heartbeat_seconds: int = Field(10, ge=0, le=600)
+    """AMQP heartbeat timeout asked of the broker: a process that stops answering (paused, its host
+    frozen) loses its connection after about this long, and the broker hands its unacknowledged
+    deliveries to another consumer; 0 turns heartbeats off."""
     exchange: str = "flashsale.orders"
     """Direct exchange the order messages are published to."""
     queue: str = "flashsale.orders"
@@ -140,6 +153,10 @@ class AMQPSettings(BaseModel):
     a product goes to the same queue. 1 keeps the single queue named ``queue``; with N > 1 the
     queues are ``<queue>.p0`` … ``<queue>.p<N-1>`` (:meth:`partition_queue`). Change it only with
     the order and retry queues drained: messages in the old queues are not moved."""
+
+    def urls(self) -> list[str]:
+        """Every broker address, in the order connections try them: ``url``, then ``failover_urls``."""
+        return [self.url, *self.failover_urls]
 
     def partition_of(self, product_id: int) -> int:
         """The partition (0 … ``partitions`` − 1) of every order of ``product_id``: ``product_id

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import text
 
 from db.engine import make_engine
-from service.adapters.broker import quiet_connect_logs
+from service.adapters.broker_connection import connect_once, quiet_connect_logs
 from service.adapters.redis.client import make_redis
 from service.bootstrap import ApiWorker, Job, Resources, open_api, open_job, opened
 from service.domain.order_numbers.minter import ShardsExhausted
@@ -79,8 +79,6 @@ async def check_dependencies(settings: Settings, *, redis: bool = True, amqp: bo
     Raises:
         DependencyUnreachable: the first store that did not answer.
     """
-    import aio_pika
-
     try:
         if redis:
             client = make_redis(settings)
@@ -91,7 +89,7 @@ async def check_dependencies(settings: Settings, *, redis: bool = True, amqp: bo
         if amqp:
             # aiormq logs the refused connect itself; the error raised says it once, in one line
             with quiet_connect_logs():
-                connection = await aio_pika.connect(settings.amqp.url, timeout=settings.amqp.confirm_timeout)
+                connection = await connect_once(settings.amqp)
             await connection.close()
         if mysql:
             engine = make_engine(settings.db.url, pool_size=1, max_overflow=0)

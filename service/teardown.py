@@ -90,4 +90,4 @@ async def remove(settings: Settings, pattern: str | None = None) -> None:
             await redis.unlink(*batch)
     finally:
         await redis.aclose()
-    await delete_topology(settings.amqp.url, settings.amqp)
+    await delete_topology(settings.amqp)

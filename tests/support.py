@@ -319,7 +319,7 @@ async def own_queues(settings: Settings, name: str, **amqp_settings: Any) -> Asy
     try:
         yield settings.model_copy(update={"amqp": mine})
     finally:
-        await delete_topology(amqp.url, mine)
+        await delete_topology(mine.model_copy(update={"url": amqp.url, "failover_urls": amqp.failover_urls}))
 
 
 class ReplySwallowingProxy:

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from time import perf_counter
 from typing import cast
 
@@ -43,6 +42,7 @@ from aio_pika.abc import (
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 
 from service import metrics
+from service.adapters.broker_connection import connect_once, connect_robust, quiet_connect_logs
 from service.adapters.publish_groups import Group, Grouper
 from service.domain.model.order_message import (
     GROUP_FORMAT,
@@ -54,7 +54,6 @@ from service.domain.model.order_message import (
 )
 from service.failures import PublishFailed
 from service.log_setup import HTTP_REQUEST_ID
-from service.runtime import OutageLog, when_reachable
 from service.settings import AMQPSettings
 
 log = structlog.get_logger(__name__)
@@ -71,42 +70,6 @@ def partition_of_body(settings: AMQPSettings, body: bytes) -> int | None:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     return settings.partition_of(orders[0].product_id) if orders else None
-
-
-@contextlib.contextmanager
-def quiet_connect_logs() -> Iterator[None]:
-    """While a first connect is attempted: aiormq and aio-pika log every refused connect as an
-    error followed by "Reconnecting after 5 seconds" (although a first connect is not retried by
-    them); the callers that wait for the broker say so themselves, once per outage."""
-    loggers = [logging.getLogger("aiormq"), logging.getLogger("aio_pika")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
-async def connect_when_up(url: str, purpose: str) -> AbstractRobustConnection:
-    """A robust connection to ``url``, waiting for the broker as long as it takes: aio-pika's
-    ``connect_robust`` reconnects by itself only after a first connect succeeded (``fail_fast``:
-    the first failure is raised), so the first one is tried again here with back-off
-    (:func:`service.runtime.when_reachable`: 0.5 s doubling to 5 s), with one log line when the
-    wait begins and one when it ends (``purpose`` names the connection in them). Cancel to give up."""
-
-    async def connect() -> AbstractRobustConnection:
-        with quiet_connect_logs():
-            return await aio_pika.connect_robust(url)
-
-    connection = await when_reachable(
-        connect,
-        waiting=OutageLog("broker_connect", purpose=purpose),
-        survive=lambda exc: isinstance(exc, CONNECTION_EXCEPTIONS),
-    )
-    assert connection is not None  # no stop event: only a connection ends the wait
-    return connection
 
 
 async def declare_topology(
@@ -154,12 +117,12 @@ async def declare_topology(
     return exchange, queues
 
 
-async def delete_topology(url: str, settings: AMQPSettings) -> None:
+async def delete_topology(settings: AMQPSettings) -> None:
     """Delete the order queues of every partition, their retry queues, the dead-letter queue and
     the exchanges that :func:`declare_topology` declares (their messages with them), on a
-    connection of its own to ``url``; for isolated runs (the sale, tests) that remove everything
+    connection of its own; for isolated runs (the sale, tests) that remove everything
     they made."""
-    connection = await aio_pika.connect(url)
+    connection = await connect_once(settings)
     try:
         channel = await connection.channel()
         for queue in (*settings.retry_queues(), *settings.partition_queues(), settings.dead_letter_queue):
@@ -249,7 +212,7 @@ class Publisher:
                 waits for it and says so: the drivers' own log lines are held back).
         """
         with quiet_connect_logs():
-            self._connection = await aio_pika.connect_robust(self._settings.url)
+            self._connection = await connect_robust(self._settings)
         for _ in range(self._settings.publish_channels):
             self._channels.append(await self._open_channel(declare=not self._channels))
             self._reopen_locks.append(asyncio.Lock())

@@ -25,6 +25,7 @@ from aio_pika.exceptions import CONNECTION_EXCEPTIONS, AMQPError
 
 from service.adapters import retry_routing
 from service.adapters.broker import declare_topology, partition_of_body, queue_depth
+from service.adapters.broker_connection import connect_once
 from service.failures import PublishFailed
 from service.settings import AMQPSettings
 
@@ -130,7 +131,7 @@ class DeadLetterQueue:
         block did not :meth:`_Taken.ack` is put back (nack, requeue) and, before this returns,
         seen back in the queue (up to :data:`RETURN_PATIENCE_SECONDS`), so the next operation
         finds it there."""
-        connection = await aio_pika.connect(self._settings.url)
+        connection = await connect_once(self._settings)
         try:
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             await declare_topology(channel, self._settings)

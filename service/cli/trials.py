@@ -12,6 +12,17 @@ import click
 from service.cli.common import load_settings, run
 
 
+def _broker_nodes(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    """``--rabbitmq-cluster``: comma-separated ``amqp://``/``amqps://`` URLs, at least one."""
+    if value is None:
+        return None
+    urls = [url.strip() for url in value.split(",") if url.strip()]
+    wrong = [url for url in urls if not url.startswith(("amqp://", "amqps://"))]
+    if not urls or wrong:
+        raise click.BadParameter("give the nodes' amqp:// URLs, separated by commas")
+    return urls
+
+
 @click.command()
 @click.option("--stock", default=1000, show_default=True, type=click.IntRange(1), help="Units on sale.")
 @click.option(
@@ -85,6 +96,15 @@ from service.cli.common import load_settings, run
     "FLASHSALE_REDIS__URL=URL and FLASHSALE_REDIS__CLUSTER=true for every process of the sale.",
 )
 @click.option(
+    "--rabbitmq-cluster",
+    "broker_nodes",
+    default=None,
+    callback=_broker_nodes,
+    metavar="URL,URL,...",
+    help="Run on the running RabbitMQ cluster with these nodes (amqp://..., comma-separated): "
+    "FLASHSALE_AMQP__URL=the first and FLASHSALE_AMQP__FAILOVER_URLS=the others for every process of the sale.",
+)
+@click.option(
     "--waiting-room",
     is_flag=True,
     help="The product has the waiting room: a crowd of --users buyers (some before the opening, some impatient, "
@@ -96,7 +116,7 @@ from service.cli.common import load_settings, run
     help="The same crowd as --waiting-room, straight at the purchase route: the fairness figures without the room.",
 )
 @click.option("--seed", default=None, help="Draw the crowd from this seed (default: the run id), to compare runs.")
-def sale(cluster_node: str | None, **options: Any) -> None:
+def sale(cluster_node: str | None, broker_nodes: list[str] | None, **options: Any) -> None:
     """Run a whole flash sale end to end on the real services and check every invariant."""
     from service.sale.job import run_sale
 
@@ -106,6 +126,9 @@ def sale(cluster_node: str | None, **options: Any) -> None:
     if cluster_node is not None:
         redis = settings.redis.model_copy(update={"url": cluster_node, "cluster": True})
         settings = settings.model_copy(update={"redis": redis})
+    if broker_nodes:
+        amqp = settings.amqp.model_copy(update={"url": broker_nodes[0], "failover_urls": broker_nodes[1:]})
+        settings = settings.model_copy(update={"amqp": amqp})
     sys.exit(run(run_sale(settings, **options)))
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import aio_pika
 from aio_pika.abc import AbstractChannel
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -24,6 +23,7 @@ from db.migrate import upgrade
 from db.models import OrderStatus
 from db.queries import inventory, orders, payments, products
 from service.adapters.broker import queue_depth, queue_depths
+from service.adapters.broker_connection import connect_once
 from service.adapters.redis.stores import RedisStores
 from service.bootstrap import Job, open_job, opened
 from service.domain.orders.lifecycle import expire_unpaid
@@ -75,7 +75,7 @@ class Stores:
         resources = await _reachable("Redis", settings.redis.url, open_job(settings, publish=False))
         stack.push_async_callback(resources.close)
         await _reachable("MySQL", settings.db.url, _select_one(resources.engine))
-        connection = await _reachable("RabbitMQ", settings.amqp.url, aio_pika.connect(settings.amqp.url))
+        connection = await _reachable("RabbitMQ", settings.amqp.url, connect_once(settings.amqp))
         stack.push_async_callback(connection.close)
         return cls(settings, resources, await connection.channel())
 

@@ -69,6 +69,7 @@ from service.api.tokens import issue_token
 from service.bootstrap import open_job, opened
 from service.domain.model.order_message import encode_order, orders_of
 from service.domain.stock.catalog import ProductInput
+from service.runtime import stop_task
 from service.sale.isolation import environment, free_port, new_run_id, sale_settings
 from service.sale.plan import ACCEPTED, Answer, Job, Kind, Shot, build_plan
 from service.sale.report import summarize
@@ -514,7 +515,9 @@ class FaultSale:
             task.cancel()
         if self.load_task is not None and not self.load_task.done():
             self.load_task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # stop_task cancels again until each ends: Python 3.11 can drop a cancellation inside
+        # redis-py (service.runtime.stop_task), and a sampler that lost its one ran for ever
+        await asyncio.gather(*(stop_task(task) for task in self._tasks), return_exceptions=True)
         await self.supervisor.stop_all()
         await self.servers.ensure_running()
         if self.store is not None:

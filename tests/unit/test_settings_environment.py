@@ -41,7 +41,9 @@ def _leaves(model: BaseModel, path: str = "") -> dict[str, object]:
 def _unlike_the_defaults() -> Settings:
     """Settings with every field set to something other than its default."""
     return Settings(
-        db=DBSettings(url="mysql+asyncmy://app:pw@db.example:3307/shop", pool_size=7, max_overflow=3),
+        db=DBSettings(
+            url="mysql+asyncmy://app:pw@db.example:3307/shop", pool_size=7, max_overflow=3, idle_session_seconds=9
+        ),
         redis=RedisSettings(
             url="redis://cache.example:6380/2",
             key_prefix="run_1.x-y",
@@ -66,6 +68,8 @@ def _unlike_the_defaults() -> Settings:
             batch_size=13,
             retry_delays=[0.25, 3.0],
             partitions=3,
+            failover_urls=["amqp://u:p@rabbit-2:5673/v", "amqps://u:p@rabbit-3:5671/v"],
+            heartbeat_seconds=4,
         ),
         auth=AuthSettings(
             jwt_secret="s" * 40,
