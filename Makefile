@@ -49,7 +49,7 @@ docs: install
 	$(VENV)/bin/python -m service.config_doc > docs/CONFIGURATION.md.tmp
 	mv docs/CONFIGURATION.md.tmp docs/CONFIGURATION.md
 
-faults: install
+faults: install tools
 	FLASHSALE_FAULTS_OUT=$(FAULTS_OUT) $(VENV)/bin/pytest -q -m faults tests/faults
 
 faults-ci: install

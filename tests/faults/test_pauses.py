@@ -20,7 +20,6 @@ from tests.faults.harness import PREFETCH, FaultSale, monotonic
 from tests.faults.test_faults import _steady_start
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
-ci = pytest.mark.faults_ci
 
 PAUSE_SECONDS = 40.0
 """Longer than every timeout of the deployment: the AMQP heartbeat (10 s; the broker drops a
@@ -68,7 +67,6 @@ async def _queue_info(sale: FaultSale) -> dict[str, int]:
     return {"unacked": int(entry["messages_unacknowledged"]), "consumers": int(entry["consumers"])}
 
 
-@ci
 async def test_consumer_paused_holding_deliveries(servers, log_root, record):
     """Two consumers; one is stopped while orders flow, so the broker fills its prefetch window
     (the deliveries wait in its socket). The broker must notice it (heartbeat) and hand those

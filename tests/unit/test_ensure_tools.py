@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "ensure-tools"
 BASH = shutil.which("bash") or "/bin/bash"
-TOOLS = ("wrk", "chromium", "promtool", "shellcheck")
+TOOLS = ("wrk", "chromium", "promtool", "shellcheck", "faketime")
 
 
 def _run(bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -36,7 +36,7 @@ def test_dry_run_with_every_tool_present_says_so(bin_dir: Path) -> None:
         (bin_dir / tool).symlink_to(bin_dir / "apt-get")
     done = _run(bin_dir, "--dry-run")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "ensure-tools: all present (wrk chromium promtool shellcheck)\n"
+    assert done.stdout == "ensure-tools: all present (wrk chromium promtool shellcheck faketime)\n"
     assert not (bin_dir / "calls.log").exists()
 
 
@@ -45,8 +45,8 @@ def test_dry_run_lists_what_it_would_install_and_installs_nothing(bin_dir: Path)
     done = _run(bin_dir, "--dry-run")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "ensure-tools: dry run, would install chromium prometheus shellcheck:"
-    assert lines[-1].endswith("env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium prometheus shellcheck")
+    assert lines[0] == "ensure-tools: dry run, would install chromium prometheus shellcheck faketime:"
+    assert lines[-1].endswith("env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium prometheus shellcheck faketime")
     assert not (bin_dir / "calls.log").exists()
 
 
