@@ -46,7 +46,8 @@ def test_dry_run_lists_what_it_would_install_and_installs_nothing(bin_dir: Path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "ensure-tools: dry run, would install chromium prometheus shellcheck faketime:"
-    assert lines[-1].endswith("env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium prometheus shellcheck faketime")
+    install = "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium prometheus shellcheck faketime"
+    assert lines[-1].endswith(install)
     assert not (bin_dir / "calls.log").exists()
 
 

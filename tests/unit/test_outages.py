@@ -12,6 +12,7 @@ from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.exc import OperationalError
 
+from service import runtime
 from service.failures import PublishFailed, is_outage, outage_of
 from service.runtime import Backoff, OutageLog, watch
 from service.startup import DependencyUnreachable
@@ -73,6 +74,14 @@ def test_the_cause_of_a_one_line_error_counts():
             raise DependencyUnreachable("FLASHSALE_DB__URL: cannot reach MySQL") from exc
     except DependencyUnreachable as wrapped:
         assert outage_of(wrapped) is None
+
+
+@pytest.fixture(autouse=True)
+def fresh_runtime_logger(monkeypatch):
+    """A fresh logger for :mod:`service.runtime`: its module logger caches its processors on
+    first use after ``configure_logging`` (an earlier test in the same process may have used it),
+    and a cached logger does not reach ``capture_logs``."""
+    monkeypatch.setattr(runtime, "log", structlog.get_logger(runtime.__name__))
 
 
 def test_backoff_doubles_to_its_cap_and_resets():

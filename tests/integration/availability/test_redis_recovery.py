@@ -70,8 +70,17 @@ async def test_every_script_runs_after_a_flush(own_redis, product_id):
         terms = SaleTerms(starts_ms=0, ends_ms=0, per_user_limit=5, price=100)
 
         await raw.script_flush()
+        _, server = await store.stock.journal_size(product_id)  # the run id a write must name
+        await raw.script_flush()
         loaded = await store.stock.realign(
-            product_id, mysql_stock=10, inventory_version=1, terms=terms, resolved=(), units_held=(), dry_run=False
+            product_id,
+            mysql_stock=10,
+            inventory_version=1,
+            terms=terms,
+            resolved=(),
+            units_held=(),
+            dry_run=False,
+            server=server,
         )
         assert loaded.stock_after == 10
 
