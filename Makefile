@@ -14,10 +14,10 @@ FAULTS_OUT ?= faults-report.md
 
 .PHONY: install services tools lint test test-fast sale bench docs faults faults-ci
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test,charts]'
+	$(VENV)/bin/pip install --quiet -c requirements.lock -e '.[test,charts]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -162,7 +162,7 @@ class _Tuned(AbstractConnection):
     """
 
     _PING_RETRY = Retry(NoBackoff(), 1, supported_errors=(ConnectionError, RedisTimeoutError))
-    _SERIALIZER = HiredisRespSerializer()
+    _SERIALIZER = HiredisRespSerializer()  # type: ignore[no-untyped-call,unused-ignore]  # untyped from redis 8.2
 
     async def check_health(self) -> None:
         if self.health_check_interval and asyncio.get_running_loop().time() > self.next_health_check:

@@ -53,7 +53,7 @@ async def follow(
         finally:
             lost()
             try:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
             except Exception as exc:  # the connection is gone already
                 log.debug("restock_channel_close_failed", error=repr(exc))
         await asyncio.sleep(resubscribe_seconds)
