@@ -25,6 +25,7 @@ from msgspec import Meta
 
 from service.channel.ledger import BillLine, Ledger, Payment, Refund, Refused
 from service.channel.notifier import Faults, Notifier
+from service.log_setup import configure_logging
 from service.settings import Settings, get_settings
 
 OrderNo = Annotated[str, Meta(pattern=r"^[A-Za-z0-9]{1,64}$")]
@@ -228,6 +229,7 @@ def _refused(request: Request[Any, Any, Any], exc: Refused) -> Response[dict[str
 def create_channel_app(settings: Settings | None = None) -> Litestar:
     """The simulator app for the channels of ``settings`` (default: the process's settings)."""
     settings = settings or get_settings()
+    configure_logging(settings.log_level)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -255,4 +257,5 @@ def create_channel_app(settings: Settings | None = None) -> Litestar:
         lifespan=[lifespan],
         exception_handlers={Refused: _refused},
         openapi_config=None,
+        logging_config=None,  # service.log_setup: the notifications' httpx lines as JSON too
     )

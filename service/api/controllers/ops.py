@@ -15,7 +15,7 @@ from importlib.resources import files
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Controller, Request, Response, get
+from litestar import Controller, MediaType, Request, Response, get
 from litestar.di import NamedDependency
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from litestar.params import QueryParameter
@@ -102,7 +102,7 @@ class OpsController(Controller):
             raise _admin_token_required(f"The token is expired or invalid ({exc.detail})") from None
         if not admin:
             raise PermissionDeniedException(f"Admin role required. Get an admin token: {TOKEN_COMMAND}")
-        return Response(_PAGE, media_type="text/html; charset=utf-8", headers={"Cache-Control": "no-store"})
+        return Response(_PAGE, media_type=MediaType.HTML, headers={"Cache-Control": "no-store"})
 
     @get("/api/v1/admin/ops", guards=[admin_only], summary="What the ops page shows (polled)")
     async def view(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-from litestar import Controller, Response, get
+from litestar import Controller, MediaType, Response, get
 
 from service.api.params import ProductIdPath
 
@@ -33,4 +33,4 @@ class WaitingPageController(Controller):
     @get("/queue/{product_id:int}", exclude_from_auth=True, include_in_schema=False, media_type="text/html")
     async def page(self, product_id: ProductIdPath) -> Response[bytes]:
         """The waiting page of ``product_id`` (open it as ``/queue/ID#token=<buyer JWT>``)."""
-        return Response(_PAGE, media_type="text/html; charset=utf-8", headers=_HEADERS)
+        return Response(_PAGE, media_type=MediaType.HTML, headers=_HEADERS)

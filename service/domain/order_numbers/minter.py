@@ -232,7 +232,9 @@ class OrderNumberMinter:
                 continue
             if won:
                 generation, current = await self._store.sequences.epoch(shard, install=seen + 1)
-                log.warning("order_no_generation_moved", shard=shard, generation=seen + 1, installed=generation)
+                # Generation 1 is a shard's first epoch; a later one means Redis forgot the epoch.
+                report = log.info if seen == 0 else log.warning
+                report("order_no_generation_moved", shard=shard, generation=seen + 1, installed=generation)
                 if generation is not None and current:
                     break
             await asyncio.sleep(0.05)  # another minter won the step: it installs the new epoch

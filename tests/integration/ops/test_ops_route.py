@@ -20,7 +20,7 @@ async def test_the_page_needs_an_admin_token(client, token, settings):
         assert "expired or invalid" in refused.json()["detail"] and TOKEN_COMMAND in refused.json()["detail"]
     admin = token("ops", admin=True)["Authorization"].removeprefix("Bearer ")
     page = await client.get(f"/ops?token={admin}")
-    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
     assert f'const TOKEN_COMMAND = "{TOKEN_COMMAND}";' in page.text and "{{" not in page.text
     assert "/api/v1/admin/ops" in page.text and "http" not in page.text.split("<script>")[0].replace("http-equiv", "")
     assert (await client.get("/ops", headers=token("ops", admin=True))).status_code == 200

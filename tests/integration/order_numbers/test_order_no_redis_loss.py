@@ -8,11 +8,17 @@ import asyncio
 import contextlib
 from datetime import UTC, datetime
 
+import structlog
 from redis.asyncio import Redis
 
+from db.engine import make_engine
+from db.migrate import upgrade
 from service.adapters.redis.stores import open_stores
+from service.domain.order_numbers import minter as minter_module
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
+from service.sale.isolation import isolated_settings, new_run_id
+from service.sale.stores import tear_down
 from tests.support import private_redis
 
 _SECOND = datetime(2026, 11, 30, 12, 0, 0, 500_000, tzinfo=UTC)
@@ -81,3 +87,25 @@ async def test_a_failover_to_a_lagging_replica_moves_the_generation_on(settings,
         after = [await successor.mint() for _ in range(25)] + [await minter.mint() for _ in range(25)]
         numbers = before + after
         assert len(set(numbers)) == len(numbers) == 75
+
+
+async def test_a_first_epoch_is_routine_and_a_forgotten_one_a_warning(settings, monkeypatch):
+    """A new deployment's first order number installs generation 1 (logged at info: nothing went
+    wrong); after Redis forgets the epoch the move to generation 2 is a warning."""
+    monkeypatch.setattr(minter_module, "log", structlog.get_logger(minter_module.__name__))  # not a cached one
+    own = isolated_settings(settings, new_run_id("gen"))
+    await upgrade(own.db.url)
+    engine = make_engine(own.db.url)
+    try:
+        async with _minting(own, engine, "first") as (redis, store, lease, shard, generations):
+            minter = OrderNumberMinter(store, lease, "FS", generations, block=7, clock=_frozen)
+            with structlog.testing.capture_logs() as logs:
+                await minter.mint()
+                await redis.flushall()
+                for _ in range(8):  # past the block given out before the flush
+                    await minter.mint()
+    finally:
+        await engine.dispose()
+        await tear_down(own)
+    moves = [(line["log_level"], line["generation"]) for line in logs if line["event"] == "order_no_generation_moved"]
+    assert moves == [("info", 1), ("warning", 2)]

@@ -22,12 +22,13 @@ from tests.support import flashsale_process
 @dataclass
 class Live:
     """The live processes: ``api`` and ``sim`` clients on their base URLs, their ``settings``,
-    the file the API process logs to."""
+    the files the API process and the simulator log to."""
 
     settings: Settings
     api: httpx.AsyncClient
     sim: httpx.AsyncClient
     api_log: Path
+    sim_log: Path
 
     async def faults(self, **knobs: float) -> None:
         """Set the simulator's fault knobs (what is left out is 0)."""
@@ -40,7 +41,8 @@ class Live:
 @pytest.fixture(scope="session")
 async def live(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Live]:
     api_port, sim_port = free_port(), free_port()
-    api_log = tmp_path_factory.mktemp("live") / "api.log"
+    logs = tmp_path_factory.mktemp("live")
+    api_log, sim_log = logs / "api.log", logs / "sim.log"
     sim_url, api_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{api_port}"
     urls = {name: f"{sim_url}/{name}" for name in settings.payment.channel_secrets}
     mine = settings.model_copy(
@@ -56,14 +58,14 @@ async def live(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> 
         }
     )
     async with (
-        flashsale_process(mine, f"{sim_url}/health", "channel", "serve", "--port", str(sim_port)),
+        flashsale_process(mine, f"{sim_url}/health", "channel", "serve", "--port", str(sim_port), log=sim_log),
         flashsale_process(
             mine, f"{api_url}/api/v1/health/ready", "serve", "--port", str(api_port), "--workers", "1", log=api_log
         ),
         httpx.AsyncClient(base_url=api_url, timeout=30) as api,
         httpx.AsyncClient(base_url=sim_url, timeout=30) as sim,
     ):
-        yield Live(mine, api, sim, api_log)
+        yield Live(mine, api, sim, api_log, sim_log)
 
 
 @pytest.fixture

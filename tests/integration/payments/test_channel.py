@@ -74,6 +74,8 @@ async def test_the_pay_route_reuses_one_merchant_order_number_and_the_notificati
 
     assert (await live.sim.post(params["pay_url"])).json()["status"] == "paid"  # the buyer pays
     await _becomes(engine, order_no, S.PAID)
+    notified = [json.loads(line) for line in live.sim_log.read_text().splitlines()]  # JSON, as every process logs
+    assert any(line.get("logger") == "httpx" for line in notified)  # the notification it sent
     [payment] = await payments_of(engine, order_no)
     assert (payment.channel, payment.channel_txn_id, payment.idem_key) == (
         "mockpay",
