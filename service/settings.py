@@ -99,6 +99,10 @@ class RedisSettings(BaseModel):
     cluster: bool = False
     """``url`` names one node of a Redis Cluster: every client is a ``RedisCluster`` that learns
     the slot map from it and follows MOVED/ASK (``max_connections`` then counts per node)."""
+    cluster_nodes: list[Annotated[str, Field(pattern=r"^[^\s:/@]+:[0-9]{1,5}$")]] = []
+    """With ``cluster``: other nodes of the same cluster as ``host:port`` (a JSON list), asked for
+    the slot map when ``url``'s node does not answer, so a process that starts or reconnects while
+    that node is down still finds the cluster (docs/OPERATIONS.md, "Redis Cluster")."""
 
 
 class AMQPSettings(BaseModel):

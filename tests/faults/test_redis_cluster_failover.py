@@ -7,8 +7,10 @@ two seconds), AOF off as on a cache node: the replica is promoted with whatever 
 replication had sent it, possibly without the last writes. The service runs with
 ``FLASHSALE_REDIS__CLUSTER`` on (the session's private MariaDB and RabbitMQ as in every row) and
 must follow the new topology by itself: redis-py's cluster client reloads the slot map after a
-connection error, and the promoted replica is another server (run id), so realignment gives back
-from MySQL what it may lack before the product sells there again.
+connection error (from ``FLASHSALE_REDIS__CLUSTER_NODES`` when the node the URL names is the one
+killed), and the promoted replica is another server (run id), so realignment gives back from
+MySQL what it may lack before the product sells there again. The kill waits until every replica
+has finished its first sync: Redis does not promote a replica that never had its master's data.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class PrivateRedisCluster:
                     "--dbfilename", f"dump-{port}.rdb",
                     "--save", "",
                     "--appendonly", "no",
+                    "--repl-diskless-sync-delay", "0",  # replicas' first sync at once, not after 5 s
                     "--maxmemory-policy", "noeviction",
                     "--daemonize", "no",
                 ],
@@ -88,19 +91,37 @@ class PrivateRedisCluster:
             timeout=60,
         )
         assert created.returncode == 0, f"redis-cli --cluster create failed: {created.stdout}{created.stderr}"
-        await _until(self.healthy, "cluster_state not ok with three masters and three replicas")
+        await _until(self.healthy, "cluster_state not ok with three masters and three replicas in sync")
+
+    @property
+    def alive(self) -> list[int]:
+        return [port for port, node in self.nodes.items() if node.poll() is None]
 
     def healthy(self) -> bool:
-        alive = [port for port, node in self.nodes.items() if node.poll() is None]
+        """Every live node sees the cluster ok with three masters, and every live replica has
+        its master's data: a replica that has not finished its first sync refuses to be promoted
+        (its data would be of unknown age), so a master killed before that is never replaced."""
+        alive = self.alive
         if not all("cluster_state:ok" in _cli(port, "cluster", "info") for port in alive):
             return False
         roles = [line.split()[2] for line in _cli(alive[0], "cluster", "nodes").splitlines()]
-        return sum("master" in role and "fail" not in role for role in roles) == 3
+        if sum("master" in role and "fail" not in role for role in roles) != 3:
+            return False
+        replication = [_cli(port, "info", "replication") for port in alive]
+        return all("master_link_status:up" in info for info in replication if "role:slave" in info)
+
+    def took_over(self, key: str, killed: int) -> bool:
+        """A replica is master of ``key``'s slot in place of ``killed``, and the cluster is healthy."""
+        try:
+            return self.master_of(key) != killed and self.healthy()
+        except AssertionError:  # no master holds the slot yet
+            return False
 
     def master_of(self, key: str) -> int:
-        """The port of the master that holds ``key``'s slot."""
-        slot = int(_cli(self.ports[0], "cluster", "keyslot", key))
-        for line in _cli(self.ports[0], "cluster", "nodes").splitlines():
+        """The port of the master that holds ``key``'s slot, as a live node sees it."""
+        seen_from = self.alive[0]
+        slot = int(_cli(seen_from, "cluster", "keyslot", key))
+        for line in _cli(seen_from, "cluster", "nodes").splitlines():
             fields = line.split()
             if "master" not in fields[2] or "fail" in fields[2]:
                 continue
@@ -138,7 +159,8 @@ class ClusterFaultSale(FaultSale):
 
     def __init__(self, servers: Servers, cluster: PrivateRedisCluster, fault: str, log_root: Path) -> None:
         super().__init__(servers, fault, log_root)
-        redis = self.settings.redis.model_copy(update={"url": cluster.url, "cluster": True})
+        others = [f"127.0.0.1:{port}" for port in cluster.ports[1:]]  # the URL's node may be the one killed
+        redis = self.settings.redis.model_copy(update={"url": cluster.url, "cluster": True, "cluster_nodes": others})
         self.settings = self.settings.model_copy(update={"redis": redis})
         self.supervisor = Supervisor({**os.environ, **environment(self.settings)}, self.log_dir)
 
@@ -154,12 +176,15 @@ async def test_hot_products_master_killed_replica_promoted(servers, log_root, re
             assert await sale.ready()
             sale.start_load()
             await sale.mid_sale(0.3)
-            master = cluster.master_of(ProductKeys(sale.settings.redis.key_prefix, sale.product_id).stock)
+            stock_key = ProductKeys(sale.settings.redis.key_prefix, sale.product_id).stock
+            master = cluster.master_of(stock_key)
+            assert cluster.healthy(), "the replicas were not in sync before the kill"
             sale.faulted()
             await cluster.kill(master)
-            await _until(cluster.healthy, "no replica was promoted", timeout=30)
+            await _until(lambda: cluster.took_over(stock_key, master), "no replica was promoted", timeout=30)
             sale.fault_over()
-            sale.notes.append(f"master :{master} killed; a replica took its slots")
+            named = " (the node FLASHSALE_REDIS__URL names)" if master == cluster.ports[0] else ""
+            sale.notes.append(f"master :{master}{named} killed; a replica took its slots")
             record(await sale.finish())
     finally:
         await cluster.remove()

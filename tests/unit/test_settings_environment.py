@@ -52,6 +52,7 @@ def _unlike_the_defaults() -> Settings:
             connect_timeout=1.25,
             health_check_interval=4.5,
             cluster=True,
+            cluster_nodes=["cache-2.example:6380", "10.0.0.3:7000"],
         ),
         amqp=AMQPSettings(
             url="amqp://u:p@mq.example:5673/vh",

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -123,7 +123,8 @@ def _connection_options(settings: Settings) -> dict[str, Any]:
 
 def _make_cluster(settings: Settings) -> ClusterClient:
     """A Redis Cluster client that discovers the cluster from the node ``FLASHSALE_REDIS__URL``
-    names and sends each command to the master of its key's slot (following MOVED/ASK).
+    names (or, when it does not answer, from ``FLASHSALE_REDIS__CLUSTER_NODES``) and sends each
+    command to the master of its key's slot (following MOVED/ASK).
 
     Kept from :func:`make_redis`: the same timeouts, TCP keepalive, maintenance notifications
     off, and :class:`_Tuned` connections (idle-time health check with one re-open, hiredis
@@ -140,8 +141,12 @@ def _make_cluster(settings: Settings) -> ClusterClient:
     redis-py's cluster client has no blocking pool. Pipelines are split by node
     (``ClusterPipeline``: one round trip per node).
     """
+    others = [node.rpartition(":") for node in settings.redis.cluster_nodes]
     cluster: ClusterClient = ClusterClient.from_url(  # type: ignore[assignment]  # from_url is typed as the base class's
-        settings.redis.url, retry=Retry(NoBackoff(), 0), **_connection_options(settings)
+        settings.redis.url,
+        startup_nodes=[ClusterNode(host, int(port)) for host, _, port in others] or None,
+        retry=Retry(NoBackoff(), 0),
+        **_connection_options(settings),
     )
     options = cluster.nodes_manager.connection_kwargs
     options["connection_class"] = _tuned(options["connection_class"])
