@@ -23,12 +23,24 @@ def _broker_nodes(ctx: click.Context, param: click.Parameter, value: str | None)
     return urls
 
 
+SALE_USERS = 20_000
+# A crowd's scripted fifth polls every 100 ms: 2,000 buyers already ask about 4,000 requests a
+# second, what the sale's one client process and a two-core box can serve; at 20,000 the
+# requests queue in the client for tens of seconds and admissions lapse before they are used.
+CROWD_USERS = 2_000
+
+
 @click.command()
 @click.option("--stock", default=1000, show_default=True, type=click.IntRange(1), help="Units on sale.")
 @click.option(
     "--requests", "requests_", default=50_000, show_default=True, type=click.IntRange(1), help="Purchase requests."
 )
-@click.option("--users", default=20_000, show_default=True, type=click.IntRange(1), help="Distinct buyers (JWTs).")
+@click.option(
+    "--users",
+    default=None,
+    type=click.IntRange(1),
+    help=f"Distinct buyers (JWTs). [default: {SALE_USERS:,}; {CROWD_USERS:,} with --waiting-room or --crowd]",
+)
 @click.option(
     "--concurrency", default=256, show_default=True, type=click.IntRange(1), help="Requests in flight at once."
 )
@@ -122,6 +134,8 @@ def sale(cluster_node: str | None, broker_nodes: list[str] | None, **options: An
 
     if (options["waiting_room"] or options["crowd"]) and options["pay_share"]:
         raise click.UsageError("--pay-share does not combine with --waiting-room or --crowd")
+    if options["users"] is None:
+        options["users"] = CROWD_USERS if options["waiting_room"] or options["crowd"] else SALE_USERS
     settings = load_settings()
     if cluster_node is not None:
         redis = settings.redis.model_copy(update={"url": cluster_node, "cluster": True})

@@ -52,3 +52,25 @@ def test_an_import_error_inside_a_command_is_raised_once_not_rerun():
     with pytest.raises(ImportError, match="aiomysql"):
         _run(command())
     assert runs == [1]
+
+
+@pytest.mark.parametrize(
+    ("args", "users"),
+    [([], 20_000), (["--waiting-room"], 2_000), (["--crowd"], 2_000), (["--waiting-room", "--users", "300"], 300)],
+)
+def test_a_crowd_is_smaller_by_default_than_a_sale(monkeypatch, args, users):
+    """A crowd's scripts poll every 100 ms: its default size is what the sale's client can drive."""
+    import service.cli.trials as trials
+    import service.sale.job as job
+
+    seen = {}
+
+    async def run_sale(settings, **options):
+        seen.update(options)
+        return 0
+
+    monkeypatch.setattr(job, "run_sale", run_sale)
+    monkeypatch.setenv("FLASHSALE_ENV", "development")
+    result = CliRunner().invoke(trials.sale, args)
+    assert result.exit_code == 0, result.output
+    assert seen["users"] == users
