@@ -204,7 +204,8 @@ def sale_worker(master: tuple[str, int], processes: int | None) -> None:
 
     host, port = master
     argv = locust_argv("--worker", "--master-host", host, "--master-port", str(port))
-    argv += ["--processes", str(processes or os.cpu_count() or 1)]
+    if (count := processes or os.cpu_count() or 1) > 1:
+        argv += ["--processes", str(count)]
     while subprocess.run(argv, check=False).returncode == 0:  # a wave ended; join the next one
         pass
 

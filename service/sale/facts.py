@@ -114,7 +114,8 @@ class LifecycleRun:
 @dataclass(frozen=True, slots=True)
 class WaveLoad:
     """What one wave of the Locust crowd cost (:mod:`service.sale.waves`): ``requests`` sent over
-    ``seconds`` (first request to last answer) by ``workers`` worker processes on ``hosts``;
+    ``seconds`` (first request to last answer) by ``workers`` worker processes, requests per
+    host in ``hosts``;
     ``client_cpu`` the workers' CPU seconds over ``client_busy`` seconds of their time (summed
     over the workers); ``server_cpu`` the API's and consumers' CPU seconds (None with ``--url``);
     ``lags`` seconds from when each request (and a crowd buyer's arrival) was due to when it got
@@ -125,7 +126,7 @@ class WaveLoad:
     requests: int
     seconds: float
     workers: int
-    hosts: list[str]
+    hosts: dict[str, int]
     client_cpu: float
     client_busy: float
     server_cpu: float | None

@@ -187,8 +187,8 @@ ADMIN_TOKEN_SECONDS = 3600
 CROWD_ADMISSION_SECONDS = 15
 """The admissions' lifetime in a sale through the waiting room: short, so an impatient buyer's
 lapsed turn passes on within the run, yet well above the longest poll interval (5 s) plus the
-seconds a request of the sale's own saturated client can wait (with 5 s, honest buyers who poll
-as told lost a fifth of their turns to it; scripts polling ten times a second lost few)."""
+seconds a request can wait in a crowd that shares a loaded box (with 5 s and the earlier
+in-process client, honest buyers who polled as told lost a fifth of their turns to it)."""
 
 
 def _quiet_logs() -> None:

@@ -80,13 +80,21 @@ def _report(runner: WorkerRunner) -> None:
     _flush(runner)
     done = WorkerDone(
         runner.worker_index,
-        socket.gethostname(),
+        _this_host(runner),
         crew.requests,
         time.process_time() - started_cpu,
         time.time() - started,
         lag,
     )
     runner.send_message("sale_done", {"done": msgspec.msgpack.encode(done)})
+
+
+def _this_host(runner: WorkerRunner) -> str:
+    """``<host name> (<address toward the master>)``: tells apart workers on several hosts, and
+    in network namespaces of one host."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((runner.master_host, runner.master_port))
+        return f"{socket.gethostname()} ({probe.getsockname()[0]})"
 
 
 def _flush(runner: WorkerRunner) -> None:

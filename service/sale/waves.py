@@ -5,6 +5,7 @@ and the server (:class:`~service.sale.facts.WaveLoad`)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -50,13 +51,16 @@ def wave_load(run: SwarmRun, server_cpu: float | None, opened: float | None = No
     stamps += [(told.at, told.at) for trail in run.trails for told in trail.told()]
     seconds = max(end for _, end in stamps) - min(start for start, _ in stamps) if stamps else 0.0
     lags = [record.sent - record.due for record in run.sent] + [lag for t in run.trails for lag in t.lags]
+    hosts: Counter[str] = Counter()
+    for worker in run.workers:
+        hosts[worker.host] += worker.requests
     arrivals = [] if opened is None else [t.arrived - (opened + t.buyer.arrival) for t in run.trails if t.arrived]
     return WaveLoad(
         label=run.label,
         requests=run.requests,
         seconds=seconds,
         workers=len(run.workers),
-        hosts=sorted({w.host for w in run.workers}),
+        hosts=dict(sorted(hosts.items())),
         client_cpu=sum(w.cpu_seconds for w in run.workers),
         client_busy=sum(w.wall_seconds for w in run.workers),
         server_cpu=server_cpu,

@@ -11,7 +11,7 @@ def test_a_small_sale_with_payments_holds_every_invariant(small_sale):
     report, _ = small_sale
     assert report["ok"] is True
     assert all(check["ok"] for check in report["invariants"].values())
-    assert len(report["invariants"]) == 8
+    assert len(report["invariants"]) == 9
     realigned = report["realignment"]
     assert (realigned["mysql_stock"], realigned["mysql_sold"], realigned["redis_stock_after"]) == (0, 30, 0)
     lifecycle = report["lifecycle"]
