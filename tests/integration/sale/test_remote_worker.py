@@ -60,7 +60,18 @@ def test_a_worker_on_another_host_joins_the_crowd_and_its_trail_merges_exactly_o
         port = free_port(host_ip)
         log = (tmp_path / "sale-worker.log").open("wb")
         worker = subprocess.Popen(
-            ["ip", "netns", "exec", namespace, FLASHSALE, "sale-worker", "--master", f"{host_ip}:{port}"],
+            [
+                "ip",
+                "netns",
+                "exec",
+                namespace,
+                FLASHSALE,
+                "sale-worker",
+                "--master",
+                f"{host_ip}:{port}",
+                "--processes",
+                "1",
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
