@@ -24,6 +24,12 @@ LEAD = 1.0
 """Seconds between setting the opening and the first buyer's arrival."""
 DEADLINE = 120.0
 """Seconds after the opening by which every buyer must be done (else counted as timed out)."""
+CROWD_CONNECTIONS = 8192
+"""Connections a crowd may hold in all (shared out among the workers), unless ``--concurrency``
+asks for more: a buyer's request goes out when it is due, as from the buyer's own browser,
+instead of queueing in the crowd for one of a few hundred connections (there, polls waited
+seconds and the buyers who sent most got ahead). Bounded to stay within both sides' open-file
+limits."""
 
 
 def as_wave(run: CrowdRun) -> Wave:
@@ -37,7 +43,7 @@ def as_wave(run: CrowdRun) -> Wave:
 
 async def crowd_wave(send: Sender, buyers: int, seed: str, token_seconds: float) -> tuple[Wave, CrowdRun]:
     """Draw ``buyers`` buyers from ``seed``, let them at the sale (through the waiting room when
-    the sale has one) over the sale's connections; the purchases as a wave, and everything the
+    the sale has one) over up to :data:`CROWD_CONNECTIONS`; the purchases as a wave, and everything the
     buyers saw. ``token_seconds``: the admissions' lifetime."""
     sale = send.sale
     crowd = build_crowd(buyers, seed)
@@ -55,7 +61,8 @@ async def crowd_wave(send: Sender, buyers: int, seed: str, token_seconds: float)
         opened.append(float(opens_at))
         return opened[0]
 
-    swarm = await send.swarm(SwarmPlan("crowd", sale.url, send.connections, crowd=plan), opening, buyers)
+    connections = max(send.connections, CROWD_CONNECTIONS)
+    swarm = await send.swarm(SwarmPlan("crowd", sale.url, connections, crowd=plan), opening, buyers)
     trails = sorted(swarm.trails, key=lambda trail: int(trail.buyer.user.rsplit("-", 1)[1]))
     timed_out = sum(1 for trail in trails if trail.timed_out)
     run = CrowdRun(sale.waiting_room, opened[0], token_seconds, sale.stock, trails, send.loads[-1].seconds, timed_out)

@@ -120,7 +120,9 @@ class WaveLoad:
     over the workers); ``server_cpu`` the API's and consumers' CPU seconds (None with ``--url``);
     ``lags`` seconds from when each request (and a crowd buyer's arrival) was due to when it got
     a connection; ``loop_lags`` the workers' event-loop oversleep samples (seconds);
-    ``duplicates`` and ``missing`` requests found twice or not at all in the merged trail."""
+    ``duplicates`` and ``missing`` requests found twice or not at all in the merged trail;
+    ``latency_p99`` of the answers (seconds, sent to answered); ``load_average`` this host's
+    1-minute load average when the wave ended."""
 
     label: str
     requests: int
@@ -134,6 +136,8 @@ class WaveLoad:
     loop_lags: list[float]
     duplicates: int
     missing: int
+    latency_p99: float = 0.0
+    load_average: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

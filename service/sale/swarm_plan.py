@@ -73,7 +73,7 @@ class SwarmPlan(msgspec.Struct, frozen=True):
             return {self.lane_class: min(self.lanes, len(self.errands))}
         counts = dict.fromkeys(CROWD_CLASSES.values(), 0)
         for buyer in self.crowd.buyers:
-            counts[CROWD_CLASSES[buyer.behaviour.value]] += 1
+            counts[CROWD_CLASSES[buyer.behaviour]] += 1
         return {name: count for name, count in counts.items() if count}
 
 

@@ -35,7 +35,7 @@ from service.sale.plan import ACCEPTED, Answer
 from service.sale.swarm_plan import Assignment, Call, Errand, Sent
 
 REQUEST_TIMEOUT = 30.0  # seconds per request
-POOL_CEILING = 100_000  # geventhttpclient's own cap; the worker's connections are crew.slots
+POOL_CEILING = 16_384  # geventhttpclient's own cap; the worker's connections are crew.slots
 ORDERS_PATH = "/api/v1/orders"
 FALLBACK_POLL = 1.0
 """Seconds an honest buyer waits when an answer names no interval."""

@@ -4,10 +4,11 @@ wave or the crowd): was the run bound by the server or by the client? (docs/OPER
 "Rehearse a sale".)
 
 A worker process runs on one core (gevent: one thread). The client was the limit when its
-workers were busy most of their time (:data:`CLIENT_BUSY`) or sent requests late
-(:data:`LATE_MS`, p99 of due to sent, or of the event loop's oversleep): then the numbers are
-the crowd's ceiling, not the service's, and more workers or hosts raise them. Otherwise the crowd
-had room to spare and the numbers are the service's.
+workers were busy most of their time (:data:`CLIENT_BUSY`), or when its requests went out late
+(p99 of due to sent, or of the event loop's oversleep) by at least :data:`LATE_MS` and by at least
+:data:`LATE_SHARE` of the answers' own p99 latency: then the numbers are the crowd's ceiling, not
+the service's, and more workers or hosts raise them. Otherwise the service was the limit. A box
+whose load average exceeds its cores starves both sides, and the line says so.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from service.sale.timeline import percentile
 CLIENT_BUSY = 0.8
 """Share of its time a worker process spent on the CPU from which the crowd counts as the limit."""
 LATE_MS = 50.0
-"""p99 lag (ms) from which the crowd counts as the limit."""
+"""p99 lag (ms) from which the crowd may count as the limit."""
+LATE_SHARE = 0.25
+"""...and only when that lag is at least this share of the answers' p99 latency (a crowd that
+sends 100 ms late to a server answering in 5 s is not what holds the buyers up)."""
 MAIN_WAVES = ("purchase", "crowd")
 
 
@@ -56,6 +60,8 @@ def wave_figures(load: WaveLoad, cores: int) -> dict[str, Any]:
         "box_cpu_share": None
         if load.server_cpu is None or not box
         else {"client": round(load.client_cpu / box, 3), "server": round(load.server_cpu / box, 3)},
+        "latency_p99_ms": round(load.latency_p99 * 1000, 1),
+        "load_average": round(load.load_average, 2),
         "trail": {"duplicates": load.duplicates, "missing": load.missing},
     }
 
@@ -64,7 +70,8 @@ def verdict(figures: dict[str, Any], cores: int) -> dict[str, Any]:
     """``bound`` (``client``/``server``) and the ``line`` that says it, from a wave's figures."""
     busy, lag = figures["client_busy_share"], figures["lag_due_to_sent_ms"]["p99"]
     loop = figures["event_loop_lag_ms"]["p99"]
-    client = busy >= CLIENT_BUSY or lag >= LATE_MS or loop >= LATE_MS
+    late = max(lag, loop)
+    client = busy >= CLIENT_BUSY or (late >= LATE_MS and late >= LATE_SHARE * figures["latency_p99_ms"])
     shape = f"busy {busy:.0%} of their time, lag p99 {lag:.0f} ms due to sent, event loop p99 {loop:.0f} ms"
     if client:
         line = (
@@ -73,12 +80,20 @@ def verdict(figures: dict[str, Any], cores: int) -> dict[str, Any]:
             " (flashsale sale-worker)"
         )
     else:
-        line = f"server-bound: the crowd kept up ({shape}); these numbers are the service's"
+        line = (
+            f"server-bound: the crowd kept up ({shape}, answers p99 {figures['latency_p99_ms']:.0f} ms);"
+            " these numbers are the service's"
+        )
     share = figures["box_cpu_share"]
     if share is not None and figures["hosts"] and len(figures["hosts"]) == 1:
         line += (
             f". The crowd shared this {cores}-core box with the service: it took {share['client']:.0%} of"
             f" the box's CPU, the service {share['server']:.0%}; workers on other hosts give it back"
+        )
+    if figures["load_average"] > cores:
+        line += (
+            f". Load average {figures['load_average']:.1f} on {cores} cores at the wave's end: other processes"
+            " took CPU from the crowd and the service alike; measure on a quiet box"
         )
     return {"bound": "client" if client else "server", "line": line}
 

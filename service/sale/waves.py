@@ -5,6 +5,7 @@ and the server (:class:`~service.sale.facts.WaveLoad`)."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from service.sale.plan import Answer, Job, Kind, Wave
 from service.sale.processes import Processes
 from service.sale.swarm import CrowdHosts, SwarmRun, run_swarm
 from service.sale.swarm_plan import Call, Errand, SwarmPlan
+from service.sale.timeline import percentile
 
 SERVER_PROCESSES = ("api", "consumer-")
 """The processes whose CPU is the server's: the API (its workers are its children) and the consumers."""
@@ -68,6 +70,8 @@ def wave_load(run: SwarmRun, server_cpu: float | None, opened: float | None = No
         loop_lags=[lag for w in run.workers for lag in w.loop_lag],
         duplicates=run.duplicates,
         missing=run.missing,
+        latency_p99=percentile(sorted(a.latency for a in answers), 0.99) if answers else 0.0,
+        load_average=os.getloadavg()[0],
     )
 
 
