@@ -168,18 +168,19 @@ class _Master:
             worker: {name: count for name, count in counts.items() if count}
             for worker, counts in self._spawned().items()
         }
-        per_worker = math.ceil(self.plan.connections / max(1, len(reported)))
         plan, crowd, counts = self.plan, self.plan.crowd, self.plan.user_counts()
         if crowd is None:
             shares = _share_errands(plan.errands, {w: sum(c.values()) for w, c in reported.items()})
-            assignments = {w: Assignment(per_worker, errands=shares[w]) for w in reported}
+            # a lane is a connection (a duplicate pair two at once): nothing to wait for
+            assignments = {w: Assignment(0, errands=shares[w]) for w in reported}
         else:
             opened = self._opening()
+            per_worker = math.ceil(self.plan.connections / max(1, len(reported)))
             pending = {name: [b for b in crowd.buyers if CROWD_CLASSES[b.behaviour] == name] for name in counts}
             assignments = {}
-            for worker, counts in reported.items():
+            for worker, spawned in reported.items():
                 buyers = {}
-                for name, count in counts.items():
+                for name, count in spawned.items():
                     buyers[name], pending[name] = pending[name][:count], pending[name][count:]
                 users = {b.user for mine in buyers.values() for b in mine}
                 tokens = {user: crowd.tokens[user] for user in users}

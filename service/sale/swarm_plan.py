@@ -78,8 +78,9 @@ class SwarmPlan(msgspec.Struct, frozen=True):
 
 
 class Assignment(msgspec.Struct, frozen=True):
-    """What the master gives one worker: its ``connections``, and its errands, or its buyers (by
-    class) with their tokens, the opening (epoch seconds) and the crowd's terms."""
+    """What the master gives one worker: its ``connections`` (0: as many as its users open, one
+    per lane), and its errands, or its buyers (by class) with their tokens, the opening (epoch
+    seconds) and the crowd's terms."""
 
     connections: int
     errands: list[Errand] = []

@@ -108,7 +108,7 @@ class Crew:
         self.tokens = assignment.tokens
         self.opened, self.deadline = assignment.opened, assignment.opened + assignment.deadline
         self.room, self.product_id = assignment.room, assignment.product_id
-        self.slots = BoundedSemaphore(max(1, assignment.connections))
+        self.slots = BoundedSemaphore(assignment.connections or POOL_CEILING)
         self.users = users
         self.assigned.set()
         if users == 0:
