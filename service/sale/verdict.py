@@ -4,11 +4,13 @@ wave or the crowd): was the run bound by the server or by the client? (docs/OPER
 "Rehearse a sale".)
 
 A worker process runs on one core (gevent: one thread). The client was the limit when its
-workers were busy most of their time (:data:`CLIENT_BUSY`), or when its requests went out late
-(p99 of due to sent, or of the event loop's oversleep) by at least :data:`LATE_MS` and by at least
-:data:`LATE_SHARE` of the answers' own p99 latency: then the numbers are the crowd's ceiling, not
-the service's, and more workers or hosts raise them. Otherwise the service was the limit. A box
-whose load average exceeds its cores starves both sides, and the line says so.
+workers were busy most of their time (:data:`CLIENT_BUSY`), or when their event loops woke
+late (p99 oversleep) by at least :data:`LATE_MS` and by at least :data:`LATE_SHARE` of the
+answers' own p99 latency: then the numbers are the crowd's ceiling, not the service's, and more
+workers or hosts raise them. Otherwise the service was the limit. The lag from due to sent is
+reported beside them but not weighed: beyond the event loop it is the wait for one of a crowd's
+connections, all of them busy waiting for the server. A box whose load average exceeds its cores
+starves both sides, and the line says so.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from service.sale.timeline import percentile
 CLIENT_BUSY = 0.8
 """Share of its time a worker process spent on the CPU from which the crowd counts as the limit."""
 LATE_MS = 50.0
-"""p99 lag (ms) from which the crowd may count as the limit."""
+"""p99 event-loop lag (ms) from which the crowd may count as the limit."""
 LATE_SHARE = 0.25
 """...and only when that lag is at least this share of the answers' p99 latency (a crowd that
 sends 100 ms late to a server answering in 5 s is not what holds the buyers up)."""
@@ -70,8 +72,7 @@ def verdict(figures: dict[str, Any], cores: int) -> dict[str, Any]:
     """``bound`` (``client``/``server``) and the ``line`` that says it, from a wave's figures."""
     busy, lag = figures["client_busy_share"], figures["lag_due_to_sent_ms"]["p99"]
     loop = figures["event_loop_lag_ms"]["p99"]
-    late = max(lag, loop)
-    client = busy >= CLIENT_BUSY or (late >= LATE_MS and late >= LATE_SHARE * figures["latency_p99_ms"])
+    client = busy >= CLIENT_BUSY or (loop >= LATE_MS and loop >= LATE_SHARE * figures["latency_p99_ms"])
     shape = f"busy {busy:.0%} of their time, lag p99 {lag:.0f} ms due to sent, event loop p99 {loop:.0f} ms"
     if client:
         line = (

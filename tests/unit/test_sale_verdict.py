@@ -53,13 +53,18 @@ def test_busy_workers_make_it_client_bound():
     assert said["bound"] == "client" and "busy 85%" in said["line"]
 
 
-def test_late_requests_make_it_client_bound_only_against_the_answers_own_latency():
+def test_a_late_event_loop_makes_it_client_bound_only_against_the_answers_own_latency():
     late = [0.3] * 100
-    assert verdict(wave_figures(_load(lags=late), cores=2), cores=2)["bound"] == "client"
+    assert verdict(wave_figures(_load(loop_lags=late), cores=2), cores=2)["bound"] == "client"
     # 300 ms late against answers that took 5 s: the server held the buyers up
-    assert verdict(wave_figures(_load(lags=late, latency_p99=5.0), cores=2), cores=2)["bound"] == "server"
-    slow_loop = _load(loop_lags=[0.4] * 100)
-    assert verdict(wave_figures(slow_loop, cores=2), cores=2)["bound"] == "client"
+    assert verdict(wave_figures(_load(loop_lags=late, latency_p99=5.0), cores=2), cores=2)["bound"] == "server"
+
+
+def test_waiting_for_a_connection_is_reported_not_weighed():
+    # every connection busy waiting for a slow server: the requests queue in the crowd
+    figures = wave_figures(_load(lags=[20.0] * 100, latency_p99=30.0), cores=2)
+    assert figures["lag_due_to_sent_ms"]["p99"] == 20_000.0
+    assert verdict(figures, cores=2)["bound"] == "server"
 
 
 def test_a_loaded_box_is_named_and_other_hosts_are_not_a_shared_box():
