@@ -3,6 +3,8 @@ and the loop runner lets a command's own ImportError through once."""
 
 from __future__ import annotations
 
+import os
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -74,3 +76,28 @@ def test_a_crowd_is_smaller_by_default_than_a_sale(monkeypatch, args, users):
     result = CliRunner().invoke(trials.sale, args)
     assert result.exit_code == 0, result.output
     assert seen["users"] == users
+
+
+@pytest.mark.parametrize(("args", "workers"), [([], os.cpu_count() or 1), (["--crowd-workers", "3"], 3)])
+def test_the_crowd_has_one_worker_process_per_core_by_default(monkeypatch, args, workers):
+    import service.cli.trials as trials
+    import service.sale.job as job
+
+    seen = {}
+
+    async def run_sale(settings, **options):
+        seen.update(options)
+        return 0
+
+    monkeypatch.setattr(job, "run_sale", run_sale)
+    monkeypatch.setenv("FLASHSALE_ENV", "development")
+    result = CliRunner().invoke(trials.sale, args)
+    assert result.exit_code == 0, result.output
+    assert seen["crowd_workers"] == workers and seen["remote_workers"] == 0 and seen["web"] is False
+
+
+def test_sale_worker_wants_the_master_as_host_and_port():
+    import service.cli.trials as trials
+
+    result = CliRunner().invoke(trials.sale_worker, ["--master", "10.0.0.1"])
+    assert result.exit_code == 2 and "HOST:PORT" in result.output
