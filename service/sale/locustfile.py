@@ -1,7 +1,8 @@
 """The locustfile of ``flashsale sale``, shipped in the package: the crowd's user classes
-(:mod:`service.sale.swarm_users`) and the messages between the Locust master and its workers
-that carry the sale's plan out and every request's trail back (docs/OPERATIONS.md, "Rehearse a
-sale").
+(:mod:`service.sale.swarm_users`; a buyer's visit is :mod:`service.sale.swarm_visit`, a
+worker's share :mod:`service.sale.swarm_crew`) and the messages between the Locust master and
+its workers that carry the sale's plan out and every request's trail back (docs/OPERATIONS.md,
+"Rehearse a sale").
 
 ``flashsale sale`` starts the master (``locust -f <this file> --master --sale-plan FILE
 --sale-out DIR``) and its local workers for every wave; a worker on another host is
@@ -35,8 +36,9 @@ from locust import events
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
+from service.sale.swarm_crew import crew
 from service.sale.swarm_plan import CROWD_CLASSES, Assignment, Errand, SwarmPlan, TrailChunk, WorkerDone
-from service.sale.swarm_users import HonestBuyer, ImpatientBuyer, Payer, PlanBuyer, ScriptedBuyer, crew
+from service.sale.swarm_users import HonestBuyer, ImpatientBuyer, Payer, PlanBuyer, ScriptedBuyer
 
 __all__ = ["HonestBuyer", "ImpatientBuyer", "Payer", "PlanBuyer", "ScriptedBuyer"]
 
