@@ -260,7 +260,7 @@ async def _pay(stores: Stores, send: Sender, load: Load, channel: httpx.AsyncCli
             calls.append(Call(len(starting) + number, "POST", pay_url, "POST channel pay", {}))
         errands.append(Errand(calls))
     connections = min(send.connections, PAY_CONCURRENCY)
-    answers = await send.errands("payers", errands, start_jobs, "Payer", connections)
+    answers = await send.errands("payers", errands, "Payer", connections)
     seconds = send.loads[-1].seconds
     starts = Wave(start_jobs, answers[: len(starting)], seconds)
     payments = Wave(start_jobs[: len(chosen)], answers[len(starting) :], seconds)

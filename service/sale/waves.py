@@ -109,7 +109,7 @@ class Sender:
         return run
 
     async def errands(
-        self, label: str, errands: list[Errand], jobs: list[Job], lane_class: str = "PlanBuyer", connections: int = 0
+        self, label: str, errands: list[Errand], lane_class: str = "PlanBuyer", connections: int = 0
     ) -> list[Answer]:
         """Send ``errands`` from lanes of ``lane_class`` (one per connection, ``connections`` or
         the sale's); the answers by call index.
@@ -125,7 +125,7 @@ class Sender:
             raise SetupError(f"{label}: {run.missing} of {calls} requests missing from the crowd's trail")
         return run.outcomes(calls)
 
-    async def wave(self, label: str, errands: list[Errand], jobs: list[Job], connections: int = 0) -> Wave:
+    async def wave(self, label: str, errands: list[Errand], jobs: list[Job]) -> Wave:
         """Send a plan's ``errands`` (one per job of ``jobs``) as one :class:`Wave`."""
-        outcomes = await self.errands(label, errands, jobs, connections=connections)
+        outcomes = await self.errands(label, errands)
         return Wave(jobs, outcomes, self.loads[-1].seconds)
