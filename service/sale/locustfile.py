@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import socket
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -54,13 +55,21 @@ def _options(parser: Any) -> None:
     parser.add_argument("--sale-out", default="", help="flashsale sale: directory for the merged trail (master only)")
 
 
+USAGE = (
+    "flashsale's locustfile runs as a worker of a flashsale sale (--worker --master-host HOST --master-port PORT),"
+    " or as the master flashsale sale starts for each wave (--master --sale-plan FILE --sale-out DIR)"
+)
+
+
 @events.init.add_listener
 def _init(environment: Environment, **_: Any) -> None:
-    runner = environment.runner
-    if isinstance(runner, MasterRunner):
-        _Master(environment)
-    elif isinstance(runner, WorkerRunner):
+    runner, options = environment.runner, environment.parsed_options
+    if isinstance(runner, WorkerRunner):
         runner.register_message("sale_assign", _on_assignment)
+    elif isinstance(runner, MasterRunner) and options is not None and options.sale_plan and options.sale_out:
+        _Master(environment)
+    else:
+        sys.exit(USAGE)
 
 
 def _on_assignment(environment: Environment, msg: Any) -> None:
@@ -120,7 +129,7 @@ class _Master:
 
     def __init__(self, environment: Environment) -> None:
         options = environment.parsed_options
-        assert options is not None and options.sale_plan and options.sale_out, "--sale-plan and --sale-out"
+        assert options is not None
         self.environment = environment
         self.out = Path(options.sale_out)
         self.plan = msgspec.json.decode(Path(options.sale_plan).read_bytes(), type=SwarmPlan)
