@@ -71,6 +71,7 @@ for command in (
     processes.realign,
     processes.sweep,
     trials.sale,
+    trials.sale_worker,
     trials.bench,
     payments.pay,
     payments.channel,

@@ -3,6 +3,7 @@ end, every invariant checked) and ``bench`` (each hop measured side by side)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,9 @@ def _broker_nodes(ctx: click.Context, param: click.Parameter, value: str | None)
 
 
 SALE_USERS = 20_000
-# A crowd's scripted fifth polls every 100 ms: 2,000 buyers already ask about 4,000 requests a
-# second, what the sale's one client process and a two-core box can serve; at 20,000 the
-# requests queue in the client for tens of seconds and admissions lapse before they are used.
+# A crowd's scripted fifth polls every 100 ms: 2,000 buyers ask about 4,000 requests a second,
+# what one two-core box running both the crowd and the service keeps up with; bigger crowds
+# (--users 20000) want more crowd workers or hosts.
 CROWD_USERS = 2_000
 
 
@@ -128,6 +129,33 @@ CROWD_USERS = 2_000
     help="The same crowd as --waiting-room, straight at the purchase route: the fairness figures without the room.",
 )
 @click.option("--seed", default=None, help="Draw the crowd from this seed (default: the run id), to compare runs.")
+@click.option(
+    "--crowd-workers",
+    default=None,
+    type=click.IntRange(1),
+    help="Local Locust worker processes sending the crowd's requests. [default: one per core]",
+)
+@click.option(
+    "--remote-workers",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Locust workers to wait for from other hosts (flashsale sale-worker --master BIND:PORT on each).",
+)
+@click.option(
+    "--bind",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the API, the channel simulator, the Locust master and its web UI listen on "
+    "(one that other hosts reach, with --remote-workers).",
+)
+@click.option(
+    "--master-port", default=None, type=click.IntRange(1, 65535), help="The Locust master's port. [default: a free one]"
+)
+@click.option("--web", is_flag=True, help="Keep Locust's web UI open during every wave (headless by default).")
+@click.option(
+    "--web-port", default=8089, show_default=True, type=click.IntRange(1, 65535), help="Locust's web UI port."
+)
 def sale(cluster_node: str | None, broker_nodes: list[str] | None, **options: Any) -> None:
     """Run a whole flash sale end to end on the real services and check every invariant."""
     from service.sale.job import run_sale
@@ -136,6 +164,8 @@ def sale(cluster_node: str | None, broker_nodes: list[str] | None, **options: An
         raise click.UsageError("--pay-share does not combine with --waiting-room or --crowd")
     if options["users"] is None:
         options["users"] = CROWD_USERS if options["waiting_room"] or options["crowd"] else SALE_USERS
+    if options["crowd_workers"] is None:
+        options["crowd_workers"] = os.cpu_count() or 1
     settings = load_settings()
     if cluster_node is not None:
         redis = settings.redis.model_copy(update={"url": cluster_node, "cluster": True})
@@ -144,6 +174,40 @@ def sale(cluster_node: str | None, broker_nodes: list[str] | None, **options: An
         amqp = settings.amqp.model_copy(update={"url": broker_nodes[0], "failover_urls": broker_nodes[1:]})
         settings = settings.model_copy(update={"amqp": amqp})
     sys.exit(run(run_sale(settings, **options)))
+
+
+def _master_address(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
+    """``--master HOST:PORT``."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise click.BadParameter("give the master as HOST:PORT (flashsale sale prints it)")
+    return host, int(port)
+
+
+@click.command("sale-worker")
+@click.option(
+    "--master", "master", required=True, callback=_master_address, metavar="HOST:PORT", help="The sale's Locust master."
+)
+@click.option(
+    "--processes",
+    default=None,
+    type=click.IntRange(1),
+    help="Worker processes on this host. [default: one per core]",
+)
+def sale_worker(master: tuple[str, int], processes: int | None) -> None:
+    """Send part of a flashsale sale's crowd from this host: Locust workers with the shipped
+    locustfile, joining the master of every wave of the sale in turn. Ends when no master has
+    come for five minutes (or on Ctrl-C)."""
+    import subprocess
+
+    from service.sale.swarm import locust_argv
+
+    host, port = master
+    argv = locust_argv("--worker", "--master-host", host, "--master-port", str(port))
+    if (count := processes or os.cpu_count() or 1) > 1:
+        argv += ["--processes", str(count)]
+    while subprocess.run(argv, check=False).returncode == 0:  # a wave ended; join the next one
+        pass
 
 
 def _bench_rows(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:

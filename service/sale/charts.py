@@ -230,6 +230,15 @@ def _fairness(figures: dict[str, Any] | None) -> str:
     return _section(f"fairness ({room})", figures).replace("<table>", '<table id="fairness">', 1)
 
 
+def _bound(crowd: dict[str, Any] | None) -> str:
+    """The verdict line: server- or client-bound (nothing when no wave ran)."""
+    return (
+        ""
+        if crowd is None
+        else f'<p id="bound">{html.escape(crowd["main_wave"])} wave: {html.escape(crowd["line"])}</p>'
+    )
+
+
 _STYLE = """
 body { font-family: sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
@@ -271,11 +280,13 @@ def write_report(directory: Path, report: dict[str, Any], measured: Measured) ->
 <h1>flashsale sale {html.escape(run["run_id"])}: {verdict}</h1>
 <p>{run["requests"]} requests from {run["users"]} users for {run["stock"]} units of product {run["product_id"]};
 purchase latency p50 {marks["p50"]:.1f} ms, p95 {marks["p95"]:.1f} ms, p99 {marks["p99"]:.1f} ms.</p>
+{_bound(report["crowd"])}
 <h2>invariants</h2>{_invariants(report["invariants"])}
 {images}
 {_section("run", run)}{_section("performance", report["performance"])}{_section("ceiling", report["ceiling"])}
 {_section("orders by status", report["orders_by_status"])}{_section("realignment", report["realignment"])}
 {_section("lifecycle", report["lifecycle"])}{_fairness(report["fairness"])}
+{_section("the crowd (Locust) and the server", report["crowd"])}
 </body></html>
 """
     target = directory / "report.html"

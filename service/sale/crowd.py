@@ -79,7 +79,7 @@ def build_crowd(buyers: int, seed: str) -> list[Buyer]:
 
 @dataclass(frozen=True, slots=True)
 class Told:
-    """One answer of the queue routes as a buyer saw it: ``at`` (``time.perf_counter()``) and the
+    """One answer of the queue routes as a buyer saw it: ``at`` (``time.time()``) and the
     ticket's fields (``admission_expires_at`` in epoch ms, ``poll_after_ms`` in ms)."""
 
     at: float
@@ -95,7 +95,7 @@ class Told:
 
 @dataclass(frozen=True, slots=True)
 class Purchase:
-    """One purchase a buyer sent: ``sent`` (``time.perf_counter()``), the ``admission`` token it
+    """One purchase a buyer sent: ``sent`` (``time.time()``), the ``admission`` token it
     carried (None: none), its Idempotency-Key and the answer."""
 
     sent: float
@@ -108,9 +108,11 @@ class Purchase:
 @dataclass(slots=True)
 class Trail:
     """Everything one buyer did and was told. ``arrived``: when it first acted
-    (``time.perf_counter()``); ``joins``: answers to its ``POST .../queue`` calls; ``polls``:
+    (``time.time()``); ``joins``: answers to its ``POST .../queue`` calls; ``polls``:
     answers to ``GET .../queue/me``; ``left``: when an impatient buyer gave up (None: it did
-    not); ``errors``: answers that were neither a ticket nor a purchase answer (by code)."""
+    not); ``errors``: answers that were neither a ticket nor a purchase answer (by code);
+    ``lags``: per request, seconds from when it was due to when it got a connection;
+    ``timed_out``: still busy at the deadline."""
 
     buyer: Buyer
     arrived: float = 0.0
@@ -119,6 +121,8 @@ class Trail:
     purchases: list[Purchase] = field(default_factory=list)
     left: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
+    lags: list[float] = field(default_factory=list)
+    timed_out: bool = False
 
     def told(self) -> list[Told]:
         """Every ticket answer, in the order they arrived."""
@@ -128,16 +132,15 @@ class Trail:
 @dataclass(frozen=True, slots=True)
 class CrowdRun:
     """The crowd phase: ``room`` whether the product had the waiting room; ``opened`` the
-    opening (``time.perf_counter()``); ``token_seconds`` the admission tokens' lifetime (to
+    opening (``time.time()``); ``token_seconds`` the admission tokens' lifetime (to
     date an admission from its expiry); ``trails`` one per buyer; ``seconds`` from the first
     arrival to the last buyer done; ``timed_out`` buyers still busy at the deadline;
-    ``wall_offset``: ``time.time() - time.perf_counter()`` (to compare the server's epoch times);
-    ``stock``: the units on sale."""
+    ``stock``: the units on sale. Every time is epoch seconds, the server's clock as the
+    buyers' (the hosts of a rehearsal keep their clocks in sync)."""
 
     room: bool
     opened: float
     token_seconds: float
-    wall_offset: float
     stock: int
     trails: list[Trail]
     seconds: float

@@ -1,7 +1,8 @@
 """The crowd phase of ``flashsale sale --waiting-room`` / ``--crowd``, in place of the purchase
-wave: the crowd of :mod:`service.sale.crowd` is drawn from the seed, the product's sale is set
-to open :data:`LEAD` seconds after the first buyers arrive, every buyer acts on its own
-(:func:`service.sale.buyers.run_crowd`), and every purchase it sent becomes one request of a
+wave: the crowd of :mod:`service.sale.crowd` is drawn from the seed and sent by the Locust crowd,
+one user per buyer (:mod:`service.sale.swarm_users`); once every user is spawned, the product's
+sale is set to open :data:`LEAD` + :data:`~service.sale.crowd.PRE_OPEN` seconds later, and every
+buyer acts on its own from its arrival. Every purchase it sent becomes one request of a
 :class:`~service.sale.plan.Wave`, so the invariants of every sale are checked on it as on the
 purchase wave.
 """
@@ -12,19 +13,23 @@ import math
 import time
 
 import httpx
-from rich.console import Console
 
-from service.sale.buyers import run_crowd
 from service.sale.crowd import ARRIVAL_SPREAD, PRE_OPEN, CrowdRun, build_crowd
-from service.sale.isolation import Sale
-from service.sale.load import REQUEST_TIMEOUT
-from service.sale.phases import bearer_tokens, create_product
+from service.sale.phases import REQUEST_TIMEOUT, bearer_tokens, create_product
 from service.sale.plan import Job, Kind, Shot, Wave
+from service.sale.swarm_plan import CrowdPlan, SwarmPlan
+from service.sale.waves import Sender
 
 LEAD = 1.0
 """Seconds between setting the opening and the first buyer's arrival."""
 DEADLINE = 120.0
 """Seconds after the opening by which every buyer must be done (else counted as timed out)."""
+CROWD_CONNECTIONS = 8192
+"""Connections a crowd may hold in all (shared out among the workers), unless ``--concurrency``
+asks for more: a buyer's request goes out when it is due, as from the buyer's own browser,
+instead of queueing in the crowd for one of a few hundred connections (there, polls waited
+seconds and the buyers who sent most got ahead). Bounded to stay within both sides' open-file
+limits."""
 
 
 def as_wave(run: CrowdRun) -> Wave:
@@ -36,34 +41,29 @@ def as_wave(run: CrowdRun) -> Wave:
     return Wave(jobs, [p.answer for p, _ in purchases], run.seconds)
 
 
-async def crowd_wave(
-    sale: Sale, console: Console, buyers: int, seed: str, token_seconds: float, connections: int
-) -> tuple[Wave, CrowdRun]:
-    """Draw ``buyers`` buyers from ``seed``, set the sale to open, let them at it (through the
-    waiting room when the sale has one) over at most ``connections`` connections; the purchases
-    as a wave, and everything the buyers saw. ``token_seconds``: the admissions' lifetime."""
+async def crowd_wave(send: Sender, buyers: int, seed: str, token_seconds: float) -> tuple[Wave, CrowdRun]:
+    """Draw ``buyers`` buyers from ``seed``, let them at the sale (through the waiting room when
+    the sale has one) over up to :data:`CROWD_CONNECTIONS`; the purchases as a wave, and everything the
+    buyers saw. ``token_seconds``: the admissions' lifetime."""
+    sale = send.sale
     crowd = build_crowd(buyers, seed)
     tokens = bearer_tokens(sale, {buyer.user for buyer in crowd})
-    opens_at = math.ceil(time.time() + LEAD + PRE_OPEN)
-    async with httpx.AsyncClient(base_url=sale.url, timeout=REQUEST_TIMEOUT, trust_env=not sale.isolated) as client:
-        await create_product(client, sale, opens_at)
-    opened = time.perf_counter() + (opens_at - time.time())
+    plan = CrowdPlan(sale.product_id, sale.waiting_room, crowd, tokens, DEADLINE)
     where = "through the waiting room" if sale.waiting_room else "straight at POST /orders"
-    with console.status(
-        f"crowd: {buyers} buyers {where}, opening in {opens_at - time.time():.1f}s, arrivals until"
-        f" {ARRIVAL_SPREAD:.0f}s after it"
-    ):
-        run = await run_crowd(
-            sale.url,
-            sale.product_id,
-            crowd,
-            tokens,
-            stock=sale.stock,
-            room=sale.waiting_room,
-            opened=opened,
-            token_seconds=token_seconds,
-            connections=connections,
-            deadline=DEADLINE,
-            trust_env=not sale.isolated,
-        )
+    send.console.print(f"crowd: {buyers} buyers {where}, arrivals until {ARRIVAL_SPREAD:.0f}s after the opening")
+
+    opened: list[float] = []
+
+    async def opening() -> float:
+        opens_at = math.ceil(time.time() + LEAD + PRE_OPEN)
+        async with httpx.AsyncClient(base_url=sale.url, timeout=REQUEST_TIMEOUT, trust_env=not sale.isolated) as client:
+            await create_product(client, sale, opens_at)
+        opened.append(float(opens_at))
+        return opened[0]
+
+    connections = max(send.connections, CROWD_CONNECTIONS)
+    swarm = await send.swarm(SwarmPlan("crowd", sale.url, connections, crowd=plan), opening, buyers)
+    trails = sorted(swarm.trails, key=lambda trail: int(trail.buyer.user.rsplit("-", 1)[1]))
+    timed_out = sum(1 for trail in trails if trail.timed_out)
+    run = CrowdRun(sale.waiting_room, opened[0], token_seconds, sale.stock, trails, send.loads[-1].seconds, timed_out)
     return as_wave(run), run

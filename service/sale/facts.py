@@ -112,14 +112,44 @@ class LifecycleRun:
 
 
 @dataclass(frozen=True, slots=True)
+class WaveLoad:
+    """What one wave of the Locust crowd cost (:mod:`service.sale.waves`): ``requests`` sent over
+    ``seconds`` (first request to last answer) by ``workers`` worker processes, requests per
+    host in ``hosts``;
+    ``client_cpu`` the workers' CPU seconds over ``client_busy`` seconds of their time (summed
+    over the workers); ``server_cpu`` the API's and consumers' CPU seconds (None with ``--url``);
+    ``lags`` seconds from when each request (and a crowd buyer's arrival) was due to when it got
+    a connection; ``loop_lags`` the workers' event-loop oversleep samples (seconds);
+    ``duplicates`` and ``missing`` requests found twice or not at all in the merged trail;
+    ``latency_p99`` of the answers (seconds, sent to answered); ``load_average`` this host's
+    1-minute load average when the wave ended."""
+
+    label: str
+    requests: int
+    seconds: float
+    workers: int
+    hosts: dict[str, int]
+    client_cpu: float
+    client_busy: float
+    server_cpu: float | None
+    lags: list[float]
+    loop_lags: list[float]
+    duplicates: int
+    missing: int
+    latency_p99: float = 0.0
+    load_average: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Measured:
     """Everything the sale observed. ``noop`` is the framework-ceiling wave (None: skipped, for
     the reason in ``noop_skipped``); ``lifecycle`` None when orders were not paid and resold.
     Seconds for the timings; ``drain_seconds`` None = the queue did not drain. ``queue_timeline``:
     the order queue sampled from the first wave to the end of the last drain
-    (``time.perf_counter()``, order rows of the product in MySQL, messages ready in the order
+    (epoch seconds, order rows of the product in MySQL, messages ready in the order
     queues). ``crowd``: what every buyer saw when the purchase wave was a crowd
-    (``--waiting-room``, ``--crowd``), else None."""
+    (``--waiting-room``, ``--crowd``), else None. ``loads``: what each wave cost the client and
+    the server, in the order they ran."""
 
     purchase: Wave
     noop: Wave | None
@@ -131,3 +161,4 @@ class Measured:
     facts: StoreFacts
     queue_timeline: tuple[tuple[float, int, int], ...] = ()
     crowd: CrowdRun | None = None
+    loads: tuple[WaveLoad, ...] = ()

@@ -95,9 +95,8 @@ class BuyerOutcome:
 
 
 def admitted_at(run: CrowdRun, expires_at_ms: int) -> float:
-    """When the server admitted a token expiring at ``expires_at_ms`` (epoch ms), on this
-    process's ``time.perf_counter()`` clock."""
-    return expires_at_ms / 1000 - run.token_seconds - run.wall_offset
+    """When the server admitted a token expiring at ``expires_at_ms`` (epoch ms), in epoch seconds."""
+    return expires_at_ms / 1000 - run.token_seconds
 
 
 def outcome_of(run: CrowdRun, trail: Trail) -> BuyerOutcome:
@@ -177,7 +176,7 @@ def _share_figures(outcomes: list[BuyerOutcome]) -> dict[str, Any]:
 
 def last_unit_at(run: CrowdRun) -> float | None:
     """When the last unit was sold (the ``202`` that sold the stock out arrived;
-    ``time.perf_counter()``), or None when the crowd did not buy the whole stock."""
+    epoch seconds), or None when the crowd did not buy the whole stock."""
     answers = sorted(p.answer.finished for t in run.trails for p in t.purchases if p.answer.code == ACCEPTED)
     return answers[run.stock - 1] if 0 < run.stock <= len(answers) else None
 

@@ -31,6 +31,7 @@ class Check:
 
 
 INVARIANT_TITLES = {
+    "trail_complete": "0. the crowd's merged trail holds every request its workers sent, each exactly once",
     "sold_within_stock": (
         "1. the queue drained; units sold <= stock, and = stock when demand exceeded supply; no accepted"
         " order refused for stock"
@@ -322,13 +323,25 @@ def check_lifecycle(
     }
 
 
+def _check_trail(measured: Measured) -> Check:
+    """Invariant 0: every wave's trail against the plan and the workers' own request counts."""
+    numbers = {
+        "requests": sum(load.requests for load in measured.loads),
+        "waves": len(measured.loads),
+        "duplicates": sum(load.duplicates for load in measured.loads),
+        "missing": sum(load.missing for load in measured.loads),
+    }
+    return Check(numbers["duplicates"] == numbers["missing"] == 0, numbers)
+
+
 def check_all(summaries: Summaries, measured: Measured, stock: int, limit: int) -> dict[str, Check]:
-    """Every invariant that applies to the run, keyed as :data:`INVARIANT_TITLES`: the five over
-    every wave's answers, and the lifecycle's two when orders were paid and resold; ``stock`` and
+    """Every invariant that applies to the run, keyed as :data:`INVARIANT_TITLES`: the trail's,
+    the five over every wave's answers, and the lifecycle's two when orders were paid and resold; ``stock`` and
     ``limit`` in units."""
     facts, lifecycle = measured.facts, measured.lifecycle
     last = summaries.last
-    invariants = check_invariants(summaries.everything, facts, stock, limit, summaries.drained, last.sold_out_seen)
+    invariants = {"trail_complete": _check_trail(measured)}
+    invariants |= check_invariants(summaries.everything, facts, stock, limit, summaries.drained, last.sold_out_seen)
     if lifecycle is not None:
         invariants |= check_lifecycle(lifecycle, summaries.purchase, last, facts, stock)
     return invariants

@@ -76,10 +76,10 @@ def with_own_secrets(settings: Settings) -> Settings:
     return settings.model_copy(update={"auth": auth, "payment": payment})
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (for a subprocess to bind)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on right now (for a subprocess to bind)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -147,19 +147,25 @@ def sale_settings(settings: Settings, run_id: str, window_seconds: int | None) -
 
 
 def new_sale(
-    settings: Settings, url: str | None, stock: int, per_user_limit: int, window_seconds: int | None, buckets: int = 1
+    settings: Settings,
+    url: str | None,
+    stock: int,
+    per_user_limit: int,
+    window_seconds: int | None,
+    buckets: int = 1,
+    host: str = "127.0.0.1",
 ) -> Sale:
     """A new run with a random product id in [10^9, 2*10^9): isolated settings (payment window
-    ``window_seconds`` seconds when given) and a local API URL on a free port, or ``settings`` as
-    given with ``url``."""
+    ``window_seconds`` seconds when given) and an API URL on ``host`` at a free port (the
+    channel simulator's too), or ``settings`` as given with ``url``."""
     run_id = new_run_id("sale")
     product_id = random.randrange(10**9, 2 * 10**9)
     if url is not None:
         return Sale(run_id, settings, False, url.rstrip("/"), product_id, stock, per_user_limit, buckets)
     isolated = sale_settings(settings, run_id, window_seconds)
-    api_url = f"http://127.0.0.1:{free_port()}"
+    api_url = f"http://{host}:{free_port(host)}"
     if window_seconds is not None:
-        isolated = with_own_channels(isolated, f"http://127.0.0.1:{free_port()}", api_url)
+        isolated = with_own_channels(isolated, f"http://{host}:{free_port(host)}", api_url)
     return Sale(run_id, isolated, True, api_url, product_id, stock, per_user_limit, buckets)
 
 

@@ -10,11 +10,14 @@ clean up. The phases themselves, the no-op ceiling and the order lifecycle are d
 Package layout; imports flow one way, each module imports only modules left of it:
 ``plan`` (plan and answer types) -> ``crowd`` (the crowd's buyers and what they saw) -> ``facts``
 (what the stores hold) -> ``report`` (summary numbers) -> ``invariants`` (checks 1-8) ->
-``fairness`` (the crowd's fairness figures) -> ``room_checks`` (checks 9-12) -> ``render`` (JSON
-document, tables); ``errors``, ``isolation`` (run ids, settings, child environment) -> ``load``
-(HTTP load generator), ``buyers`` (the crowd at work), ``processes`` (subprocesses), ``stores``
-(connections, set-up and tear-down) -> ``sampler`` (the queue over time), ``phases`` ->
-``crowd_wave`` -> ``job`` (this module, the entry :func:`run_sale`).
+``fairness`` (the crowd's fairness figures) -> ``room_checks`` (checks 9-12) -> ``verdict`` (server-
+or client-bound) -> ``render`` (JSON document, tables); ``errors``, ``isolation`` (run ids,
+settings, child environment), ``processes`` (subprocesses), ``stores`` (connections, set-up and
+tear-down) -> ``sampler`` (the queue over time), ``swarm`` (one wave on the Locust crowd) ->
+``waves`` (errands, what a wave cost) -> ``phases`` -> ``crowd_wave`` -> ``job`` (this module, the
+entry :func:`run_sale`). The crowd itself runs in Locust's processes, not here:
+``swarm_plan`` (what goes out to it and comes back) <- ``swarm_users`` (the user classes) <-
+``locustfile`` (the master's and workers' messages).
 
 Isolation (default). The run gets an id ``sale_<8 hex>`` and settings of its own derived from
 the given ones: database ``<run id>`` on the same MySQL server (created by
@@ -59,11 +62,12 @@ import msgspec
 from rich.console import Console
 
 from service.adapters.broker import declare_topology
+from service.api.tokens import issue_token
 from service.log_setup import configure_logging
 from service.sale.crowd_wave import crowd_wave
 from service.sale.errors import SetupError, stderr
 from service.sale.facts import Measured
-from service.sale.isolation import Sale, child_env, consumer_partitions, new_sale, simulator_url
+from service.sale.isolation import Sale, child_env, consumer_partitions, free_port, new_sale, simulator_url
 from service.sale.phases import (
     PRICE,
     Load,
@@ -77,15 +81,17 @@ from service.sale.processes import Processes
 from service.sale.render import build_report, render
 from service.sale.sampler import sampling_queue
 from service.sale.stores import Stores, isolate
+from service.sale.swarm import CrowdHosts
+from service.sale.waves import Sender
 from service.settings import Settings
 
 
-def api_argv(port: str, workers: int) -> list[str]:
+def api_argv(host: str, port: str, workers: int) -> list[str]:
     """The sale's API: the product as ``flashsale serve`` starts it, plus the no-op route of the
     framework ceiling (``service.bench.product_app``, served by ``service.bench.server --api``).
     Named by module, not imported: the bench builds on the sale's isolation, not the reverse."""
     target = "service.bench.product_app:create_app"
-    argv = [sys.executable, "-m", "service.bench.server", target, "--host", "127.0.0.1", "--port", port]
+    argv = [sys.executable, "-m", "service.bench.server", target, "--host", host, "--port", port]
     return [*argv, "--workers", str(workers), "--api"]
 
 
@@ -105,11 +111,11 @@ async def _start(
         await declare_topology(stores.channel, amqp)
     stack.push_async_callback(processes.stop)
     if sale.isolated:
-        port = str(httpx.URL(sale.url).port)
-        await processes.start_argv("api", api_argv(port, workers))
+        api = httpx.URL(sale.url)
+        await processes.start_argv("api", api_argv(api.host, str(api.port), workers))
         if with_channels:
             channel_port = str(httpx.URL(simulator_url(sale.settings)).port)
-            await processes.start("channel", "channel", "serve", "--host", "127.0.0.1", "--port", channel_port)
+            await processes.start("channel", "channel", "serve", "--host", api.host, "--port", channel_port)
     for number, partitions in enumerate(consumer_partitions(consumers, amqp.partitions), start=1):
         chosen = ["--partitions", ",".join(map(str, partitions))] if amqp.partitions > 1 else []
         await processes.start(f"consumer-{number}", "consume", *chosen)
@@ -117,7 +123,7 @@ async def _start(
 
 
 async def _measure(
-    sale: Sale, processes: Processes, console: Console, load: Load, workers: int, consumers: int
+    sale: Sale, processes: Processes, console: Console, load: Load, hosts: CrowdHosts, workers: int, consumers: int
 ) -> Measured:
     """Every phase from set-up to the stores' final state; stops and cleans up on the way out."""
     async with AsyncExitStack() as stack:
@@ -127,34 +133,62 @@ async def _measure(
         except aio_pika.exceptions.AMQPError as exc:
             raise SetupError(f"dead-letter queue {sale.settings.amqp.dead_letter_queue!r} not found: {exc!r}") from exc
         noop_skip = await open_sale(sale, processes, console, load.noop_requests)
+        _where_to_watch(sale, hosts, console)
         noop_requests = 0 if noop_skip else load.noop_requests
+        send = Sender(sale, hosts, processes, console, load.concurrency)
         crowd = None
         async with sampling_queue(sale.settings, sale.product_id) as timeline:  # until the last drain
             if load.crowd_seed is None:
-                noop, purchase, token_seconds = await first_waves(sale, console, load, noop_requests)
+                noop, purchase, token_seconds = await first_waves(send, load, noop_requests)
             else:
                 noop, token_seconds = None, 0.0
                 admission = sale.settings.waiting_room.admission_ttl_seconds
-                purchase, crowd = await crowd_wave(
-                    sale, console, load.users, load.crowd_seed, admission, load.concurrency
-                )
+                purchase, crowd = await crowd_wave(send, load.users, load.crowd_seed, admission)
             orders = accepted_orders(purchase)
             drain_seconds = await drain(stores, sale, orders, processes, console)
             lifecycle = None
             if load.pay_share and drain_seconds is not None:
-                lifecycle = await run_lifecycle(stores, sale, processes, console, load, orders)
+                lifecycle = await run_lifecycle(stores, send, load, orders)
         realignment = await stores.realign(sale.product_id)
         facts = await stores.facts(sale.product_id, dead_letters_before)
     return Measured(
-        purchase, noop, noop_skip, lifecycle, token_seconds, drain_seconds, realignment, facts, tuple(timeline), crowd
+        purchase,
+        noop,
+        noop_skip,
+        lifecycle,
+        token_seconds,
+        drain_seconds,
+        realignment,
+        facts,
+        tuple(timeline),
+        crowd,
+        tuple(send.loads),
     )
+
+
+def _where_to_watch(sale: Sale, hosts: CrowdHosts, console: Console) -> None:
+    """The API, an admin token for its ops page, Locust's web UI (``--web``) and, when workers
+    are expected from other hosts, the command for them."""
+    ttl = ADMIN_TOKEN_SECONDS
+    admin = issue_token(sale.settings.auth.jwt_secret, "sale-admin", admin=True, ttl_seconds=ttl)
+    console.print(f"API: {sale.url}", soft_wrap=True)
+    console.print(f"admin token (valid {ttl // 60} min): {admin}", soft_wrap=True)
+    console.print(f"ops page: {sale.url}/ops?token={admin}", soft_wrap=True)
+    ui = f"http://{hosts.bind}:{hosts.web_port}" if hosts.web else "off (headless; --web opens it)"
+    console.print(f"Locust: master {hosts.bind}:{hosts.master_port}, {hosts.workers} local workers, web UI {ui}")
+    if hosts.remote:
+        console.print(f"waiting for {hosts.remote} workers from other hosts; on each run: {hosts.worker_command()}")
+
+
+ADMIN_TOKEN_SECONDS = 3600
+"""The printed admin token's lifetime: long enough to watch a whole rehearsal on the ops page."""
 
 
 CROWD_ADMISSION_SECONDS = 15
 """The admissions' lifetime in a sale through the waiting room: short, so an impatient buyer's
 lapsed turn passes on within the run, yet well above the longest poll interval (5 s) plus the
-seconds a request of the sale's own saturated client can wait (with 5 s, honest buyers who poll
-as told lost a fifth of their turns to it; scripts polling ten times a second lost few)."""
+seconds a request can wait in a crowd that shares a loaded box (with 5 s and the earlier
+in-process client, honest buyers who polled as told lost a fifth of their turns to it)."""
 
 
 def _quiet_logs() -> None:
@@ -194,6 +228,12 @@ async def run_sale(
     waiting_room: bool = False,
     crowd: bool = False,
     seed: str | None = None,
+    crowd_workers: int = 1,
+    remote_workers: int = 0,
+    bind: str = "127.0.0.1",
+    master_port: int | None = None,
+    web: bool = False,
+    web_port: int = 8089,
 ) -> int:
     """``flashsale sale`` (see the module docstring); returns the exit status: 0 every invariant
     holds, 1 one failed, 2 set-up failed, 130 interrupted. Prints the report to stdout (rich tables, or exactly one
@@ -209,7 +249,10 @@ async def run_sale(
     through it; ``crowd``: the same crowd straight at the purchase route (the comparison); both
     draw the crowd of ``users`` buyers from ``seed`` (the run id when None), take no no-op wave
     and no ``pay_share``. An isolated run with the room gives admissions
-    :data:`CROWD_ADMISSION_SECONDS`."""
+    :data:`CROWD_ADMISSION_SECONDS`. The crowd: ``crowd_workers`` local Locust worker processes
+    and ``remote_workers`` more from other hosts, its master on ``bind`` at ``master_port`` (a
+    free port when None); the API the sale starts listens on ``bind`` too; ``web`` keeps
+    Locust's web UI open on ``web_port`` during every wave."""
     began = time.perf_counter()
     _quiet_logs()
     main_task = asyncio.current_task()
@@ -228,11 +271,13 @@ async def run_sale(
     if waiting_room and url is None:
         room = settings.waiting_room.model_copy(update={"admission_ttl_seconds": CROWD_ADMISSION_SECONDS})
         settings = settings.model_copy(update={"waiting_room": room})
-    sale = replace(new_sale(settings, url, stock, per_user_limit, window, buckets), waiting_room=waiting_room)
+    sale = replace(new_sale(settings, url, stock, per_user_limit, window, buckets, bind), waiting_room=waiting_room)
+    port = master_port or free_port(bind)
+    hosts = CrowdHosts(crowd_workers, remote_workers, bind, port, web, web_port)
     processes = Processes(child_env(sale.settings), Path(tempfile.mkdtemp(prefix=f"flashsale-{sale.run_id}-")))
     try:
         load = Load(requests_, users, concurrency, noop_requests, pay_share, (seed or sale.run_id) if crowd else None)
-        measured = await _measure(sale, processes, console, load, workers, consumers)
+        measured = await _measure(sale, processes, console, load, hosts, workers, consumers)
     except SetupError as exc:
         return _failed(sale, processes, f"set-up failed: {exc}", 2, as_json)
     except asyncio.CancelledError:
@@ -263,6 +308,8 @@ async def run_sale(
         "waiting_room": waiting_room,
         "crowd_seed": load.crowd_seed,
         "admission_seconds": sale.settings.waiting_room.admission_ttl_seconds if waiting_room else None,
+        "crowd_workers": crowd_workers,
+        "remote_workers": remote_workers,
     }
     if crowd:
         run["requests"] = len(measured.purchase.outcomes)

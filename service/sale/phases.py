@@ -4,8 +4,8 @@ lifecycle (pay, let the window lapse, sweep, resell, drain again).
 
 Framework ceiling (``--noop-requests N``, 0 = off). Before the purchase load, ``POST
 /api/v1/bench/noop`` (:mod:`service.bench.product_app`: JWT auth and body decoding, nothing else)
-gets N requests built like the purchases (same JWTs, bodies, mix, concurrency and clients, one
-code path: :func:`service.sale.load.send_wave`). The report puts its throughput and latency next
+gets N requests built like the purchases (same JWTs, bodies, mix, concurrency and Locust crowd,
+one code path: :class:`service.sale.waves.Sender`). The report puts its throughput and latency next
 to the purchase load's, with the ratios. When the route answers 404 (an API without the
 no-op route: ``--url``) the wave is skipped and the report says so.
 
@@ -44,12 +44,14 @@ from service.domain.stock.realign_report import RealignReport
 from service.sale.errors import SetupError, stderr
 from service.sale.facts import LifecycleRun
 from service.sale.isolation import Sale, simulator_url
-from service.sale.load import REQUEST_TIMEOUT, build_requests, send_wave
 from service.sale.plan import ACCEPTED, Job, Kind, Shot, Wave, build_plan
 from service.sale.processes import Processes, wait_ready
 from service.sale.stores import CONNECT_TIMEOUT, Stores
+from service.sale.swarm_plan import Call, Errand
+from service.sale.waves import Sender, errands_of
 
 PRICE = 9900  # minor currency units
+REQUEST_TIMEOUT = 30.0  # seconds per set-up request (the admin's, the channel's)
 READY_TIMEOUT = 60.0  # seconds for a started API to answer /health/ready (--url: CONNECT_TIMEOUT)
 DRAIN_TIMEOUT = 180.0  # seconds for the queue to drain after the last answer
 DRAIN_POLL = 0.2  # seconds between drain polls
@@ -80,13 +82,6 @@ class Load:
     noop_requests: int
     pay_share: float
     crowd_seed: str | None = None
-
-
-async def _send(
-    sale: Sale, console: Console, label: str, requests: list[httpx.Request], jobs: list[Job], concurrency: int
-) -> Wave:
-    """:func:`service.sale.load.send_wave` for ``sale``: proxy variables honoured only with ``--url``."""
-    return await send_wave(console, label, requests, jobs, concurrency, trust_env=not sale.isolated)
 
 
 async def create_product(client: httpx.AsyncClient, sale: Sale, opens_at: int | None = None) -> None:
@@ -206,22 +201,23 @@ def accepted_orders(wave: Wave) -> int:
     return len({o.order_no for o in wave.outcomes if o.code == ACCEPTED})
 
 
-async def first_waves(sale: Sale, console: Console, load: Load, noop_requests: int) -> tuple[Wave | None, Wave, float]:
+async def first_waves(send: Sender, load: Load, noop_requests: int) -> tuple[Wave | None, Wave, float]:
     """Plan, mint the JWTs (timed apart), send ``noop_requests`` no-op requests (0: no no-op
     wave), then the purchase wave, both with the same JWTs, bodies, mix and concurrency; returns
     the no-op wave (None when not sent), the purchase wave, and the seconds spent minting."""
+    sale = send.sale
     purchase_jobs = build_plan(load.requests, load.users, sale.per_user_limit, random.Random(sale.run_id))
     noop_jobs = build_plan(noop_requests, load.users, sale.per_user_limit, random.Random(f"{sale.run_id}:noop"))
-    with console.status("minting JWTs"):
+    with send.console.status("minting JWTs"):
         started = time.perf_counter()
         tokens = mint_tokens(sale, purchase_jobs, noop_jobs)
         token_seconds = time.perf_counter() - started
     ceiling = None
     if noop_jobs:
-        requests = build_requests(f"{sale.url}{NOOP_PATH}", noop_jobs, sale.product_id, tokens)
-        ceiling = await _send(sale, console, "no-op", requests, noop_jobs, load.concurrency)
-    requests = build_requests(f"{sale.url}{ORDERS_PATH}", purchase_jobs, sale.product_id, tokens)
-    purchase = await _send(sale, console, "purchase", requests, purchase_jobs, load.concurrency)
+        errands = errands_of(f"{sale.url}{NOOP_PATH}", "POST /bench/noop", noop_jobs, sale.product_id, tokens)
+        ceiling = await send.wave("no-op", errands, noop_jobs)
+    errands = errands_of(f"{sale.url}{ORDERS_PATH}", "POST /orders", purchase_jobs, sale.product_id, tokens)
+    purchase = await send.wave("purchase", errands, purchase_jobs)
     return ceiling, purchase, token_seconds
 
 
@@ -234,12 +230,13 @@ class _Paid:
     unpaid: int
 
 
-async def _pay(stores: Stores, sale: Sale, console: Console, load: Load, channel: httpx.AsyncClient) -> _Paid:
-    """A ``load.pay_share`` share of the orders pending payment, chosen at random, are paid: the
-    buyer starts the payment (``POST /orders/{order_no}/pay``, a random channel) and pays at the
-    simulator; :data:`ABANDON_SHARE` of the others start a payment and never pay. The simulator
-    drops and duplicates notifications meanwhile (:data:`FAULTS`). At most
-    :data:`PAY_CONCURRENCY` requests at once."""
+async def _pay(stores: Stores, send: Sender, load: Load, channel: httpx.AsyncClient) -> _Paid:
+    """A ``load.pay_share`` share of the orders pending payment, chosen at random, are paid by
+    payers of the crowd: each starts the payment (``POST /orders/{order_no}/pay``, a random
+    channel) and pays at the simulator; :data:`ABANDON_SHARE` of the others start a payment and
+    never pay. The simulator drops and duplicates notifications meanwhile (:data:`FAULTS`). At
+    most :data:`PAY_CONCURRENCY` payers at once."""
+    sale = send.sale
     unpaid = await stores.unpaid_orders(sale.product_id)
     rng = random.Random(f"{sale.run_id}:pay")
     chosen = rng.sample(unpaid, round(load.pay_share * len(unpaid)))
@@ -251,21 +248,22 @@ async def _pay(stores: Stores, sale: Sale, console: Console, load: Load, channel
     starting = chosen + abandoned
     start_jobs = [Job(Kind.PAY, (Shot(i, o.user_id, o.quantity, None),)) for i, o in enumerate(starting)]
     tokens = mint_tokens(sale, start_jobs)
-    start_requests = [
-        httpx.Request(
-            "POST",
-            f"{sale.url}{ORDERS_PATH}/{o.order_no}/pay",
-            json={"channel": at[o.order_no]},
-            headers={"Authorization": tokens[o.user_id]},
-        )
-        for o in starting
-    ]
-    concurrency = min(load.concurrency, PAY_CONCURRENCY)
-    starts = await _send(sale, console, "payment starts", start_requests, start_jobs, concurrency)
-    pay_jobs = start_jobs[: len(chosen)]
     urls = sale.settings.payment.channel_urls
-    pay_requests = [httpx.Request("POST", f"{urls[at[o.order_no]]}/payments/{o.order_no}/pay") for o in chosen]
-    payments = await _send(sale, console, "buyers paying", pay_requests, pay_jobs, concurrency)
+    errands = []
+    for number, order in enumerate(starting):
+        body = msgspec.json.encode({"channel": at[order.order_no]})
+        headers = {"Authorization": tokens[order.user_id], "Content-Type": "application/json"}
+        start_url = f"{sale.url}{ORDERS_PATH}/{order.order_no}/pay"
+        calls = [Call(number, "POST", start_url, "POST /orders/{no}/pay", headers, body)]
+        if number < len(chosen):
+            pay_url = f"{urls[at[order.order_no]]}/payments/{order.order_no}/pay"
+            calls.append(Call(len(starting) + number, "POST", pay_url, "POST channel pay", {}))
+        errands.append(Errand(calls))
+    connections = min(send.connections, PAY_CONCURRENCY)
+    answers = await send.errands("payers", errands, "Payer", connections)
+    seconds = send.loads[-1].seconds
+    starts = Wave(start_jobs, answers[: len(starting)], seconds)
+    payments = Wave(start_jobs[: len(chosen)], answers[len(starting) :], seconds)
     return _Paid(starts, payments, [o.order_no for o in chosen], len(abandoned), len(left))
 
 
@@ -310,24 +308,24 @@ async def _let_window_lapse(stores: Stores, sale: Sale, console: Console) -> flo
     return time.perf_counter() - started
 
 
-async def _resale(sale: Sale, console: Console, concurrency: int, on_sale: int) -> Wave:
+async def _resale(send: Sender, on_sale: int) -> Wave:
     """New buyers (``resale-<n>``, one per job, never seen before) send :data:`RESALE_FACTOR`
     requests per unit on sale (at least :data:`RESALE_MIN_REQUESTS`), mixed as the purchase load."""
+    sale = send.sale
     requests_ = max(RESALE_FACTOR * on_sale, RESALE_MIN_REQUESTS)
     jobs = build_plan(requests_, requests_, sale.per_user_limit, random.Random(f"{sale.run_id}:resale"), "resale")
-    requests = build_requests(f"{sale.url}{ORDERS_PATH}", jobs, sale.product_id, mint_tokens(sale, jobs))
-    return await _send(sale, console, "resale", requests, jobs, concurrency)
+    errands = errands_of(f"{sale.url}{ORDERS_PATH}", "POST /orders", jobs, sale.product_id, mint_tokens(sale, jobs))
+    return await send.wave("resale", errands, jobs)
 
 
-async def run_lifecycle(
-    stores: Stores, sale: Sale, processes: Processes, console: Console, load: Load, orders_so_far: int
-) -> LifecycleRun:
+async def run_lifecycle(stores: Stores, send: Sender, load: Load, orders_so_far: int) -> LifecycleRun:
     """After the first drain (``orders_so_far`` order rows): pay a share through the channel
     simulator, let the rest lapse, sweep once (asking the channels), resell the returned units to
     new buyers, drain again, reconcile."""
+    sale, processes, console = send.sale, send.processes, send.console
     async with httpx.AsyncClient(base_url=simulator_url(sale.settings), timeout=REQUEST_TIMEOUT) as channel:
         await _channel_ready(channel, processes)
-        paid = await _pay(stores, sale, console, load, channel)
+        paid = await _pay(stores, send, load, channel)
         notifications = await _notifications_settled(channel, console)
     wait_seconds = await _let_window_lapse(stores, sale, console)
     stock_before = await stores.mysql_stock(sale.product_id)
@@ -338,7 +336,7 @@ async def run_lifecycle(
         f" dropped, {notifications.get('duplicated', 0)} duplicated); swept {swept} unpaid ones;"
         f" {on_sale} units on sale again"
     )
-    resale = await _resale(sale, console, load.concurrency, on_sale)
+    resale = await _resale(send, on_sale)
     drain_seconds = await drain(stores, sale, orders_so_far + accepted_orders(resale), processes, console)
     reconciliation, billed = await stores.reconcile()
     mismatches = Counter(m.kind for c in reconciliation.channels for m in c.mismatches)

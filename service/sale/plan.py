@@ -49,7 +49,7 @@ class Answer:
     """The answer to one request. ``status`` 0 = no HTTP answer (``code`` ``connection_error`` or
     ``timeout``); ``code`` is ``accepted`` for a 202, a payment notification's ``result`` for a 200
     (``paid``, ...), else the problem's ``code`` (``http_<status>`` when the body has none);
-    ``latency`` in seconds; ``finished`` when it arrived (``time.perf_counter()``, seconds)."""
+    ``latency`` in seconds; ``finished`` when it arrived (epoch seconds)."""
 
     status: int
     code: str

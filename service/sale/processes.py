@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 from service.sale.errors import SetupError, stderr
 
@@ -54,6 +55,32 @@ class Processes:
                 start_new_session=True,
             )
 
+    def returncode(self, name: str) -> int | None:
+        """``name``'s exit status, None while it runs."""
+        return self._running[name].returncode
+
+    async def finish(self, names: list[str], grace: float) -> dict[str, int]:
+        """Give ``names`` ``grace`` seconds to exit by themselves, stop those still running as
+        :meth:`stop` does, and forget them; their exit statuses."""
+        running = [(name, self._running.pop(name)) for name in names]
+        await asyncio.gather(*(self._stop(name, process, grace) for name, process in running))
+        return {name: self.exit_codes[name] for name in names}
+
+    def cpu_seconds(self, *prefixes: str) -> float:
+        """CPU seconds (user + system) used so far by the running processes whose names start
+        with one of ``prefixes``, their children included (a child that already exited is not)."""
+        total = 0.0
+        for name, process in self._running.items():
+            if not name.startswith(prefixes) or process.returncode is not None:
+                continue
+            with contextlib.suppress(psutil.Error):
+                parent = psutil.Process(process.pid)
+                for each in [parent, *parent.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        times = each.cpu_times()
+                        total += times.user + times.system
+        return total
+
     def exited(self) -> list[str]:
         """``name (exit N)`` of every process that has already exited."""
         return [f"{name} (exit {p.returncode})" for name, p in self._running.items() if p.returncode is not None]
@@ -62,13 +89,19 @@ class Processes:
         """SIGTERM every process, wait up to :data:`STOP_TIMEOUT` seconds, then SIGKILL its group."""
         await asyncio.gather(*(self._stop(name, process) for name, process in self._running.items()))
 
-    async def _stop(self, name: str, process: asyncio.subprocess.Process) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), STOP_TIMEOUT)
-        except TimeoutError:
-            stderr.print(f"[yellow]warning:[/] {name} ignored SIGTERM for {STOP_TIMEOUT:.0f}s; killing it")
+    async def _stop(self, name: str, process: asyncio.subprocess.Process, grace: float = 0.0) -> None:
+        """Give ``process`` ``grace`` seconds to end by itself, then SIGTERM, then after
+        :data:`STOP_TIMEOUT` seconds SIGKILL its group."""
+        if grace:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), grace)
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), STOP_TIMEOUT)
+            except TimeoutError:
+                stderr.print(f"[yellow]warning:[/] {name} ignored SIGTERM for {STOP_TIMEOUT:.0f}s; killing it")
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # the process and anything it left behind
         self.exit_codes[name] = await process.wait()

@@ -17,6 +17,7 @@ from service.sale.fairness import fairness
 from service.sale.invariants import INVARIANT_TITLES, check_all
 from service.sale.report import sections, summarize_run
 from service.sale.room_checks import check_room
+from service.sale.verdict import crowd_section
 
 
 def build_report(
@@ -28,7 +29,9 @@ def build_report(
     ``requests``, ``users``, ``pay_share``, ...); ``wall_seconds`` from start to report;
     ``exit_codes`` per subprocess. ``responses``, ``replays`` and ``performance`` are the
     purchase wave's; ``ceiling`` the no-op wave's; ``lifecycle``
-    None without payments. ``fairness`` (a crowd sale only, else None): the figures of
+    None without payments. ``crowd``: what each wave cost the Locust crowd and the server, and
+    whether the run was server- or client-bound (:mod:`service.sale.verdict`). ``fairness`` (a
+    crowd sale only, else None): the figures of
     :func:`service.sale.fairness.fairness`. The invariants span every wave, with the four of the
     waiting room when the crowd went through it. ``ok`` is True when every invariant holds;
     ``logs`` is filled in by the caller.
@@ -43,6 +46,7 @@ def build_report(
         "run": run,
         **sections(measured, summaries, wall_seconds),
         "fairness": figures,
+        "crowd": crowd_section(measured.loads),
         "realignment": msgspec.structs.asdict(measured.realignment),
         "processes": exit_codes,
         "invariants": {name: check.as_dict() for name, check in invariants.items()},
@@ -120,6 +124,23 @@ def rows(section: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return found
 
 
+def _print_crowd(crowd: dict[str, Any], console: Console) -> None:
+    """Each wave's cost to the crowd and the server side by side, then the verdict line."""
+    waves = crowd["waves"]
+    names = list(waves)
+    keys = [key for key in waves[names[0]] if key not in ("hosts", "trail")]
+    table = Table(title="the crowd (Locust) and the server, per wave", title_justify="left")
+    table.add_column("")
+    for name in names:
+        table.add_column(name, justify="right")
+    for key in keys:
+        table.add_row(label(key), *(human(waves[name][key]) for name in names))
+    table.add_row("hosts", *(human(waves[name]["hosts"]) for name in names))
+    console.print(table)
+    colour = "yellow" if crowd["bound"] == "client" else "green"
+    console.print(f"[bold {colour}]{crowd['main_wave']} wave: {crowd['line']}[/]", soft_wrap=True)
+
+
 def _invariants_table(invariants: dict[str, dict[str, Any]]) -> Table:
     table = Table(title="invariants", title_justify="left", show_lines=True)
     table.add_column("invariant")
@@ -192,6 +213,8 @@ def render(report: dict[str, Any], console: Console) -> None:
     if report["fairness"] is not None:
         room = "through the waiting room" if report["fairness"]["waiting_room"] else "without the waiting room"
         console.print(_table(f"fairness ({room})", rows(report["fairness"])))
+    if report["crowd"] is not None:
+        _print_crowd(report["crowd"], console)
     print_reports([RealignReport(**report["realignment"])], False, console)
     console.print(_invariants_table(report["invariants"]))
     codes = ", ".join(f"{name} {code}" for name, code in report["processes"].items())

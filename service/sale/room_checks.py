@@ -16,7 +16,7 @@ from service.sale.plan import ACCEPTED
 
 OVERLAP_SLACK = 0.1
 """Seconds two admissions of one buyer may seem to overlap by: the server's expiry (epoch ms)
-set against this process's clock."""
+set against the clock of the host that heard it."""
 
 
 def _check_admissions(run: CrowdRun) -> Check:
@@ -61,7 +61,7 @@ def _overlaps(run: CrowdRun, trail: Trail) -> int:
     overlaps = 0
     for (_, token, expires_at), (seen, _, _) in zip(admissions, admissions[1:], strict=False):
         used = [p.answer.finished for p in trail.purchases if p.admission == token and p.answer.status]
-        ended = min([expires_at / 1000 - run.wall_offset, *used])
+        ended = min([expires_at / 1000, *used])
         overlaps += seen < ended - OVERLAP_SLACK
     return overlaps
 

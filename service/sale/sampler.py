@@ -28,7 +28,7 @@ SAMPLER_STOP_SECONDS = 10.0
 a daemon, is left to end with the process)."""
 
 Sample = tuple[float, int, int]
-"""(``time.perf_counter()``, order rows of the product in MySQL, messages ready)."""
+"""(epoch seconds, order rows of the product in MySQL, messages ready)."""
 
 
 async def _sample(settings: Settings, product_id: int, timeline: list[Sample], stop: threading.Event) -> None:
@@ -36,7 +36,7 @@ async def _sample(settings: Settings, product_id: int, timeline: list[Sample], s
         stores = await Stores.open(stack, settings)
         while not stop.is_set():
             rows = await stores.count_orders(product_id)
-            timeline.append((time.perf_counter(), rows, await stores.order_queue_depth()))
+            timeline.append((time.time(), rows, await stores.order_queue_depth()))
             await asyncio.sleep(QUEUE_SAMPLE_SECONDS)
 
 

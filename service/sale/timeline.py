@@ -54,7 +54,7 @@ class Timeline:
 
 
 def _span(wave: Wave) -> tuple[float, float]:
-    """From the first request sent to the last answer (``time.perf_counter()`` seconds)."""
+    """From the first request sent to the last answer (epoch seconds)."""
     return min(a.finished - a.latency for a in wave.outcomes), max(a.finished for a in wave.outcomes)
 
 

@@ -3,6 +3,8 @@ and the loop runner lets a command's own ImportError through once."""
 
 from __future__ import annotations
 
+import os
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -54,12 +56,8 @@ def test_an_import_error_inside_a_command_is_raised_once_not_rerun():
     assert runs == [1]
 
 
-@pytest.mark.parametrize(
-    ("args", "users"),
-    [([], 20_000), (["--waiting-room"], 2_000), (["--crowd"], 2_000), (["--waiting-room", "--users", "300"], 300)],
-)
-def test_a_crowd_is_smaller_by_default_than_a_sale(monkeypatch, args, users):
-    """A crowd's scripts poll every 100 ms: its default size is what the sale's client can drive."""
+def _sale_options(monkeypatch, args: list[str]) -> dict:
+    """The options ``flashsale sale ARGS`` hands to ``run_sale``."""
     import service.cli.trials as trials
     import service.sale.job as job
 
@@ -73,4 +71,26 @@ def test_a_crowd_is_smaller_by_default_than_a_sale(monkeypatch, args, users):
     monkeypatch.setenv("FLASHSALE_ENV", "development")
     result = CliRunner().invoke(trials.sale, args)
     assert result.exit_code == 0, result.output
-    assert seen["users"] == users
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("args", "users"),
+    [([], 20_000), (["--waiting-room"], 2_000), (["--crowd"], 2_000), (["--waiting-room", "--users", "300"], 300)],
+)
+def test_a_crowd_is_smaller_by_default_than_a_sale(monkeypatch, args, users):
+    """A crowd's scripts poll every 100 ms: its default size is what one box keeps up with."""
+    assert _sale_options(monkeypatch, args)["users"] == users
+
+
+@pytest.mark.parametrize(("args", "workers"), [([], os.cpu_count() or 1), (["--crowd-workers", "3"], 3)])
+def test_the_crowd_has_one_worker_process_per_core_by_default(monkeypatch, args, workers):
+    seen = _sale_options(monkeypatch, args)
+    assert seen["crowd_workers"] == workers and seen["remote_workers"] == 0 and seen["web"] is False
+
+
+def test_sale_worker_wants_the_master_as_host_and_port():
+    import service.cli.trials as trials
+
+    result = CliRunner().invoke(trials.sale_worker, ["--master", "10.0.0.1"])
+    assert result.exit_code == 2 and "HOST:PORT" in result.output

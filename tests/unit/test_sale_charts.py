@@ -17,6 +17,7 @@ REPORT = {
     "realignment": {},
     "lifecycle": None,
     "fairness": None,
+    "crowd": None,
 }
 
 

@@ -175,8 +175,15 @@ def test_the_report_page_has_no_python_in_its_tables(tmp_path, monkeypatch):
             "admissions_by_behaviour": None,
             "turn_order": {"after_opening": {"kendall_tau_distance": 0.0063}},
         },
+        "crowd": {
+            "main_wave": "purchase",
+            "bound": "server",
+            "line": "server-bound: the crowd kept up",
+            "waves": {"purchase": {"box_cpu_share": None, "hosts": {"vm (127.0.0.1)": 2}}},
+        },
     }
     page = charts.write_report(tmp_path, report, _measured()).read_text(encoding="utf-8")
+    assert '<p id="bound">purchase wave: server-bound: the crowd kept up</p>' in page
     tables = " ".join(re.findall(r"<table.*?</table>", page, re.S))
     assert not re.search(r"\bTrue\b|\bFalse\b|\bNone\b|\{|service\.", tables), tables
     assert "drained: yes" in tables and "<td>latency ms: p50</td><td>1.0</td>" in tables

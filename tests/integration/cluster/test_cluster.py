@@ -387,7 +387,7 @@ def test_a_small_sale_on_the_cluster_holds_every_invariant(cluster_url):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
-    assert report["ok"] is True and len(report["invariants"]) == 8
+    assert report["ok"] is True and len(report["invariants"]) == 9
     assert all(check["ok"] for check in report["invariants"].values())
 
 

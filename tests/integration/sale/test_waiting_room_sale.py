@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 SEED = "wr-sale-test"
 STOCK = 50
-BUYERS = 100
+BUYERS = 200
 
 
 def _sale(*mode: str) -> dict:
@@ -36,12 +36,12 @@ def test_a_crowd_through_the_waiting_room_holds_every_invariant(through_the_room
     report = through_the_room
     failed = {name: check for name, check in report["invariants"].items() if not check["ok"]}
     assert report["ok"] is True, failed
-    assert len(report["invariants"]) == 9  # the five of every sale and the room's four
+    assert len(report["invariants"]) == 10  # the trail's, the five of every sale and the room's four
     assert report["realignment"]["mysql_sold"] == STOCK
     fair = report["fairness"]
     assert fair["waiting_room"] is True and fair["buyers"] == BUYERS
     assert fair["units"] == STOCK and fair["buyers_with_units"] == STOCK and fair["max_units_one_buyer"] == 1
-    assert fair["buyers_by_behaviour"] == {"honest": 60, "impatient": 20, "scripted": 20}
+    assert fair["buyers_by_behaviour"] == {"honest": 120, "impatient": 40, "scripted": 40}
     # the scripts' purchases without an admission were all refused, and they were sent
     admissions = report["invariants"]["no_purchase_without_admission"]
     assert admissions["accepted_without_admission"] == 0
@@ -59,7 +59,7 @@ def test_the_same_crowd_without_the_room_reports_the_same_figures(through_the_ro
     report = _sale("--crowd")
     assert report["run"]["crowd_seed"] == through_the_room["run"]["crowd_seed"] == SEED
     assert report["ok"] is True, report["invariants"]
-    assert len(report["invariants"]) == 5  # no room, no room invariants
+    assert len(report["invariants"]) == 6  # no room, no room invariants
     fair = report["fairness"]
     assert fair["waiting_room"] is False
     assert fair["buyers_by_behaviour"] == through_the_room["fairness"]["buyers_by_behaviour"]
