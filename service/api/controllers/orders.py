@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
+import structlog
 from litestar import Controller, Request, Response, get, post
 from litestar.datastructures import ResponseHeader
 from litestar.di import NamedDependency
@@ -36,7 +37,9 @@ from service.domain.purchase.answers import rejected
 from service.domain.purchase.request_id import is_valid_idempotency_key, request_id_for, request_id_from_key
 from service.domain.purchase.service import PurchaseService
 from service.domain.stock.catalog import PositiveId
+from service.failures import UNAVAILABLE
 
+log = structlog.get_logger(__name__)
 _ACCEPTED = metrics.purchase_outcome("accepted")
 ADMISSION_REQUIRED = "admission_required"
 
@@ -164,6 +167,9 @@ class OrderController(Controller):
             )
         except DomainError as exc:
             metrics.purchase_outcome(exc.code).inc()
+            if exc.code == UNAVAILABLE:
+                # one line a second per cause (service.log_setup.StormThrottle): every 503 window says why
+                log.warning("purchase_unavailable", cause=exc.detail, error=repr(exc.__cause__))
             if exc.code == ADMISSION_REQUIRED:
                 return problem_response(exc, queue=_queue_url(data.product_id))
             raise
