@@ -79,9 +79,15 @@ class Availability:
 
 
 def connection_of(response: httpx.Response) -> int:
-    """The local port of the connection ``response`` came over (0 when httpx does not say)."""
+    """The local port of the connection ``response`` came over (0 when httpx does not say; the
+    stream's identity when the connection is already closed)."""
     stream = response.extensions.get("network_stream")
-    address = stream.get_extra_info("client_addr") if stream is not None else None
+    if stream is None:
+        return 0
+    try:
+        address = stream.get_extra_info("client_addr")
+    except OSError:  # the server closed it with this response: still one connection, one worker
+        return id(stream)
     return int(address[1]) if address else 0
 
 

@@ -44,6 +44,14 @@ _ACCEPTED = metrics.purchase_outcome("accepted")
 ADMISSION_REQUIRED = "admission_required"
 
 
+def _root(exc: BaseException) -> BaseException | None:
+    """The first error of ``exc``'s chain of causes (None when it has none)."""
+    cause = exc.__cause__
+    while cause is not None and cause.__cause__ is not None:
+        cause = cause.__cause__
+    return cause
+
+
 def _queue_url(product_id: int) -> str:
     """Where a buyer without an admission queues for ``product_id`` (the waiting room's join route)."""
     return f"/api/v1/products/{product_id}/queue"
@@ -169,7 +177,7 @@ class OrderController(Controller):
             metrics.purchase_outcome(exc.code).inc()
             if exc.code == UNAVAILABLE:
                 # one line a second per cause (service.log_setup.StormThrottle): every 503 window says why
-                log.warning("purchase_unavailable", cause=exc.detail, error=repr(exc.__cause__))
+                log.warning("purchase_unavailable", cause=exc.detail, error=repr(_root(exc)))
             if exc.code == ADMISSION_REQUIRED:
                 return problem_response(exc, queue=_queue_url(data.product_id))
             raise
