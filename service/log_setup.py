@@ -40,7 +40,7 @@ STORM_EVENTS = frozenset(
         "publish_failed",
         "republish_failed",
         "store_unavailable",
-        "purchase_unavailable",
+        "unavailable_answered",
     }
 )
 """Events that every request repeats while a store is lost (a stampede would write thousands a

@@ -22,7 +22,8 @@ measurement gives it). A fault that takes no store away (a worker or a consumer 
 has a recovery of 0: any 503 stretch beyond :data:`SLACK` is the service's own doing.
 
 **The log.** Every 503 stretch must have its cause logged while it lasts (the API's
-``purchase_unavailable`` line, at most one a second per cause): :func:`silent_windows`.
+``unavailable_answered`` line, at most one a second per cause, or ``store_unavailable``):
+:func:`silent_windows`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ SLACK = 3.0
 LOG_SLACK = 1.5
 """Seconds around a 503 stretch in which its log line may fall (one line a second per cause, and
 the line of the stretch's first 503 may come from a second earlier)."""
-LOGGED_EVENTS = ("purchase_unavailable",)
+LOGGED_EVENTS = ("unavailable_answered", "store_unavailable")
 
 
 class Try(Protocol):

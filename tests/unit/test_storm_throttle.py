@@ -53,11 +53,11 @@ def test_each_cause_of_one_event_has_its_own_budget():
     """Two causes of 503 at once (the queue and the stock service): each is told every second,
     so a window of either is never silent behind the other's lines."""
     clock = Clock()
-    throttle = StormThrottle(frozenset({"purchase_unavailable"}), seconds=1.0, clock=clock)
+    throttle = StormThrottle(frozenset({"unavailable_answered"}), seconds=1.0, clock=clock)
 
     def line(cause: str) -> dict | None:
         try:
-            return throttle(None, "warning", {"event": "purchase_unavailable", "cause": cause})
+            return throttle(None, "warning", {"event": "unavailable_answered", "cause": cause})
         except structlog.DropEvent:
             return None
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
-import structlog
 from litestar import Controller, Request, Response, get, post
 from litestar.datastructures import ResponseHeader
 from litestar.di import NamedDependency
@@ -37,19 +36,9 @@ from service.domain.purchase.answers import rejected
 from service.domain.purchase.request_id import is_valid_idempotency_key, request_id_for, request_id_from_key
 from service.domain.purchase.service import PurchaseService
 from service.domain.stock.catalog import PositiveId
-from service.failures import UNAVAILABLE
 
-log = structlog.get_logger(__name__)
 _ACCEPTED = metrics.purchase_outcome("accepted")
 ADMISSION_REQUIRED = "admission_required"
-
-
-def _root(exc: BaseException) -> BaseException | None:
-    """The first error of ``exc``'s chain of causes (None when it has none)."""
-    cause = exc.__cause__
-    while cause is not None and cause.__cause__ is not None:
-        cause = cause.__cause__
-    return cause
 
 
 def _queue_url(product_id: int) -> str:
@@ -175,9 +164,6 @@ class OrderController(Controller):
             )
         except DomainError as exc:
             metrics.purchase_outcome(exc.code).inc()
-            if exc.code == UNAVAILABLE:
-                # one line a second per cause (service.log_setup.StormThrottle): every 503 window says why
-                log.warning("purchase_unavailable", cause=exc.detail, error=repr(_root(exc)))
             if exc.code == ADMISSION_REQUIRED:
                 return problem_response(exc, queue=_queue_url(data.product_id))
             raise

@@ -9,8 +9,8 @@ import pytest
 import structlog
 
 from service.adapters.broker import Publisher, declare_topology
+from service.api import problems
 from service.api.app import create_app
-from service.api.controllers import orders as orders_controller
 from service.failures import PublishFailed
 from tests.integration.groups.test_publishing import _refusing
 from tests.support import buy, eventually, message_for, serving
@@ -42,7 +42,7 @@ async def test_each_503_is_logged_with_its_cause(own, channel, product_id, token
     """The broker nacks every purchase: the buyers get 503, and the log says why (once a second
     for one cause: service.log_setup.StormThrottle)."""
     # a fresh logger: the module's own caches its processors on first use (as in test_error_mapping)
-    monkeypatch.setattr(orders_controller, "log", structlog.get_logger(orders_controller.__name__))
+    monkeypatch.setattr(problems, "log", structlog.get_logger(problems.__name__))
     async with serving(create_app(own), timeout=60) as api:
         admin = token("admin", admin=True)
         body = {"stock": 5, "per_user_limit": 1, "price": 1500, "stock_mode": "redis"}
@@ -51,6 +51,6 @@ async def test_each_503_is_logged_with_its_cause(own, channel, product_id, token
         with structlog.testing.capture_logs() as logs:
             answer = await buy(api, token("refused"), product_id)
     assert answer.status_code == 503, answer.text
-    told = [entry for entry in logs if entry["event"] == "purchase_unavailable"]
+    told = [entry for entry in logs if entry["event"] == "unavailable_answered"]
     assert len(told) == 1
     assert told[0]["cause"] == "Order queue unavailable, retry shortly." and "Nack" in told[0]["error"]
