@@ -214,7 +214,7 @@ class OrderConsumer:
     async def _write_orders(self, batch: list[Waiting]) -> list[Settlement]:
         """One settlement per order of ``batch``: the batch written in one transaction; when that
         fails with an error not known to be transient, order by order."""
-        orders = [waiting.order for waiting in batch]
+        orders = [waiting.good for waiting in batch]
         try:
             outcomes = await self._writer.write(orders)
         except Exception as exc:
@@ -230,8 +230,8 @@ class OrderConsumer:
             "orders_written",
             orders=[
                 {
-                    "request_id": waiting.order.request_id,
-                    "order_no": waiting.order.order_no,
+                    "request_id": waiting.good.request_id,
+                    "order_no": waiting.good.order_no,
                     "outcome": outcome.value,
                     "http_request_id": waiting.http_request_id,
                 }
@@ -242,7 +242,7 @@ class OrderConsumer:
         for waiting, outcome in zip(batch, outcomes, strict=True):
             self._count(outcome.value)
             if outcome in _DEAD_OUTCOMES:
-                order = waiting.order
+                order = waiting.good
                 log.error(
                     outcome.value, request_id=order.request_id, product_id=order.product_id, order_no=order.order_no
                 )

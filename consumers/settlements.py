@@ -6,7 +6,8 @@ own body to a retry queue or the dead-letter queue, as before groups. A group
 (docs/ARCHITECTURE.md, "Order messages and groups") is settled order by order:
 
 - an order dead-lettered is dead-lettered alone, as a single-order message (``message_id`` its
-  request id, so ``flashsale dlq`` shows, redrives and purges it per order) with its reason;
+  request id, so ``flashsale dlq`` shows, redrives and purges it per order) with its reason; one
+  that does not decode (:class:`Malformed`) as its own JSON;
 - the orders retried go to the retry queue together: the group's own body when every order of it
   is retried, else a group (or a single order) of just those; the others are written or dead;
 - the delivery is acked once every copy is confirmed (a redelivered group's written orders are
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from service.adapters.subscription import Delivery
-from service.domain.fulfilment.incoming import InvalidOrder
+from service.domain.fulfilment.incoming import InvalidOrder, Malformed
 from service.domain.model.order_message import GROUP_FORMAT, OrderGroup, OrderMessage, encode_group, encode_order
 
 
@@ -60,7 +61,7 @@ class Carried:
     """One order of a delivery as it was settled: the order (None when the body carries no
     order at all), the HTTP request it came with, and its settlement."""
 
-    order: OrderMessage | None
+    order: OrderMessage | Malformed | None
     http_request_id: str | None
     settlement: Settlement
 
@@ -72,10 +73,16 @@ class Waiting:
     (then it is dead-lettered, not written)."""
 
     message: Delivery
-    order: OrderMessage
+    order: OrderMessage | Malformed
     http_request_id: str | None
     group: OrderGroup | None
     invalid: InvalidOrder | None = None
+
+    @property
+    def good(self) -> OrderMessage:
+        """The order, of one that decoded (every order that is written did)."""
+        assert isinstance(self.order, OrderMessage), "a malformed order is never written"
+        return self.order
 
 
 Settled = tuple[OrderGroup | None, list[Carried]]
@@ -107,7 +114,7 @@ def copies_of(group: OrderGroup | None, carried: Sequence[Carried]) -> list[Copy
         part = OrderGroup(
             GROUP_FORMAT,
             group.id,
-            [item.order for item in retried if item.order is not None],
+            [item.order for item in retried if isinstance(item.order, OrderMessage)],
             [item.http_request_id for item in retried] if group.http_request_ids is not None else None,
         )
         copies.append(Copy(retried[0].settlement, encode_group(part), group.id))
@@ -115,9 +122,12 @@ def copies_of(group: OrderGroup | None, carried: Sequence[Carried]) -> list[Copy
 
 
 def _alone(item: Carried) -> Copy:
-    """A copy of one order of a group, as a single-order message under its request id."""
-    assert item.order is not None  # every order of a group was decoded
-    return Copy(item.settlement, encode_order(item.order), item.order.request_id, item.http_request_id)
+    """A copy of one order of a group, as a single-order message under its request id (a
+    malformed one: its own JSON, under the id it was given)."""
+    order = item.order
+    assert order is not None  # every order of a group is carried
+    body = order.body if isinstance(order, Malformed) else encode_order(order)
+    return Copy(item.settlement, body, order.request_id, item.http_request_id)
 
 
 def fallback(carried: Sequence[Carried]) -> Settlement:

@@ -78,7 +78,14 @@ if not sale[1] or not sale[4] or not stock then return {'not_loaded', ''} end
 -- Loaded in another life of this server (a restart from an older snapshot or AOF, a replica
 -- promoted before it had the last writes): stock, quotas and replay records may be rolled back.
 -- Not loaded until realignment has given back what MySQL knows (lua/realign.lua writes 'server').
-if sale[8] ~= string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') then return {'not_loaded', ''} end
+local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+if not sale[8] then
+  -- Loaded by a release that did not record the server: taken as this server's, as that release
+  -- sold it, so an upgrade has no not_loaded window (docs/OPERATIONS.md, "Upgrades and roll-backs").
+  redis.call('HSET', KEYS[2], 'server', run_id)
+elseif sale[8] ~= run_id then
+  return {'not_loaded', ''}
+end
 
 local ends_ms = tonumber(sale[2])
 if now_ms < tonumber(sale[1]) or (ends_ms > 0 and now_ms >= ends_ms) then

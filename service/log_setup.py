@@ -40,6 +40,7 @@ STORM_EVENTS = frozenset(
         "publish_failed",
         "republish_failed",
         "store_unavailable",
+        "unavailable_answered",
     }
 )
 """Events that every request repeats while a store is lost (a stampede would write thousands a
@@ -47,8 +48,9 @@ second): :class:`StormThrottle` lets one per second through."""
 
 
 class StormThrottle:
-    """A structlog processor: at most one line per ``seconds`` for each event in ``events``; the
-    next line let through after a quiet spell carries ``suppressed`` (lines dropped since).
+    """A structlog processor: at most one line per ``seconds`` for each event in ``events`` and
+    each ``cause`` it names (so every cause of a storm is told at least once a second); the next
+    line let through after a quiet spell carries ``suppressed`` (lines dropped since).
     Every other event passes untouched. ``clock`` is monotonic seconds (injectable for tests).
     The requests themselves are still answered (503) and counted (metrics); only the log stays
     readable while Redis, RabbitMQ or MySQL is away."""
@@ -59,19 +61,20 @@ class StormThrottle:
         self._events = events
         self._seconds = seconds
         self._clock = clock
-        self._next: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
+        self._next: dict[tuple[str, object], float] = {}
+        self._suppressed: dict[tuple[str, object], int] = {}
 
     def __call__(self, _: WrappedLogger, __: str, event: EventDict) -> EventDict:
         name = event.get("event")
         if name not in self._events:
             return event
+        key = (name, event.get("cause"))
         now = self._clock()
-        if now < self._next.get(name, 0.0):
-            self._suppressed[name] = self._suppressed.get(name, 0) + 1
+        if now < self._next.get(key, 0.0):
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
             raise structlog.DropEvent
-        self._next[name] = now + self._seconds
-        if dropped := self._suppressed.pop(name, 0):
+        self._next[key] = now + self._seconds
+        if dropped := self._suppressed.pop(key, 0):
             event["suppressed"] = dropped
         return event
 

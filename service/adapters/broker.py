@@ -198,6 +198,7 @@ class Publisher:
         self._next_reopen: list[float] = []
         self._turn = 0
         self._reading: AbstractChannel | None = None
+        self._replacing: set[AbstractChannel] = set()  # nacked channels being closed
         self._grouper = (
             Grouper(self._send_group, settings.group_max, settings.group_linger_ms / 1000)
             if settings.group_max > 1
@@ -395,7 +396,31 @@ class Publisher:
                 )
         except (TimeoutError, *CONNECTION_EXCEPTIONS) as exc:
             log.warning("publish_failed", message_id=message_id, orders=orders, error=repr(exc))
+            if _is_nack(exc):
+                self._replace(turn)
             raise PublishFailed(repr(exc)) from exc
+
+    def _replace(self, index: int) -> None:
+        """Close channel ``index`` (in the background) so that its next turn opens a new one
+        (:meth:`_channel_at`). A channel that was nacked while an order queue elected a new
+        leader (its node killed) goes on being nacked after the new leader is up, until the old
+        one is back (RabbitMQ 3.10, measured: docs/RELIABILITY.md), while a new channel on the
+        same connection is acked."""
+        channel = self._channels[index]
+        if channel.is_closed or channel in self._replacing:
+            return
+        self._replacing.add(channel)
+        task = asyncio.create_task(_close_quietly(channel))
+        task.add_done_callback(lambda _: self._replacing.discard(channel))
+
+
+def _is_nack(exc: BaseException) -> bool:
+    """The broker answered the publish with a nack (not a return: that is a routing problem)."""
+    return (
+        isinstance(exc, aiormq.exceptions.DeliveryError)
+        and not isinstance(exc, aiormq.exceptions.PublishError)
+        and isinstance(exc.frame, aiormq.spec.Basic.Nack)
+    )
 
 
 async def _close_quietly(channel: AbstractChannel) -> None:

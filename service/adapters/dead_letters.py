@@ -183,7 +183,8 @@ class DeadLetterQueue:
         """Publish the messages whose id is in ``ids`` (every message when None) to the order
         exchange again, each to its partition's queue (:meth:`_home_queue`; persistent, confirmed,
         same body, id and headers but the delivery count), and remove each from the dead-letter
-        queue once the broker confirmed it. Returns them.
+        queue once the broker confirmed it. A later message with an id already redriven is the
+        same order dead-lettered twice: removed, not published again. Returns those published.
 
         Raises:
             service.failures.PublishFailed: a publish was not confirmed; that message and the
@@ -195,6 +196,9 @@ class DeadLetterQueue:
             for message in taken.messages:
                 letter = _dead_letter(message)
                 if ids is not None and letter.id not in ids:
+                    continue
+                if any(letter.id == done.id for done in moved):
+                    await taken.ack(message)
                     continue
                 headers = {k: v for k, v in letter.headers.items() if k not in _DROPPED_ON_REDRIVE}
                 copy = aio_pika.Message(

@@ -206,10 +206,22 @@ def _encoded_problem(
 
 def _domain_error(request: Request[Any, Any, Any], exc: DomainError) -> Response[Any]:
     """The exception handler for :class:`DomainError` (:func:`problem_response`). A code without
-    a status is a programming error: 500, logged."""
+    a status is a programming error: 500, logged. An ``unavailable`` is logged with its cause,
+    one line a second per cause (:class:`service.log_setup.StormThrottle`), so every stretch of
+    ``503`` says why while it lasts."""
     if exc.code not in STATUS_BY_CODE:
         return _unexpected(request, exc)
+    if exc.code == UNAVAILABLE:
+        log.warning("unavailable_answered", path=request.url.path, cause=exc.detail, error=repr(_root(exc)))
     return problem_response(exc)
+
+
+def _root(exc: BaseException) -> BaseException | None:
+    """The first error of ``exc``'s chain of causes (None when it has none)."""
+    cause = exc.__cause__
+    while cause is not None and cause.__cause__ is not None:
+        cause = cause.__cause__
+    return cause
 
 
 def _store_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

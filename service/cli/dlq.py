@@ -55,7 +55,7 @@ def _print_views(views: list[DeadLetterView], title: str, as_json: bool) -> None
         click.echo(msgspec.json.encode(views).decode())
         return
     table = Table(title=f"{title} ({len(views)})")
-    for column in ("id", "reason", "count", "died in", "died at", "order", "product", "user", "qty", "error"):
+    for column in ("id", "reason", "count", "copies", "died in", "died at", "order", "product", "user", "qty", "error"):
         table.add_column(column)
     for view in views:
         order = view.order
@@ -63,6 +63,7 @@ def _print_views(views: list[DeadLetterView], title: str, as_json: bool) -> None
             view.id,
             view.reason or "-",
             str(view.count),
+            str(view.copies),
             view.queue or "-",
             view.died_at.isoformat() if view.died_at else "-",
             order.order_no if order else "-",

@@ -32,7 +32,8 @@ for the row of the table (:class:`Row`):
   every process still running (none ended by itself), plus the checks of the fault's own
   (:attr:`FaultSale.extra_checks`);
 - time to recover: from the end of the fault to the first canary order, bought after it, that
-  has its row (and the API ready).
+  has its row (and the API ready);
+- 503 share and longest 503 window, and the bound on the window (tests/faults/availability.py).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ from service.sale.plan import ACCEPTED, Answer, Job, Kind, Shot, build_plan
 from service.sale.report import summarize
 from service.sale.stores import tear_down
 from service.settings import Settings
+from tests.faults import availability
 from tests.servers import PrivateMariaDB, PrivateRabbitMQ, PrivateRedis
 from tests.support import message_for
 
@@ -285,11 +287,13 @@ class Supervisor:
 
 @dataclass
 class Sent:
-    """One answer a buyer got (every try, final or not): when, status, code."""
+    """One answer a buyer got (every try, final or not): when, status, code, over which
+    connection (:func:`availability.connection_of`)."""
 
     at: float
     status: int
     code: str
+    connection: int = 0
 
 
 class _Body(msgspec.Struct):
@@ -387,6 +391,7 @@ class Buyers:
         while True:
             started = monotonic()
             self.sent += 1
+            connection = 0
             try:
                 response = await client.post("/api/v1/orders", content=body, headers=headers)
             except httpx.HTTPError as exc:
@@ -399,10 +404,11 @@ class Buyers:
                 except msgspec.DecodeError:
                     parsed = _Body()
                 status = response.status_code
+                connection = availability.connection_of(response)
                 code = ACCEPTED if status == 202 else parsed.code or f"http_{status}"
                 answer = Answer(status, code, parsed.order_no, parsed.request_id, monotonic() - started, monotonic())
                 retry_after = min(float(response.headers.get("retry-after", "0.5") or 0.5), 1.0)
-            self.tries.append(Sent(monotonic(), answer.status, answer.code))
+            self.tries.append(Sent(monotonic(), answer.status, answer.code, connection))
             final = answer.status not in RETRY_STATUSES and answer.code not in RETRY_CODES
             if final or monotonic() - began > BUYER_PATIENCE or monotonic() > self.deadline:
                 self.outcomes[shot.index] = answer
@@ -431,6 +437,8 @@ class Row:
     stranded: int = 0
     recovered: bool = False
     time_to_recover: float | None = None
+    share_503: float = 0.0
+    longest_503: float = 0.0  # seconds, one worker
     failed_checks: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -489,6 +497,8 @@ class FaultSale:
         self.stranded: set[str] = set()
         self.fault_end: float | None = None
         self.fault_start: float | None = None
+        self.recovery: float | None = None
+        """The fault's own recovery, seconds from its start (availability.py); None: the whole fault."""
         self.load_task: asyncio.Task[None] | None = None
         self.load_end: float | None = None
 
@@ -918,6 +928,14 @@ class FaultSale:
             problem = await check()
             if problem:
                 checks.append(problem)
+        served = availability.measure(self.buyers.tries)
+        own = self.recovery if self.recovery is not None else self.fault_end - (self.fault_start or self.fault_end)
+        if problem := availability.verdict(served, own):
+            checks.append(problem)
+        if silent := availability.silent_windows(served.windows, self.supervisor.log_text("api")):
+            since = silent[0].start - (self.fault_start or silent[0].start)
+            checks.append(f"{len(silent)} 503 windows without a logged cause, the first {since:.1f}s after the fault")
+        row.share_503, row.longest_503 = served.share, served.longest_worker
         row.recovered = not checks
         row.time_to_recover = None if recovered_at is None else round(max(recovered_at - self.fault_end, 0.0), 1)
         row.failed_checks = checks + self.notes
@@ -928,6 +946,7 @@ class FaultSale:
             "answers": dict(answers),
             "tries": len(self.buyers.tries),
             "tries_503": sum(1 for t in self.buyers.tries if t.status == 503),
+            **served.details(),
             "mysql_stock": stock,
             "mysql_sold": sold,
             "units_held": units,
@@ -1019,6 +1038,8 @@ def format_row(row: Row) -> list[str]:
         str(row.stranded),
         "yes" if row.recovered else "no",
         recover,
+        f"{row.share_503:.1%}",
+        f"{row.longest_503:.1f} s",
         "; ".join(row.failed_checks)[:400],
     ]
 
@@ -1035,5 +1056,7 @@ HEADERS = [
     "stranded",
     "recovered by itself",
     "time to recover",
+    "503 share",
+    "longest 503 window",
     "failed checks",
 ]

@@ -13,6 +13,7 @@ private Redis and MariaDB; the session's single RabbitMQ node is not used here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from service.sale.isolation import environment
-from tests.faults.harness import FaultSale, Servers, Supervisor
+from tests.faults.harness import FaultSale, Servers, Supervisor, monotonic
 from tests.faults.test_faults import _steady_start
 from tests.rabbitmq_cluster import PrivateRabbitMQCluster
 
@@ -70,11 +71,15 @@ async def test_rabbitmq_cluster_queue_leader_killed(cluster_servers, log_root, r
         sale.faulted()
         node = cluster.node_named(leader)
         await node.kill()
-        await asyncio.sleep(DOWN_SECONDS)
+        # the fault's own recovery: until a live node leads the queue (tests/faults/availability.py)
+        sale.recovery = await _new_leader_after(cluster, queue, leader) - sale.fault_start
+        await asyncio.sleep(max(0.0, DOWN_SECONDS - (monotonic() - sale.fault_start)))
         await node.start()
         sale.fault_over()
         new_leader, _ = await cluster.quorum(queue)
-        sale.notes.append(f"leader {leader.split('@')[0]} killed; {new_leader.split('@')[0]} led after")
+        sale.notes.append(
+            f"leader {leader.split('@')[0]} killed; {new_leader.split('@')[0]} led after, within {sale.recovery:.1f} s"
+        )
 
         async def replicated_and_consumed() -> str | None:
             _, now = await cluster.quorum(queue)
@@ -85,6 +90,19 @@ async def test_rabbitmq_cluster_queue_leader_killed(cluster_servers, log_root, r
 
         sale.extra_checks.append(replicated_and_consumed)
         record(await sale.finish())
+
+
+async def _new_leader_after(cluster: PrivateRabbitMQCluster, queue: str, old: str) -> float:
+    """When ``rabbitmqctl`` first names a leader of ``queue`` other than ``old`` (monotonic
+    seconds; late by up to one ``rabbitmqctl`` call, so the bound errs on the generous side)."""
+    deadline = monotonic() + 60
+    while monotonic() < deadline:
+        with contextlib.suppress(RuntimeError):
+            leader, _ = await cluster.quorum(queue)
+            if leader != old:
+                return monotonic()
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{queue} has no new leader 60 s after {old} was killed")
 
 
 async def test_flashsale_sale_on_the_cluster_holds_every_invariant(cluster_servers):

@@ -47,3 +47,22 @@ def test_the_process_logger_throttles_a_storm(capsys: pytest.CaptureFixture[str]
         log.warning("reserve_failed", request_id=f"r{n}", error="ConnectionError()")
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
     assert [line["event"] for line in lines].count("reserve_failed") == 1
+
+
+def test_each_cause_of_one_event_has_its_own_budget():
+    """Two causes of 503 at once (the queue and the stock service): each is told every second,
+    so a window of either is never silent behind the other's lines."""
+    clock = Clock()
+    throttle = StormThrottle(frozenset({"unavailable_answered"}), seconds=1.0, clock=clock)
+
+    def line(cause: str) -> dict | None:
+        try:
+            return throttle(None, "warning", {"event": "unavailable_answered", "cause": cause})
+        except structlog.DropEvent:
+            return None
+
+    told = [(second, cause) for second in range(5) for cause in ("queue", "stock") if line(cause) is not None]
+    assert told == [(0, "queue"), (0, "stock")]
+    for second in range(1, 4):
+        clock.now += 1.0
+        assert [line(cause) is not None for cause in ("queue", "queue", "stock")] == [True, False, True], second

@@ -15,10 +15,15 @@ The consumer dead-letters every order alone, even one of a group; a group reache
 whole only when the broker dead-lettered it (its delivery limit spent by a consumer dying with
 it in hand). Such a letter is shown as one view per order (all under the group's id), and
 purging it gives back each of its orders as above; a redrive puts the group back whole.
+
+An order can be dead-lettered twice (its consumer killed right after dead-lettering it, before
+the ack: the redelivery dies again). Copies with the same id are one order: listed once (with
+``copies``), redriven once, purged once; the other copies leave the queue with it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection
 from datetime import datetime
 from enum import StrEnum
@@ -31,7 +36,7 @@ from db.queries import orders
 from service.adapters.dead_letters import DEFAULT_LIMIT, DeadLetter, DeadLetterQueue
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound
-from service.domain.fulfilment.incoming import InvalidOrder, parse_body
+from service.domain.fulfilment.incoming import InvalidOrder, Malformed, parse_body
 from service.domain.model.order_message import OrderMessage
 from service.domain.stock.realign import Realigner
 from service.domain.stock.realign_report import RealignReport
@@ -54,6 +59,7 @@ class DeadLetterView(msgspec.Struct, frozen=True):
     error: str | None
     body: str
     detail: str | None = None
+    copies: int = 1  # messages with this id in the queue: one order dead-lettered more than once
 
 
 class PurgeOutcome(StrEnum):
@@ -83,21 +89,22 @@ class DeadLetterNotFound(LookupError):
 
 
 def _orders(letter: DeadLetter) -> list[OrderMessage]:
-    """The orders ``letter`` carries (one, or a group's).
+    """The orders of ``letter`` that decode (one, or a group's).
 
     Raises:
         InvalidOrder: its body is neither an order nor a group.
     """
-    return parse_body(letter.body).orders
+    return parse_body(letter.body).decoded()
 
 
-def _views(letter: DeadLetter) -> list[DeadLetterView]:
-    """One view per order ``letter`` carries; one without an order when it carries none."""
+def _views(letter: DeadLetter, copies: int = 1) -> list[DeadLetterView]:
+    """One view per order ``letter`` carries; one without an order when it carries none (or for
+    an order of a group that does not decode)."""
     try:
-        orders: list[OrderMessage | None] = list(_orders(letter))
+        carried: list[OrderMessage | Malformed | None] = list(parse_body(letter.body).orders)
         error = None
     except InvalidOrder as exc:
-        orders, error = [None], str(exc)
+        carried, error = [None], str(exc)
     return [
         DeadLetterView(
             id=letter.id,
@@ -105,13 +112,21 @@ def _views(letter: DeadLetter) -> list[DeadLetterView]:
             count=letter.count,
             queue=letter.queue,
             died_at=letter.died_at,
-            order=order,
-            error=error,
+            order=order if isinstance(order, OrderMessage) else None,
+            error=f"malformed order {order.request_id}" if isinstance(order, Malformed) else error,
             body=letter.body.decode("utf-8", errors="replace"),
             detail=letter.error,
+            copies=copies,
         )
-        for order in orders
+        for order in carried
     ]
+
+
+def _distinct(letters: list[DeadLetter]) -> list[tuple[DeadLetter, int]]:
+    """The first letter of each id, with how many letters carry that id."""
+    copies = Counter(letter.id for letter in letters)
+    first = {letter.id: letter for letter in reversed(letters)}
+    return [(first[key], copies[key]) for key in copies]
 
 
 class DeadLetterService:
@@ -125,11 +140,12 @@ class DeadLetterService:
 
     async def entries(self, limit: int = DEFAULT_LIMIT) -> list[DeadLetterView]:
         """Every dead-lettered message (oldest first, at most ``limit``; a group one view per
-        order); nothing is removed."""
-        return [view for letter in await self._queue.peek(limit) for view in _views(letter)]
+        order; copies of one id once); nothing is removed."""
+        letters = await self._queue.peek(limit)
+        return [view for letter, copies in _distinct(letters) for view in _views(letter, copies)]
 
     async def show(self, dead_letter_id: str) -> list[DeadLetterView]:
-        """The message(s) with this id (several when the same order died more than once).
+        """The message with this id (one view per order of a group).
 
         Raises:
             DeadLetterNotFound: none.
@@ -160,8 +176,12 @@ class DeadLetterService:
         """
         await self._require(ids)
         purged: list[Purged] = []
+        seen: set[str] = set()
 
         async def give_back(letter: DeadLetter) -> bool:
+            if letter.id in seen:
+                return True  # another copy of an order purged already
+            seen.add(letter.id)
             try:
                 orders = _orders(letter)
             except InvalidOrder:
@@ -180,9 +200,12 @@ class DeadLetterService:
 
         async def landed(letter: DeadLetter) -> bool:
             try:
-                request_ids = {order.request_id for order in _orders(letter)}
+                incoming = parse_body(letter.body)
             except InvalidOrder:
                 return False
+            request_ids = {order.request_id for order in incoming.decoded()}
+            if len(request_ids) < len(incoming.orders):
+                return False  # a malformed order of a group (or two of one request) is no row
             async with self._engine.connect() as conn:
                 rows = await conn.execute(orders.PRESENT_REQUEST_IDS, {"r": list(request_ids)})
                 return set(rows.scalars()) == request_ids

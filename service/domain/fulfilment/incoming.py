@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 
 from db.models import MAX_AMOUNT
-from service.domain.model.order_message import OrderGroup, OrderMessage, decode_body
+from service.domain.model.order_message import OrderGroup, OrderMessage, decode_order
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.purchase.request_id import USER_ID
 
@@ -26,33 +27,91 @@ class InvalidOrder(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Malformed:
+    """An order of a group that does not decode as an order (a field of the wrong type, one
+    missing): its own JSON, dead-lettered alone under ``request_id`` (its own when it names one,
+    else ``<group id>.<position>``), so that its neighbours are written."""
+
+    request_id: str
+    body: bytes
+
+
+class _Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A group body with its orders left undecoded (:class:`OrderGroup` but for ``orders``)."""
+
+    v: Literal[1]
+    id: str
+    orders: list[msgspec.Raw]
+    http_request_ids: list[str | None] | None = None
+
+
+class _Named(msgspec.Struct, frozen=True):
+    request_id: str | None = None
+
+
+_envelope = msgspec.json.Decoder(_Envelope)
+_named = msgspec.json.Decoder(_Named)
+
+
+@dataclass(frozen=True, slots=True)
 class Incoming:
     """What one message body carries: ``group`` the group envelope (None for a body in the
-    single-order format), its ``orders``, and by position why an order is out of its domain
-    (``invalid``; None for a good one): an order of a group out of its domain is dead-lettered
-    alone, the others are written."""
+    single-order format; its ``orders`` are those that decoded), its ``orders`` in body order
+    (a :class:`Malformed` for one that does not decode), and by position why an order cannot be
+    written (``invalid``; None for a good one): such an order of a group is dead-lettered alone,
+    the others are written."""
 
     group: OrderGroup | None
-    orders: list[OrderMessage]
+    orders: list[OrderMessage | Malformed]
     invalid: list[InvalidOrder | None]
+
+    def decoded(self) -> list[OrderMessage]:
+        """The orders that decoded (well-formed, in their domain or not)."""
+        return [order for order in self.orders if isinstance(order, OrderMessage)]
 
 
 def parse_body(body: bytes) -> Incoming:
-    """Decode a message body of either format and check its orders (:func:`check_order`).
+    """Decode a message body of either format and check its orders (:func:`check_order`); a
+    group order by order (:class:`Malformed`).
 
     Raises:
-        InvalidOrder: neither format, an empty group, or a single-order body out of its domain
-            (nothing of it can be written).
+        InvalidOrder: neither format, an empty group, or a single-order body that is no order or
+            is out of its domain (nothing of it can be written).
     """
     try:
-        decoded = decode_body(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InvalidOrder(str(exc)) from exc
-    if isinstance(decoded, OrderMessage):
-        return Incoming(None, [check_order(decoded)], [None])
-    if not decoded.orders:
+        envelope = _envelope.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as group_error:
+        try:
+            single = decode_order(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise InvalidOrder(str(group_error if b'"orders"' in body else exc)) from exc
+        return Incoming(None, [check_order(single)], [None])
+    if not envelope.orders:
         raise InvalidOrder("a group without orders")
-    return Incoming(decoded, decoded.orders, [_why_invalid(order) for order in decoded.orders])
+    orders: list[OrderMessage | Malformed] = []
+    invalid: list[InvalidOrder | None] = []
+    for position, raw in enumerate(envelope.orders):
+        try:
+            order = decode_order(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            orders.append(Malformed(_name_of(raw, f"{envelope.id}.{position}"), bytes(raw)))
+            invalid.append(InvalidOrder(str(exc)))
+            continue
+        orders.append(order)
+        invalid.append(_why_invalid(order))
+    group = OrderGroup(
+        envelope.v, envelope.id, [o for o in orders if isinstance(o, OrderMessage)], envelope.http_request_ids
+    )
+    return Incoming(group, orders, invalid)
+
+
+def _name_of(raw: msgspec.Raw, otherwise: str) -> str:
+    """The request id a malformed order names (a string in the request id's format), else ``otherwise``."""
+    try:
+        named = _named.decode(raw).request_id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return otherwise
+    return named if named is not None and _REQUEST_ID.fullmatch(named) else otherwise
 
 
 def _why_invalid(order: OrderMessage) -> InvalidOrder | None:

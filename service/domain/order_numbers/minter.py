@@ -83,11 +83,18 @@ class ShardGenerations:
             return (await conn.execute(generations_sql.BUMP, {"s": shard, "g": seen})).rowcount == 1
 
 
+LAPSED_RETRY_SECONDS = 0.5
+"""Least time between two renewals of a shard lease (callers that meet it lapsed ask for one)."""
+
+
 class ShardLease:
     """Exclusive use of one shard (00-99) for this process: SET NX PX, renewed, released on exit.
 
     ``lease_seconds`` is the lease length; it is renewed every third of it. A process that cannot
-    renew in time stops minting (:class:`ShardLost`) until it holds a shard again.
+    renew in time stops minting (:class:`ShardLost`) until it holds a shard again; a minter that
+    meets the lapsed lease asks for that at once (:meth:`lapsed`), so minting resumes as soon as
+    Redis answers again, not up to a third of the lease later (a Redis paused 40 s: 6 s more of
+    503s, docs/RELIABILITY.md).
     """
 
     def __init__(self, store: RedisStores, lease_seconds: int) -> None:
@@ -97,6 +104,7 @@ class ShardLease:
         self._renewer: asyncio.Task[None] | None = None
         self.shard: int | None = None
         self._valid_until = 0.0
+        self._lapsed = asyncio.Event()
 
     @property
     def held(self) -> bool:
@@ -127,9 +135,15 @@ class ShardLease:
         self._renewer = asyncio.create_task(self._renew_forever())
         return shard
 
+    def lapsed(self) -> None:
+        """A caller found the lease not held: renew it (or take another shard) now."""
+        self._lapsed.set()
+
     async def _renew_forever(self) -> None:
         while True:
-            await asyncio.sleep(self._lease_ms / 3000)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lapsed.wait(), self._lease_ms / 3000)
+            self._lapsed.clear()
             try:
                 began = time.monotonic()
                 assert self.shard is not None
@@ -141,6 +155,7 @@ class ShardLease:
                     log.info("shard_lease_acquired", shard=self.shard)
             except Exception as exc:  # Redis down: keep trying; minting stops once the lease lapses
                 log.warning("shard_lease_renew_failed", shard=self.shard, error=repr(exc))
+            await asyncio.sleep(LAPSED_RETRY_SECONDS)  # callers meeting a lapsed lease ask at most this often
 
     async def stop(self) -> None:
         """Stop renewing and release the shard if still held."""
@@ -259,6 +274,7 @@ class OrderNumberMinter:
         resets = 0
         while True:
             if not self._lease.held:
+                self._lease.lapsed()
                 raise ShardLost("order-number shard lease not held")
             shard = self._lease.shard
             assert shard is not None

@@ -86,3 +86,24 @@ async def test_a_rolled_back_product_sells_nothing_until_realigned_then_a_retry_
     again = await store.reservations.reserve(product_id, request_id, "u", 1, retry, "a3")
     assert (again.outcome, again.order_no) == ("replay", order_no)
     assert [row.order_no for row in await order_rows(engine, product_id)] == [order_no]
+
+
+async def test_sale_terms_a_previous_release_loaded_sell_at_once_and_are_this_servers(
+    store, put_product, product_id, redis
+):
+    """A release before the server check loaded the sale without ``server``: the new reserve
+    sells at once (an upgrade has no not_loaded window) and records this server, so a later
+    rollback is still caught."""
+    await put_product(product_id, stock=3, limit=1)
+    sale = store.product_keys(product_id).sale
+    await redis.hdel(sale, "server")
+    order_no = compose_order_no("FS", "20261203000000", 98, 31)
+    reserved = await store.reservations.reserve(product_id, mint_request_id(), "u", 1, order_no, "a1")
+    assert reserved.outcome == "reserved"
+    run_id = (await redis.info("server"))["run_id"]
+    assert await redis.hget(sale, "server") in (run_id, run_id.encode())
+    await _server_of_another_life(redis, store, product_id)
+    later = compose_order_no("FS", "20261203000000", 98, 32)
+    assert (
+        await store.reservations.reserve(product_id, mint_request_id(), "v", 1, later, "a2")
+    ).outcome == "not_loaded"

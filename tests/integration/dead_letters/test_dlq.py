@@ -15,6 +15,7 @@ import pytest
 
 from service.adapters.broker import queue_depth
 from service.adapters.dead_letters import DeadLetterQueue
+from service.adapters.retry_routing import REASON
 from service.bootstrap import ApiWorker, open_api
 from service.domain.fulfilment.dead_letters import DeadLetterNotFound, DeadLetterService, PurgeOutcome
 from service.domain.model.order_message import encode_order
@@ -233,3 +234,44 @@ async def test_a_republished_order_that_lands_leaves_no_stale_copy_in_the_dead_l
 
 async def _rows(engine, product_id: int, count: int) -> bool:
     return len(await order_rows(engine, product_id)) == count
+
+
+async def _dead_lettered_twice(own, resources, channel, product_id: int, user: str) -> str:
+    """An accepted order in the dead-letter queue twice, as when its consumer is killed right
+    after dead-lettering it (before the ack) and the redelivery dies again; its request id."""
+    accepted = await resources.purchases.purchase(user, product_id, 1, mint_request_id())
+    await _kill_waiting_orders(own, 1)
+    [dead] = await _service(own, None, None, resources).entries()
+    exchange = await channel.get_exchange(own.amqp.dead_letter_exchange)
+    await exchange.publish(
+        aio_pika.Message(dead.body.encode(), message_id=dead.id, headers={REASON: "rejected"}),
+        routing_key=own.amqp.queue,
+    )
+    await eventually(lambda: _dead_depth(channel, own, 2))
+    return accepted.request_id
+
+
+async def test_an_order_dead_lettered_twice_is_listed_and_redriven_once(mine, engine, store, put_product, product_id):
+    own, resources, channel = mine
+    await put_product(product_id, stock=5, limit=2)
+    request_id = await _dead_lettered_twice(own, resources, channel, product_id, "twice")
+    service = _service(own, engine, store, resources)
+    [view] = await service.entries()
+    assert (view.id, view.copies) == (request_id, 2)
+    assert [view.id for view in await service.show(request_id)] == [request_id]
+
+    assert [view.id for view in await service.redrive([request_id])] == [request_id]
+    assert await queue_depth(channel, own.amqp.queue) == 1  # one copy back on the order queue
+    assert await _dead_depth(channel, own, 0)
+    async with running_consumer(own, engine, store):
+        await eventually(lambda: order_rows(engine, product_id))
+    assert await inventory(engine, product_id) == (4, 1)
+
+
+async def test_an_order_dead_lettered_twice_is_purged_once(mine, engine, store, put_product, product_id):
+    own, resources, channel = mine
+    await put_product(product_id, stock=5, limit=2)
+    request_id = await _dead_lettered_twice(own, resources, channel, product_id, "purged-twice")
+    purged = await _service(own, engine, store, resources).purge([request_id])
+    assert [(one.id, one.outcome) for one in purged] == [(request_id, PurgeOutcome.GIVEN_BACK)]
+    assert await _dead_depth(channel, own, 0)

@@ -11,6 +11,7 @@ import os
 import signal
 from collections import Counter
 
+import msgspec
 from sqlalchemy import text
 
 from consumers.order_consumer import OrderConsumer, consuming
@@ -95,6 +96,34 @@ async def test_a_poison_order_in_a_group_is_dead_lettered_alone_while_the_rest_c
     assert dead[bad.request_id].headers[REASON] == "invalid_order"
     assert await queue_depth(channel, own.amqp.queue) == 0  # the group itself was acked
     assert consumer.counts.get("dead_lettered") == 2 and consumer.counts.get("applied") == 4
+
+
+async def test_a_malformed_order_in_a_group_is_dead_lettered_alone_and_its_neighbours_are_written(
+    own, channel, put_product, product_id, engine, store
+):
+    """Orders of a group that do not decode (a quantity of the wrong type; no request id) are
+    dead-lettered alone, as their own JSON; the 15 valid orders around them are written."""
+    await put_product(product_id, stock=20, limit=1)
+    good = [message_for(product_id, f"fine{i}", 835_000 + i) for i in range(15)]
+    wrong_type = {**msgspec.to_builtins(message_for(product_id, "wrongtype", 835_100)), "quantity": "two"}
+    nameless = msgspec.to_builtins(message_for(product_id, "nameless", 835_101))
+    del nameless["request_id"]
+    orders = [*msgspec.to_builtins(good[:7]), wrong_type, *msgspec.to_builtins(good[7:]), nameless]
+    body = msgspec.json.encode({"v": 1, "id": "m" * 32, "orders": orders})
+    await publish_raw(channel, own, body, "m" * 32)
+    consumer = OrderConsumer(engine, store)
+    async with consuming(own.amqp, consumer, prefetch=16):
+        await eventually(lambda: rows_are(engine, product_id, 15))
+        await eventually(lambda: _depth_is(channel, own.amqp.dead_letter_queue, 2))
+    assert {row.request_id for row in await order_rows(engine, product_id)} == {order.request_id for order in good}
+    assert await inventory(engine, product_id) == (5, 15)
+    dead = {message.message_id: message for message in await take_all(channel, own.amqp.dead_letter_queue)}
+    assert set(dead) == {wrong_type["request_id"], f"{'m' * 32}.16"}  # its own id, or the group's and position
+    assert msgspec.json.decode(dead[wrong_type["request_id"]].body) == wrong_type
+    assert msgspec.json.decode(dead[f"{'m' * 32}.16"].body) == nameless
+    assert {message.headers[REASON] for message in dead.values()} == {"invalid_order"}
+    assert await queue_depth(channel, own.amqp.queue) == 0
+    assert consumer.counts.get("applied") == 15 and consumer.counts.get("dead_lettered") == 2
 
 
 async def _depth_is(channel, queue: str, count: int) -> bool:

@@ -15,6 +15,7 @@ from service.adapters.redis.stores import open_stores
 from service.domain.order_numbers.format import COUNTER_MAX, REDIS_SHARDS, is_valid_order_no
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease, ShardLost
 from service.sale.isolation import environment
+from tests.support import eventually
 
 
 async def test_a_used_up_second_waits_for_the_next_instead_of_wrapping(redis, settings, engine):
@@ -173,3 +174,29 @@ async def test_order_numbers_are_unique_across_processes(settings):
     shards_per_process = [{n[16:18] for n in batch} for batch in batches]
     assert all(len(shards) == 1 for shards in shards_per_process)
     assert len(set.union(*shards_per_process)) == 4
+
+
+async def test_a_lapsed_lease_is_taken_again_when_a_purchase_meets_it_not_a_period_later(redis, settings, engine):
+    """Redis was away longer than the lease (paused 40 s, lease 30 s): the lease lapsed. The first
+    mint that meets it asks the renewer to act now, so minting resumes once Redis answers, not at
+    the renewer's next period (a third of the lease: here 100 s, longer than the wait below)."""
+    store = open_stores(redis, f"{settings.redis.key_prefix}-lapsed")
+    lease = ShardLease(store, 300)
+    await lease.start()
+    try:
+        await asyncio.sleep(0.6)  # the renewer waits for its period (or to be asked)
+        await redis.delete(store.leases.shard(lease.shard).key)  # expired while Redis was away
+        lease._valid_until = 0.0
+        minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine))
+        with pytest.raises(ShardLost):
+            await minter.mint()
+
+        async def minted() -> str | None:
+            try:
+                return await minter.mint()
+            except ShardLost:
+                return None
+
+        assert is_valid_order_no(await eventually(minted))
+    finally:
+        await lease.stop()
