@@ -159,6 +159,7 @@ class Stock(KeyspaceStore):
         inventory_version: int,
         terms: SaleTerms,
         resolved: Collection[str] | None,
+        kept: Collection[str] = (),
         units_held: Iterable[tuple[str, int]] = (),
         pending: tuple[int, int] = (0, 0),
         dry_run: bool,
@@ -179,7 +180,8 @@ class Stock(KeyspaceStore):
         though resolved); returns None when the stock or the units counter is missing (Redis lost
         data) or the bucket was loaded in another life of the server: run the full form. Else
         the full form: walks the journal, drops the entries whose
-        request id is in ``resolved``, rebuilds per-user quotas = ``units_held`` (user id, units
+        request id is in ``resolved`` (those in ``kept``, resolved as well, stay in the journal
+        without counting as in flight), rebuilds per-user quotas = ``units_held`` (user id, units
         held in MySQL) + units still in the journal, and sets the units counter.
 
         ``pass_no`` > 0 (a bucket of a product of several, :meth:`.buckets.StockBuckets.next_pass`):
@@ -195,7 +197,8 @@ class Stock(KeyspaceStore):
         if resolved is None:
             tail: list[str | int] = [-1, pending[1], pending[0]]
         else:
-            tail = [len(resolved), *resolved, *(str(value) for pair in units_held for value in pair)]
+            pairs = (str(value) for pair in units_held for value in pair)
+            tail = [len(resolved), *resolved, len(kept), *kept, *pairs]
         reply = await self._scripts.run(
             "realign",
             keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale, keys.units, keys.republished],
