@@ -5,7 +5,7 @@ Each row runs the sale of every row (tests/faults/harness.py) with ``FLASHSALE_D
 the forwarder, the session's private Redis and RabbitMQ, and a primary/replica pair of its own:
 
 - semi-synchronous (``AFTER_SYNC``): the primary killed -9 mid-sale while its replica lags (it
-  stopped receiving, the primary wrote on: :data:`LAG_SECONDS`), the replica promoted after a
+  stopped receiving, the primary wrote on: :data:`UNREPLICATED`), the replica promoted after a
   detection delay; and a clean switchover. Nothing a client was told committed may be missing.
 - asynchronous: the same two. A switchover waits for the replica, so it loses nothing. A kill
   may lose the last commits: realignment keeps a resolved reservation in the journal for
@@ -31,10 +31,9 @@ from tests.faults.under_load import under_load
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 UNREPLICATED = 2
-LAG_SECONDS = 3.0
-"""The replica stops receiving; once the primary has :data:`UNREPLICATED` transactions it lacks
-(orders the consumer writes, at most 20 s), it is killed this long after: realignment passes
-(every second) see the orders resolved that the failover then loses."""
+"""The replica stops receiving; once the primary has this many transactions it lacks (orders the
+consumer writes; at most 20 s) and two realignment passes ran after (they saw those orders
+resolved), the primary is killed."""
 DETECTION_SECONDS = 2.0
 """How long the stand-in for the failover manager takes to notice the primary is gone."""
 KEEP_RESOLVED_SECONDS = 60
@@ -76,7 +75,7 @@ async def test_primary_killed_replica_promoted(servers, log_root, record, pair):
         sale.faulted()
         await pair.cut_replication()
         await pair.unreplicated(UNREPLICATED)
-        await asyncio.sleep(LAG_SECONDS)
+        await _realignment_passes(sale, 2)
         await pair.kill_primary()
         await asyncio.sleep(DETECTION_SECONDS)
         await pair.fail_over()
@@ -100,6 +99,16 @@ async def test_clean_switchover(servers, log_root, record, pair):
         sale.fault_over()
         sale.notes.extend(pair.events)
         record(await sale.finish())
+
+
+async def _realignment_passes(sale: FaultSale, count: int, timeout: float = 30.0) -> None:
+    """Until ``realign --watch`` ran ``count`` more passes (a report per product each: the sale's
+    and the canary's)."""
+    before = sale.supervisor.log_text("realign").count('"mysql_sold"')
+    for _ in range(int(timeout / 0.2)):
+        if sale.supervisor.log_text("realign").count('"mysql_sold"') >= before + 2 * count:
+            return
+        await asyncio.sleep(0.2)
 
 
 def _reported(sale: FaultSale) -> int:
