@@ -62,6 +62,14 @@ class Stock(KeyspaceStore):
         return int(seconds) * 1000 + int(micros) // 1000
 
     @translated
+    async def forget_versions(self, product_id: int, *, bucket: int = 0) -> None:
+        """Drop the inventory versions Redis reflects (``synced``, ``dropped``, ``restocked``):
+        they belong to a MySQL history a database failover lost, and the next pass must not be
+        judged stale against them (:mod:`service.domain.stock.lost_commits`)."""
+        versions = ProductKeys(self._prefix, product_id, bucket).versions
+        await self._redis.hdel(versions, "synced", "dropped", "restocked")
+
+    @translated
     async def mark_moved(self, product_id: int, *, buckets: int = 1) -> None:
         """Write the stock-mode marker ``mode = database`` into the sale terms of each of the
         product's ``buckets``: from each write on, a reserve in that bucket answers ``MOVED``

@@ -12,6 +12,10 @@ entry unresolved again: it is in flight (Redis stock keeps its units), and, olde
 period, it is published again (``republish.py``), so the consumer writes the order once more from
 the journal (user, quantity, order number, unit price). Each such order is logged
 ``lost_commit`` with its order number, for the operator.
+
+The promoted replica's inventory versions are behind those realignment recorded in Redis from
+the lost primary, so until its own caught up every pass would be judged stale and write nothing:
+on finding a lost commit, the pass forgets the recorded versions first.
 """
 
 from __future__ import annotations
@@ -32,23 +36,24 @@ class ResolvedKeeping:
         self._keep_ms = int(keep_seconds * 1000)
         self._seen: dict[tuple[int, int], set[str]] = {}  # (product, bucket) -> request ids kept
 
-    def kept(self, product_id: int, view: BucketView, now_ms: int) -> dict[str, tuple[JournalEntry, bool]]:
-        """The entries of ``view`` resolved in its snapshot that stay in the journal: those
-        reserved less than the keep period before ``now_ms`` (Redis server time)."""
+    def kept(self, product_id: int, view: BucketView, now_ms: int) -> tuple[dict[str, tuple[JournalEntry, bool]], int]:
+        """The entries of ``view`` resolved in its snapshot that stay in the journal (those
+        reserved less than the keep period before ``now_ms``, Redis server time), and how many
+        entries an earlier pass kept have lost their row since."""
         if self._keep_ms <= 0:
-            return {}
+            return {}, 0
         cutoff = now_ms - self._keep_ms
         kept = {rid: found for rid, found in view.resolved.items() if found[0].reserved_at_ms >= cutoff}
         seen = self._seen.get((product_id, view.bucket), set())
-        for entry in view.journal:
-            if entry.request_id in seen and entry.request_id not in view.resolved:
-                log.warning(
-                    "lost_commit",
-                    product_id=product_id,
-                    order_no=entry.order_no,
-                    request_id=entry.request_id,
-                    user_id=entry.user_id,
-                    quantity=entry.quantity,
-                )
+        lost = [entry for entry in view.journal if entry.request_id in seen and entry.request_id not in view.resolved]
+        for entry in lost:
+            log.warning(
+                "lost_commit",
+                product_id=product_id,
+                order_no=entry.order_no,
+                request_id=entry.request_id,
+                user_id=entry.user_id,
+                quantity=entry.quantity,
+            )
         self._seen[(product_id, view.bucket)] = set(kept)
-        return kept
+        return kept, len(lost)

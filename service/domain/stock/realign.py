@@ -295,7 +295,9 @@ class Realigner:
         results: list[RealignResult] = []
         now_ms = await self._store.stock.server_time_ms()
         for view in views:
-            kept = {} if dry_run else self._keeping.kept(product_id, view, now_ms)
+            kept, vanished = ({}, 0) if dry_run else self._keeping.kept(product_id, view, now_ms)
+            if vanished:
+                await self._store.stock.forget_versions(product_id, bucket=view.bucket)
             result = await self._realign_bucket(
                 product_id, view, kept, version, mysql_stock, terms, held[view.bucket], dry_run, marker, pass_no
             )
