@@ -8,11 +8,16 @@
 # make faults     - the fault suite on private Redis, MariaDB and RabbitMQ servers (tests/faults, ~15 min):
 #                   prints the table and writes it to $(FAULTS_OUT) (docs/RELIABILITY.md keeps a run)
 # make faults-ci  - the fault cases CI runs (.ci/run; a few minutes)
+# make chaos      - one long sale under faults drawn from a seed (nightly, not CI): CHAOS_SEED (1),
+#                   CHAOS_MINUTES (20); the same seed draws the same schedule; table to $(CHAOS_OUT)
 VENV ?= .venv
 PYTHON ?= python3
 FAULTS_OUT ?= faults-report.md
+CHAOS_SEED ?= 1
+CHAOS_MINUTES ?= 20
+CHAOS_OUT ?= chaos-report.md
 
-.PHONY: install services tools lint test test-fast sale bench docs faults faults-ci
+.PHONY: install services tools lint test test-fast sale bench docs faults faults-ci chaos
 
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -54,3 +59,7 @@ faults: install tools
 
 faults-ci: install
 	$(VENV)/bin/pytest -q -m faults_ci tests/faults
+
+chaos: install tools
+	CHAOS_SEED=$(CHAOS_SEED) CHAOS_MINUTES=$(CHAOS_MINUTES) FLASHSALE_FAULTS_OUT=$(CHAOS_OUT) \
+		$(VENV)/bin/pytest -q -s -m chaos tests/faults/test_chaos.py

@@ -32,7 +32,10 @@
 -- incremental: ARGV[15] -1   ARGV[16] units / ARGV[17] entries still in the journal that are
 -- resolved in the snapshot (a dry run, which dropped nothing; 0 and 0 otherwise)
 -- full: ARGV[15] n = number of resolved request ids   ARGV[16 .. 15+n] request ids whose order
--- has a row in the snapshot   ARGV[16+n ..] pairs: user id, units that user holds in MySQL
+-- has a row in the snapshot   ARGV[16+n] k   ARGV[17+n .. 16+n+k] request ids resolved in the
+-- snapshot but kept in the journal (FLASHSALE_REALIGN__KEEP_RESOLVED_SECONDS: not in flight, not
+-- dropped, so that an order whose row a database failover loses is in flight again)
+-- ARGV[17+n+k ..] pairs: user id, units that user holds in MySQL
 -- The sale hash records the run id of the server it was written on ('server'): reserve.lua
 -- sells only on that server's life, so a Redis restarted from older data sells nothing until a
 -- full pass (after the caller gave the replay records back from MySQL) writes it again.
@@ -60,9 +63,11 @@ if n < 0 then
   units = tonumber(counted) - tonumber(ARGV[16])
 else
   local resolved = {}
-  for i = 16, 15 + n do resolved[ARGV[i]] = true end
+  for i = 16, 15 + n do resolved[ARGV[i]] = 'drop' end
+  local k = tonumber(ARGV[16 + n])
+  for i = 17 + n, 16 + n + k do resolved[ARGV[i]] = 'keep' end
   local quota = {}
-  for i = 16 + n, #ARGV, 2 do quota[ARGV[i]] = tonumber(ARGV[i + 1]) end
+  for i = 17 + n + k, #ARGV, 2 do quota[ARGV[i]] = tonumber(ARGV[i + 1]) end
   local entries = redis.call('HGETALL', KEYS[2])
   local journal_units = 0
   for i = 1, #entries, 2 do
@@ -72,7 +77,9 @@ else
     local user, quantity = string.match(entries[i + 1], '^(.*)|(%d+)|[^|]*|%d+|%d+|%d$')
     if not user then user, quantity = string.match(entries[i + 1], '^(.*)|(%d+)|[^|]*|%d+|%d$') end
     quantity = tonumber(quantity)
-    if resolved[request_id] then
+    if resolved[request_id] == 'keep' then
+      journal_units = journal_units + quantity
+    elseif resolved[request_id] then
       dropped = dropped + 1
       if write then
         redis.call('HDEL', KEYS[2], request_id)

@@ -123,7 +123,9 @@ async def open_job(settings: Settings, *, publish: bool = True) -> Job:
         stores = await _open_stores(settings, stack)
         engine, store = stores["engine"], stores["store"]
         publisher = await _open_publisher(settings, stack) if publish else None
-        realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
+        realigner = Realigner(
+            engine, store, settings.realign.grace_seconds, publisher, settings.realign.keep_resolved_seconds
+        )
         channels, payments, checkout = _payments(settings, engine, store, stack)
         return Job(
             **stores,
@@ -149,7 +151,9 @@ async def open_api(settings: Settings) -> ApiWorker:
         stores = await _open_stores(settings, stack)
         engine, store = stores["engine"], stores["store"]
         publisher = await _open_publisher(settings, stack)
-        realigner = Realigner(engine, store, settings.realign.grace_seconds, publisher)
+        realigner = Realigner(
+            engine, store, settings.realign.grace_seconds, publisher, settings.realign.keep_resolved_seconds
+        )
         recovery = _recovery(settings, engine, store, realigner)
         lease = ShardLease(store, orders.shard_lease_seconds)
         stack.push_async_callback(lease.stop)

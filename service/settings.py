@@ -301,6 +301,9 @@ class RealignSettings(BaseModel):
     every 5 min)."""
     auto_seconds: float = Field(5.0, ge=0)
     """How often every API process runs the self-healing realignment pass; 0 turns it off."""
+    keep_resolved_seconds: float = Field(0.0, ge=0)
+    """A reservation whose order has its row stays in the journal until this long after it was made, so that an
+    order a database failover lost (asynchronous replication) is written again; 0 drops it at once."""
 
 
 class PaymentSettings(BaseModel):

@@ -250,6 +250,7 @@ class PrivateMariaDB(PrivateServer):
                 *self._as_root,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, "TMPDIR": str(self.root)},  # not /tmp: its temporary tables are its own
             )
             output, _ = await install.communicate()
             if install.returncode != 0:
@@ -267,6 +268,7 @@ class PrivateMariaDB(PrivateServer):
             "--skip-networking=0",
             "--bind-address=127.0.0.1",
             f"--pid-file={self.root / 'mariadb.pid'}",
+            f"--tmpdir={self.root}",
             f"--log-error={self.root / 'error.log'}",
             "--innodb-buffer-pool-size=128M",
             "--max-connections=1000",

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "ensure-tools"
 BASH = shutil.which("bash") or "/bin/bash"
-TOOLS = ("wrk", "chromium", "promtool", "shellcheck", "faketime")
+TOOLS = ("wrk", "chromium", "promtool", "shellcheck", "faketime", "nft", "socat")
 
 
 def _run(bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -36,7 +36,7 @@ def test_dry_run_with_every_tool_present_says_so(bin_dir: Path) -> None:
         (bin_dir / tool).symlink_to(bin_dir / "apt-get")
     done = _run(bin_dir, "--dry-run")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "ensure-tools: all present (wrk chromium promtool shellcheck faketime)\n"
+    assert done.stdout == "ensure-tools: all present (wrk chromium promtool shellcheck faketime nft socat)\n"
     assert not (bin_dir / "calls.log").exists()
 
 
@@ -45,8 +45,9 @@ def test_dry_run_lists_what_it_would_install_and_installs_nothing(bin_dir: Path)
     done = _run(bin_dir, "--dry-run")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "ensure-tools: dry run, would install chromium prometheus shellcheck faketime:"
-    install = "env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium prometheus shellcheck faketime"
+    assert lines[0] == "ensure-tools: dry run, would install chromium prometheus shellcheck faketime nftables socat:"
+    packages = "chromium prometheus shellcheck faketime nftables socat"
+    install = f"env DEBIAN_FRONTEND=noninteractive apt-get install -y -q {packages}"
     assert lines[-1].endswith(install)
     assert not (bin_dir / "calls.log").exists()
 

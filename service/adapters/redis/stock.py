@@ -62,6 +62,14 @@ class Stock(KeyspaceStore):
         return int(seconds) * 1000 + int(micros) // 1000
 
     @translated
+    async def forget_versions(self, product_id: int, *, bucket: int = 0) -> None:
+        """Drop the inventory versions Redis reflects (``synced``, ``dropped``, ``restocked``):
+        they belong to a MySQL history a database failover lost, and the next pass must not be
+        judged stale against them (:mod:`service.domain.stock.lost_commits`)."""
+        versions = ProductKeys(self._prefix, product_id, bucket).versions
+        await self._redis.hdel(versions, "synced", "dropped", "restocked")
+
+    @translated
     async def mark_moved(self, product_id: int, *, buckets: int = 1) -> None:
         """Write the stock-mode marker ``mode = database`` into the sale terms of each of the
         product's ``buckets``: from each write on, a reserve in that bucket answers ``MOVED``
@@ -159,6 +167,7 @@ class Stock(KeyspaceStore):
         inventory_version: int,
         terms: SaleTerms,
         resolved: Collection[str] | None,
+        kept: Collection[str] = (),
         units_held: Iterable[tuple[str, int]] = (),
         pending: tuple[int, int] = (0, 0),
         dry_run: bool,
@@ -179,7 +188,8 @@ class Stock(KeyspaceStore):
         though resolved); returns None when the stock or the units counter is missing (Redis lost
         data) or the bucket was loaded in another life of the server: run the full form. Else
         the full form: walks the journal, drops the entries whose
-        request id is in ``resolved``, rebuilds per-user quotas = ``units_held`` (user id, units
+        request id is in ``resolved`` (those in ``kept``, resolved as well, stay in the journal
+        without counting as in flight), rebuilds per-user quotas = ``units_held`` (user id, units
         held in MySQL) + units still in the journal, and sets the units counter.
 
         ``pass_no`` > 0 (a bucket of a product of several, :meth:`.buckets.StockBuckets.next_pass`):
@@ -195,7 +205,8 @@ class Stock(KeyspaceStore):
         if resolved is None:
             tail: list[str | int] = [-1, pending[1], pending[0]]
         else:
-            tail = [len(resolved), *resolved, *(str(value) for pair in units_held for value in pair)]
+            pairs = (str(value) for pair in units_held for value in pair)
+            tail = [len(resolved), *resolved, len(kept), *kept, *pairs]
         reply = await self._scripts.run(
             "realign",
             keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale, keys.units, keys.republished],

@@ -20,7 +20,7 @@ from service.domain.errors import InvalidInput, ProductNotFound
 from service.domain.stock.buckets import MAX_BUCKETS
 from service.domain.stock.modes import switch_to_database, switch_to_redis
 from service.domain.stock.realign import Realigner
-from service.domain.stock.realign_report import RealignReport
+from service.domain.stock.realign_report import RealignReport, without_redis
 from service.failures import StoreFailure
 
 _SET_RETRIED = metrics.retry_counter("set_product")
@@ -167,7 +167,7 @@ async def set_product(
         # MySQL alone sells this product; the next realignment pass once Redis answers writes
         # its terms and the mode marker there.
         log.warning("product_set_without_redis", product_id=product_id, error=repr(exc))
-        return await realigner.without_redis(product_id)
+        return await without_redis(realigner.engine, product_id)
 
 
 async def get_product(engine: AsyncEngine, store: RedisStores, product_id: int) -> ProductView | None:

@@ -51,8 +51,9 @@ from db.queries import inventory, orders, products
 from service.adapters.broker import Publisher
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound, Unavailable
-from service.domain.model.stock import RealignResult, SaleTerms
+from service.domain.model.stock import JournalEntry, RealignResult, SaleTerms
 from service.domain.stock.buckets import bucket_of, split
+from service.domain.stock.lost_commits import ResolvedKeeping
 from service.domain.stock.realign_report import RealignReport, observe
 from service.domain.stock.republish import Republisher
 from service.domain.stock.snapshot import BucketView, resolved_in, sale_terms
@@ -105,8 +106,10 @@ class Realigner:
         store: RedisStores,
         grace_seconds: float,
         publisher: Publisher | None = None,
+        keep_resolved_seconds: float = 0.0,
     ) -> None:
         self.engine = engine
+        self._keeping = ResolvedKeeping(keep_resolved_seconds)
         self._store = store
         self._grace_ms = int(grace_seconds * 1000)
         self._publisher = publisher
@@ -290,9 +293,13 @@ class Realigner:
             # A product that sold nothing has no order to wait for (its first load, typically).
             await self._restore_replays(product_id, buckets, lost, after_sales=mysql_sold > 0)
         results: list[RealignResult] = []
+        now_ms = await self._store.stock.server_time_ms()
         for view in views:
+            kept, vanished = ({}, 0) if dry_run else self._keeping.kept(product_id, view, now_ms)
+            if vanished:
+                await self._store.stock.forget_versions(product_id, bucket=view.bucket)
             result = await self._realign_bucket(
-                product_id, view, version, mysql_stock, terms, held[view.bucket], dry_run, marker, pass_no
+                product_id, view, kept, version, mysql_stock, terms, held[view.bucket], dry_run, marker, pass_no
             )
             if result is None:  # Redis lost the bucket's state meanwhile: a full pass, new snapshot
                 return await self._pass(product_id, dry_run, open_sale, pass_no, favour)
@@ -309,10 +316,9 @@ class Realigner:
 
         republished = 0
         if not dry_run and self._republisher is not None:
-            cutoff = await self._store.stock.server_time_ms() - self._grace_ms
             for view in views:
                 republished += await self._republisher.overdue(
-                    product_id, row.price, view.journal, view.resolved.keys(), view.bucket, cutoff
+                    product_id, row.price, view.journal, view.resolved.keys(), view.bucket, now_ms - self._grace_ms
                 )
 
         report = RealignReport(
@@ -338,6 +344,7 @@ class Realigner:
         self,
         product_id: int,
         view: BucketView,
+        kept: dict[str, tuple[JournalEntry, bool]],
         version: int,
         mysql_stock: int,
         terms: SaleTerms,
@@ -346,26 +353,27 @@ class Realigner:
         marker: str,
         pass_no: int,
     ) -> RealignResult | None:
-        """The Lua side of one bucket's pass (incremental or full, see the module docstring);
-        None when Redis lost the bucket's state since it was read."""
-        pending = (0, 0)
+        """The Lua side of one bucket's pass (incremental or full, see the module docstring),
+        the resolved entries in ``kept`` left in the journal; None when Redis lost the bucket's
+        state since it was read."""
         dropped = 0
-        if view.incremental:
-            pending = (len(view.resolved), sum(entry.quantity for entry, _ in view.resolved.values()))
-            if not dry_run:
-                dropped, _ = await self._store.stock.drop_resolved(
-                    product_id,
-                    version,
-                    [(request_id, entry.order_no, rejected) for request_id, (entry, rejected) in view.resolved.items()],
-                    bucket=view.bucket,
-                )
-                pending = (0, 0)
+        drop = {request_id: found for request_id, found in view.resolved.items() if request_id not in kept}
+        pending = (len(view.resolved), sum(entry.quantity for entry, _ in view.resolved.values()))
+        if view.incremental and not dry_run:
+            dropped, _ = await self._store.stock.drop_resolved(
+                product_id,
+                version,
+                [(request_id, entry.order_no, rejected) for request_id, (entry, rejected) in drop.items()],
+                bucket=view.bucket,
+            )
+            pending = (len(kept), sum(entry.quantity for entry, _ in kept.values()))
         result = await self._store.stock.realign(
             product_id,
             mysql_stock=mysql_stock,
             inventory_version=version,
             terms=terms,
-            resolved=None if view.incremental else list(view.resolved),
+            resolved=None if view.incremental else list(drop),
+            kept=list(kept),
             units_held=units_held,
             pending=pending,
             dry_run=dry_run,
@@ -377,30 +385,3 @@ class Realigner:
         if result is not None and view.incremental:
             result = dataclasses.replace(result, resolved_dropped=len(view.resolved) if dry_run else dropped)
         return result
-
-    async def without_redis(self, product_id: int) -> RealignReport:
-        """The report of a pass that could not run because Redis did not answer: MySQL's stock
-        and sold only (a product in stock mode ``database`` sells from MySQL alone; the next
-        pass once Redis answers loads it).
-
-        Raises:
-            ProductNotFound: the product has no inventory row in MySQL.
-        """
-        async with self.engine.connect() as conn:
-            row = (await conn.execute(inventory.STOCK_AND_SOLD, {"p": product_id})).first()
-        if row is None:
-            raise ProductNotFound(product_id)
-        return RealignReport(
-            product_id=product_id,
-            mysql_stock=row.stock,
-            mysql_sold=row.sold,
-            redis_stock_before=None,
-            redis_stock_after=0,
-            in_flight=-1,
-            in_flight_units=-1,
-            drift=None,
-            resolved_dropped=0,
-            republished=0,
-            dry_run=False,
-            redis_unreachable=True,
-        )
