@@ -79,7 +79,7 @@ class DatabaseRoute:
         answer: DatabaseAnswer | None = None
         try:
             answer = await buy_in_database(self._engine, purchase)
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             log.warning("database_purchase_failed", request_id=request_id, error=repr(exc))
             answer = None
         finally:
@@ -117,25 +117,25 @@ class DatabaseRoute:
         assert self._engine is not None
         try:
             return await earlier_order(self._engine, request_id)
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             raise rejected(Down.DATABASE) from exc
 
     async def _take_token(self, product_id: int, order_token: str, user_id: str, bucket: int) -> int:
         try:
             return await self._tokens.take(product_id, order_token, user_id, bucket=bucket)
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             raise rejected(Down.TOKENS) from exc
 
     async def _give_token(self, product_id: int, order_token: str, user_id: str, left_ms: int, bucket: int) -> None:
         try:
             await self._tokens.give_back(product_id, order_token, user_id, left_ms, bucket=bucket)
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             # The buyer asks for a new token; nothing was bought with this one.
             log.warning("give_token_failed", product_id=product_id, error=repr(exc))
 
     async def _mint(self) -> str:
         try:
             return await self._minter.take()
-        except (StoreFailure, ShardLost, OSError) as exc:
+        except (StoreFailure, ShardLost) as exc:
             log.warning("order_no_unavailable", error=repr(exc))
             raise rejected(Down.DATABASE) from exc

@@ -130,7 +130,7 @@ class RouteCache:
         try:
             async with self._engine.connect() as conn:
                 row = (await conn.execute(products.ROUTING, {"id": product_id})).first()
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             log.warning("route_unavailable", product_id=product_id, error=repr(exc))
             kept = self._routes.get(product_id)
             if kept is None:

@@ -187,14 +187,14 @@ class PurchaseService:
         bucket = bucket_of(user_id, route.buckets)
         try:
             await self._store.tokens.issue(product_id, token, user_id, self.token_ttl_seconds, bucket=bucket)
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             raise rejected(Down.STOCK) from exc
         return token
 
     async def _mint(self) -> str:
         try:
             return await self._minter.take()
-        except (StoreFailure, ShardLost, OSError) as exc:
+        except (StoreFailure, ShardLost) as exc:
             log.warning("order_no_unavailable", error=repr(exc))
             raise rejected(Down.STOCK) from exc
 
@@ -245,7 +245,7 @@ class PurchaseService:
             others = None
             if reservation.outcome is ReserveOutcome.SOLD_OUT and ask.buckets > 1:
                 others = await self._other_buckets(ask)
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             # The script may have run and only its reply been lost, or it may still be on the
             # wire: give back what this attempt holds, or mark it abandoned so it never takes effect.
             log.warning("reserve_failed", request_id=request_id, error=repr(exc))
@@ -328,7 +328,7 @@ class PurchaseService:
                 message.quantity,
                 bucket=message.bucket,
             )
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             # The order is queued all the same; a replay answers 409 until realignment resolves
             # its journal entry, then it is answered as a replay (reserve.lua).
             log.warning("mark_queued_failed", request_id=message.request_id, error=repr(exc))
@@ -351,7 +351,7 @@ class PurchaseService:
         product_id, request_id = ask.product_id, ask.request_id
         try:
             return await self._store.reservations.release(product_id, request_id, attempt, bucket=ask.bucket)
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             # Whatever this attempt reserved stays in the journal; realignment re-publishes it after
             # the grace period (so an attempt answered 503 can still become an order here: the one
             # case the abandoned mark cannot cover, since it could not be written).
