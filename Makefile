@@ -6,7 +6,7 @@
 # make bench      - set up (wrk included) and measure each hop side by side: flashsale bench
 # make docs       - write docs/CONFIGURATION.md from the settings model (python -m service.config_doc)
 # make faults     - the fault suite on private Redis, MariaDB and RabbitMQ servers (tests/faults, ~15 min):
-#                   prints the table and writes it to $(FAULTS_OUT) (docs/RELIABILITY.md keeps a run)
+#                   prints the table and writes it to $(FAULTS_OUT) (docs/RELIABILITY.md keeps a run's table)
 # make faults-ci  - the fault cases CI runs (.ci/run; a few minutes)
 # make chaos      - one long sale under faults drawn from a seed (nightly, not CI): CHAOS_SEED (1),
 #                   CHAOS_MINUTES (20); the same seed draws the same schedule; table to $(CHAOS_OUT)

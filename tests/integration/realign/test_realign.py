@@ -219,7 +219,7 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     assert list(await redis.hgetall(keys.journal)) == [b.request_id]
 
 
-# Regression tests from the adversarial review (formerly tests/test_hardening.py).
+# Regression tests from the adversarial review.
 
 
 async def test_an_older_realignment_pass_never_overwrites_a_newer_one(
