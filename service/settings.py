@@ -7,14 +7,14 @@ from this module (``python -m service.config_doc``), from the docstring under ea
 
 from __future__ import annotations
 
-import json
 import os
 from functools import lru_cache
-from typing import Annotated, Literal, get_origin
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from service.environment_errors import SettingsVariables
 from service.queue_topology import QueueTopology
 
 DEV_JWT_SECRET = "dev-only-secret-change-me-0123456789abcdef"
@@ -318,6 +318,11 @@ class Settings(BaseSettings):
     """``development`` is the only mode in which the built-in development secrets are accepted
     (JWT, payment channels; anyone can read them in the source); outside it ``serve``, ``token``
     and ``pay`` refuse them."""
+    allow_unknown: list[str] = []
+    """``FLASHSALE_*`` names that are no setting and are accepted all the same (a JSON list;
+    ``["*"]``: any), for an environment shared with another program or release. Any other
+    unknown name in the environment or ``.env`` ends every command with one line naming it and
+    the closest known name, exit code 2."""
 
     @property
     def dev_mode(self) -> bool:
@@ -347,47 +352,32 @@ class Settings(BaseSettings):
             )
 
 
+VARIABLES = SettingsVariables(Settings, ENV_PREFIX, ENV_NESTED_DELIMITER)
+"""Every ``FLASHSALE_*`` name the settings read."""
+
+
 @lru_cache
 def get_settings() -> Settings:
     """The settings of this process, read once.
 
     Raises:
-        ConfigError: a setting is invalid (one line naming each variable).
+        ConfigError: a setting is invalid, or a ``FLASHSALE_*`` variable names no setting
+            (one line naming each variable).
     """
     try:
-        return Settings()
+        settings = Settings()
     except ValidationError as exc:
         raise config_error(exc) from None
     except SettingsError as exc:
-        raise undecodable(exc) from None
+        raise ConfigError(VARIABLES.undecodable(str(exc), _given())) from None
+    unknown = VARIABLES.unknown(_given(), settings.allow_unknown)
+    if unknown:
+        raise ConfigError(VARIABLES.unknown_line(unknown))
+    return settings
 
 
-def undecodable(exc: SettingsError) -> ConfigError:
-    """The one line for a value pydantic-settings could not decode as JSON (a dict or list
-    setting): it names only the group (``payment``), so the variable is found here, in the
-    environment and ``.env`` as the settings read them. The value is not echoed (it may be a
-    secret)."""
+def _given() -> dict[str, str | None]:
+    """The variables the settings read: ``.env``'s, and the environment's, which win."""
     from dotenv import dotenv_values
 
-    given = {**dotenv_values(".env"), **os.environ}  # the environment wins, as in pydantic-settings
-    for name, value in given.items():
-        kind = _container(name.upper())
-        if kind is None or value is None:
-            continue
-        try:
-            json.loads(value)
-        except ValueError as error:
-            return ConfigError(f"{name.upper()}: must be a JSON {kind}: {error}")
-    return ConfigError(str(exc))
-
-
-def _container(name: str) -> str | None:
-    """``object`` or ``array`` when ``name`` is the variable of a dict or list setting, else None."""
-    group, _, key = name.removeprefix(ENV_PREFIX).lower().partition(ENV_NESTED_DELIMITER)
-    if not name.startswith(ENV_PREFIX) or group not in Settings.model_fields:
-        return None
-    model = Settings.model_fields[group].annotation
-    if not (isinstance(model, type) and issubclass(model, BaseModel)) or key not in model.model_fields:
-        return None
-    origin = get_origin(model.model_fields[key].annotation)
-    return "object" if origin is dict else "array" if origin is list else None
+    return {**dotenv_values(".env"), **os.environ}
