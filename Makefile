@@ -16,6 +16,9 @@ FAULTS_OUT ?= faults-report.md
 CHAOS_SEED ?= 1
 CHAOS_MINUTES ?= 20
 CHAOS_OUT ?= chaos-report.md
+# Parallel pytest workers of make test / test-fast (pytest-xdist): each worker is a session of its
+# own (its own database, key prefix and queues); a test module stays on one worker (loadfile).
+TEST_WORKERS ?= 4
 
 .PHONY: install services tools lint test test-fast sale bench docs faults faults-ci chaos
 
@@ -39,10 +42,10 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: install services tools lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install services tools lint
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 sale: install services
 	$(VENV)/bin/flashsale sale
