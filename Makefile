@@ -1,6 +1,7 @@
 # make sale       - set up and run a whole flash sale end to end (flashsale sale, defaults; with the
 #                   charts extra, so flashsale sale --report draws its charts)
-# make test       - set up, then lint (ruff), type-check (mypy) and run the whole test suite on the real services
+# make test       - set up, then lint (ruff), type-check (mypy) and run the whole test suite on the real
+#                   services, in TEST_WORKERS parallel pytest workers
 # make test-fast  - the same without the slow tests (those that start server processes or a whole sale)
 # make lint       - ruff (lint + format check) and mypy only
 # make bench      - set up (wrk included) and measure each hop side by side: flashsale bench
