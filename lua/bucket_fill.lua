@@ -1,4 +1,4 @@
--- Fill one drained stock bucket with its share of a rebalancing pass (service/domain/realign.py):
+-- Fill one drained stock bucket with its share of a rebalancing pass (service/domain/stock/realign.py):
 -- the pass drained every bucket of the product (realign.lua with a pass number), summed the units
 -- in flight, and hands each bucket its share of MySQL stock - those units.
 -- KEYS[1] stock   KEYS[2] versions

@@ -25,7 +25,7 @@
 -- ARGV[12] restock channel   ARGV[13] product id: announced there when a write leaves stock to sell
 -- or changes the sale terms, so every API process drops its sold-out flag for the product
 -- ARGV[14] rebalancing pass number: 0 for a product of one bucket (stock is set as above). A pass
--- p > 0 (a bucket of a product of several: service/domain/realign.py) drains the bucket instead:
+-- p > 0 (a bucket of a product of several: service/domain/stock/realign.py) drains the bucket instead:
 -- stock 0, versions pass = filling = p, and leaves the computation to its caller (the units in
 -- flight it answers, summed over every bucket), whose bucket_fill.lua then adds the bucket's
 -- share. Stale too when a newer pass has drained the bucket.

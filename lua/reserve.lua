@@ -12,7 +12,7 @@
 -- ARGV[9] address emission interval (ms, 0: no address limit)   ARGV[10] address burst
 -- ARGV[11] '1' when the request carries an order token (KEYS[8] names it), else '0'
 -- ARGV[12] the product's stock buckets K as the caller knows them (KEYS are those of the buyer's
--- bucket among K: service/domain/buckets.py)
+-- bucket among K: service/domain/stock/buckets.py)
 -- ARGV[13] the Admission-Token ('' without one): needed when the sale's room is '1', consumed by
 -- the reservation it makes
 -- Returns {outcome, order_no[, reserved_at_ms, unit price]}, or for sold_out
@@ -95,7 +95,7 @@ end
 local limit = tonumber(sale[3])
 if quantity > limit then return {'over_limit', ''} end
 -- Stock before the user's quota: a sold-out product answers sold_out whoever asks, so an API
--- process can answer it from its sold-out flag (service/domain/sold_out.py) without the quota.
+-- process can answer it from its sold-out flag (service/domain/purchase/sold_out.py) without the quota.
 -- The reply carries what the flag needs: the stock left, the limit, the ms left in the sale
 -- (-1: no end).
 if tonumber(stock) < quantity then

@@ -45,7 +45,15 @@ the same way; a store that does not answer ends a one-shot command (`migrate`, `
 `realign`, `sweep` without `--watch`), while the long-running ones wait for it (see
 [OPERATIONS.md](OPERATIONS.md#starting-while-a-store-is-down)).
 
-One variable is not a setting: `PROMETHEUS_MULTIPROC_DIR` is prometheus_client's directory shared
+A `FLASHSALE_*` name that is no setting (in the environment or `.env`, in any case) ends any
+command the same way, naming the closest setting: `FLASHSALE_REDIS_URL: no such setting (did you
+mean FLASHSALE_REDIS__URL?)`, where it would otherwise be ignored and the command run on the
+default. An environment shared with another program or release that sets names of its own lists
+them in `FLASHSALE_ALLOW_UNKNOWN` (`'["FLASHSALE_OLD_NAME"]'`; `'["*"]'` turns the check off).
+`flashsale serve` tells its workers its process id in `FLASHSALE_SERVE_PID`; the tests read
+`FLASHSALE_TEST_ARTIFACTS` and `FLASHSALE_FAULTS_OUT` (docs/TESTING.md).
+
+One variable without the prefix: `PROMETHEUS_MULTIPROC_DIR` is prometheus_client's directory shared
 by the API's worker processes; `flashsale serve` makes a temporary one when it is unset and empties
 it at start when it is set.
 """

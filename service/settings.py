@@ -7,14 +7,15 @@ from this module (``python -m service.config_doc``), from the docstring under ea
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Iterable
 from functools import lru_cache
-from typing import Annotated, Literal, get_origin
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from service.environment_errors import SettingsVariables
+from service.queue_topology import QueueTopology
 
 DEV_JWT_SECRET = "dev-only-secret-change-me-0123456789abcdef"
 """The JWT secret a development run may use: anyone can forge tokens with it."""
@@ -105,7 +106,7 @@ class RedisSettings(BaseModel):
     that node is down still finds the cluster (docs/OPERATIONS.md, "Redis Cluster")."""
 
 
-class AMQPSettings(BaseModel):
+class AMQPSettings(QueueTopology, BaseModel):  # the queue names derived from these: service/queue_topology.py
     """RabbitMQ topology and publishing (seconds for timeouts)."""
 
     url: Annotated[str, _url_scheme("amqp", "amqps")] = "amqp://guest:guest@127.0.0.1:5672/"
@@ -157,63 +158,6 @@ class AMQPSettings(BaseModel):
     a product goes to the same queue. 1 keeps the single queue named ``queue``; with N > 1 the
     queues are ``<queue>.p0`` … ``<queue>.p<N-1>`` (:meth:`partition_queue`). Change it only with
     the order and retry queues drained: messages in the old queues are not moved."""
-
-    def urls(self) -> list[str]:
-        """Every broker address, in the order connections try them: ``url``, then ``failover_urls``."""
-        return [self.url, *self.failover_urls]
-
-    def partition_of(self, product_id: int) -> int:
-        """The partition (0 … ``partitions`` − 1) of every order of ``product_id``: ``product_id
-        mod partitions``, the same in every process and run."""
-        return product_id % self.partitions
-
-    def partition_queue(self, partition: int) -> str:
-        """Order queue of ``partition``: ``queue`` itself when there is one partition, else
-        ``<queue>.p<partition>``. It is also the routing key the queue is bound with on the order
-        exchange (and the one its retry queues dead-letter back with)."""
-        if not 0 <= partition < self.partitions:
-            raise ValueError(f"partition {partition} not in 0..{self.partitions - 1}")
-        return self.queue if self.partitions == 1 else f"{self.queue}.p{partition}"
-
-    def partition_queues(self) -> list[str]:
-        """Every order queue, partition 0 first."""
-        return [self.partition_queue(partition) for partition in range(self.partitions)]
-
-    def queue_of(self, product_id: int) -> str:
-        """The order queue (and routing key) of ``product_id``'s orders."""
-        return self.partition_queue(self.partition_of(product_id))
-
-    def chosen_partitions(self, partitions: Iterable[int] | None) -> list[int]:
-        """``partitions`` sorted, each once; every partition when None or empty (what a consumer
-        given them takes).
-
-        Raises:
-            ValueError: one is not in 0 … ``partitions`` − 1.
-        """
-        chosen = sorted(set(partitions or ())) or list(range(self.partitions))
-        wrong = [p for p in chosen if not 0 <= p < self.partitions]
-        if wrong:
-            raise ValueError(f"partitions {wrong} not in 0..{self.partitions - 1} (FLASHSALE_AMQP__PARTITIONS)")
-        return chosen
-
-    def partition_of_queue(self, name: str | None) -> int | None:
-        """The partition whose order queue (routing key) is ``name``; None for any other name."""
-        queues = self.partition_queues()
-        return queues.index(name) if name in queues else None
-
-    def retry_queue(self, delay: float, partition: int = 0) -> str:
-        """The retry queue of ``delay`` seconds for ``partition``'s order queue:
-        ``<order queue>.retry.<ms>ms`` (so the queue names of a run or a test, which rename
-        ``queue``, carry their retry queues along; with one partition ``<queue>.retry.<ms>ms``).
-        Each partition has its own, which dead-letters back to that partition's queue."""
-        return f"{self.partition_queue(partition)}.retry.{round(delay * 1000)}ms"
-
-    def retry_queues(self, partition: int | None = None) -> list[str]:
-        """The retry queues of ``partition`` (every partition's when None, partition by
-        partition), shortest delay first (each delay once)."""
-        partitions = range(self.partitions) if partition is None else [partition]
-        delays = sorted(set(self.retry_delays))
-        return [self.retry_queue(delay, each) for each in partitions for delay in delays]
 
 
 class AuthSettings(BaseModel):
@@ -374,6 +318,11 @@ class Settings(BaseSettings):
     """``development`` is the only mode in which the built-in development secrets are accepted
     (JWT, payment channels; anyone can read them in the source); outside it ``serve``, ``token``
     and ``pay`` refuse them."""
+    allow_unknown: list[str] = []
+    """``FLASHSALE_*`` names that are no setting and are accepted all the same (a JSON list;
+    ``["*"]``: any), for an environment shared with another program or release. Any other
+    unknown name in the environment or ``.env`` ends every command with one line naming it and
+    the closest known name, exit code 2."""
 
     @property
     def dev_mode(self) -> bool:
@@ -403,47 +352,32 @@ class Settings(BaseSettings):
             )
 
 
+VARIABLES = SettingsVariables(Settings, ENV_PREFIX, ENV_NESTED_DELIMITER)
+"""Every ``FLASHSALE_*`` name the settings read."""
+
+
 @lru_cache
 def get_settings() -> Settings:
     """The settings of this process, read once.
 
     Raises:
-        ConfigError: a setting is invalid (one line naming each variable).
+        ConfigError: a setting is invalid, or a ``FLASHSALE_*`` variable names no setting
+            (one line naming each variable).
     """
     try:
-        return Settings()
+        settings = Settings()
     except ValidationError as exc:
         raise config_error(exc) from None
     except SettingsError as exc:
-        raise undecodable(exc) from None
+        raise ConfigError(VARIABLES.undecodable(str(exc), _given())) from None
+    unknown = VARIABLES.unknown(_given(), settings.allow_unknown)
+    if unknown:
+        raise ConfigError(VARIABLES.unknown_line(unknown))
+    return settings
 
 
-def undecodable(exc: SettingsError) -> ConfigError:
-    """The one line for a value pydantic-settings could not decode as JSON (a dict or list
-    setting): it names only the group (``payment``), so the variable is found here, in the
-    environment and ``.env`` as the settings read them. The value is not echoed (it may be a
-    secret)."""
+def _given() -> dict[str, str | None]:
+    """The variables the settings read: ``.env``'s, and the environment's, which win."""
     from dotenv import dotenv_values
 
-    given = {**dotenv_values(".env"), **os.environ}  # the environment wins, as in pydantic-settings
-    for name, value in given.items():
-        kind = _container(name.upper())
-        if kind is None or value is None:
-            continue
-        try:
-            json.loads(value)
-        except ValueError as error:
-            return ConfigError(f"{name.upper()}: must be a JSON {kind}: {error}")
-    return ConfigError(str(exc))
-
-
-def _container(name: str) -> str | None:
-    """``object`` or ``array`` when ``name`` is the variable of a dict or list setting, else None."""
-    group, _, key = name.removeprefix(ENV_PREFIX).lower().partition(ENV_NESTED_DELIMITER)
-    if not name.startswith(ENV_PREFIX) or group not in Settings.model_fields:
-        return None
-    model = Settings.model_fields[group].annotation
-    if not (isinstance(model, type) and issubclass(model, BaseModel)) or key not in model.model_fields:
-        return None
-    origin = get_origin(model.model_fields[key].annotation)
-    return "object" if origin is dict else "array" if origin is list else None
+    return {**dotenv_values(".env"), **os.environ}

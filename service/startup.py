@@ -142,29 +142,6 @@ async def report_dependencies(settings: Settings) -> list[str]:
     return away
 
 
-def _unreachable_outage(exc: BaseException) -> bool:
-    """A store check that failed because a store is away (not refused as configured)."""
-    return isinstance(exc, DependencyUnreachable) and is_outage(exc)
-
-
-async def wait_for_dependencies(
-    settings: Settings, stop: asyncio.Event | None = None, *, redis: bool = True, amqp: bool = True, mysql: bool = True
-) -> bool:
-    """Check the stores (:func:`check_dependencies`) until each answers (:func:`when_reachable`).
-    True once they answer; False when ``stop`` was set first.
-
-    Raises:
-        DependencyUnreachable: a store refused as configured (wrong credentials, unknown
-            database): waiting would not help.
-    """
-
-    async def check() -> bool:
-        await check_dependencies(settings, redis=redis, amqp=amqp, mysql=mysql)
-        return True
-
-    return bool(await when_reachable(check, stop, survive=_unreachable_outage))
-
-
 async def open_when_reachable(
     settings: Settings,
     build: Callable[[Settings], Awaitable[R]],

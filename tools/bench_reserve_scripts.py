@@ -46,6 +46,7 @@ from redis import Redis
 from redis.crc import key_slot
 
 from service.adapters.redis.keys import ProductKeys
+from service.domain.model.stock import ReserveRequest
 
 PREFIX = "bench"
 PATHS = ("accept", "sold_out")
@@ -250,7 +251,16 @@ async def _drive(
         n = next(sequence)
         user, bucket = users[n % len(users)]
         reply = await store.reservations.reserve(
-            product_id, f"r{seed}-{n}", user, 1, f"{seed:04d}{n:016d}", new_attempt(), bucket=bucket, buckets=buckets
+            ReserveRequest(
+                product_id,
+                f"r{seed}-{n}",
+                user,
+                1,
+                f"{seed:04d}{n:016d}",
+                new_attempt(),
+                bucket=bucket,
+                buckets=buckets,
+            )
         )
         return reply.outcome.value
 

@@ -194,17 +194,3 @@ def make_jwt_auth(
         accepted_issuers=issuer,
         leeway_seconds=leeway_seconds,
     )
-
-
-def decode_admin(secret: str, encoded: str) -> bool:
-    """True when ``encoded`` is a valid, unexpired token of this secret with ``role: admin``,
-    False for a valid token of anyone else (for the one route that takes its token outside the
-    header: ``GET /ops?token=``).
-
-    Raises:
-        NotAuthorizedException: 401, the token is forged, expired or malformed.
-    """
-    token = FlashsaleToken.decode(encoded, secret, "HS256")
-    if not USER_ID.fullmatch(token.sub):
-        raise NotAuthorizedException("Token subject is not a valid user id")
-    return token.role == "admin"

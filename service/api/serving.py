@@ -45,11 +45,14 @@ def metrics_directory(enabled: bool) -> Iterator[None]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+SHARE_PORT_OPTION = "--share-port"  # flashsale serve's; the channel simulator has none
+
+
 class PortInUse(ConfigError):
     """Another process listens on the port a server was asked to serve on."""
 
 
-def require_free_port(host: str, port: int) -> None:
+def require_free_port(host: str, port: int, *, share_option: str | None = None) -> None:
     """Refuse a port another process listens on. granian binds every worker's socket with
     ``SO_REUSEPORT``, so the kernel would let a second server onto a busy port and split the
     connections between the two; a probe bound without it (``SO_REUSEADDR`` only, so a port
@@ -58,7 +61,8 @@ def require_free_port(host: str, port: int) -> None:
     started in the same instant can still both get in.
 
     Raises:
-        PortInUse: one line naming the address and the option that asks for sharing.
+        PortInUse: one line naming the address and, where the command has one
+            (``share_option``), the option that asks for sharing.
     """
     if port == 0:
         return
@@ -70,9 +74,11 @@ def require_free_port(host: str, port: int) -> None:
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise
+            remedies = "stop it or choose another --port"
+            if share_option:
+                remedies = f"stop it, choose another --port, or {share_option} to share the port with it"
             raise PortInUse(
-                f"--port {port}: address already in use on {host} (another server listens there: stop it, "
-                f"choose another --port, or --share-port to share the port with it)"
+                f"--port {port}: address already in use on {host} (another server listens there: {remedies})"
             ) from None
 
 
@@ -103,11 +109,14 @@ async def shards_short(settings: Settings, workers: int) -> str | None:
     )
 
 
-def serve_app(target: str, host: str, port: int, workers: int, *, share_port: bool = False) -> str | None:
+def serve_app(
+    target: str, host: str, port: int, workers: int, *, share_port: bool = False, share_option: str | None = None
+) -> str | None:
     """Serve the ASGI app factory ``target`` (``module:factory``) on granian until stopped:
     uvloop, a 4096-connection backlog, no access log of granian's own (the app writes one),
     failed workers respawned; a port another process listens on is refused
-    (:func:`require_free_port`) unless ``share_port``. ``flashsale serve`` runs it inside :func:`metrics_directory`, so
+    (:func:`require_free_port`, naming ``share_option`` where the command has one) unless
+    ``share_port``. ``flashsale serve`` runs it inside :func:`metrics_directory`, so
     that its workers share one multiprocess metrics directory. Returns None, or why a worker
     stopped the server (:mod:`service.api.no_shard`: every order-number shard leased).
 
@@ -115,7 +124,7 @@ def serve_app(target: str, host: str, port: int, workers: int, *, share_port: bo
         PortInUse: the port is busy and ``share_port`` was not given.
     """
     if not share_port:
-        require_free_port(host, port)
+        require_free_port(host, port, share_option=share_option)
     from granian import Granian
     from granian.constants import Interfaces, Loops
 
@@ -167,7 +176,7 @@ def serve_api(
         DependencyUnreachable: a store refuses as configured (wrong credentials, unknown database).
     """
     if not share_port:
-        require_free_port(host, port)
+        require_free_port(host, port, share_option=SHARE_PORT_OPTION)
     # The multiprocess directory first: the check imports prometheus_client, which reads it once.
     with metrics_directory(settings.metrics.enabled):
         from service.startup import report_dependencies
@@ -175,5 +184,5 @@ def serve_api(
         for away in run_async(report_dependencies(settings)):
             warn(f"flashsale: {away}; starting anyway, not ready until it answers")
         return run_async(shards_short(settings, workers)) or serve_app(
-            target, host, port, workers, share_port=share_port
+            target, host, port, workers, share_port=share_port, share_option=SHARE_PORT_OPTION
         )

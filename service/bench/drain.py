@@ -40,7 +40,7 @@ from service.bench.raw_writer import RawOrder, make_orders, write_orders
 from service.bench.rows import DRAIN_ROWS, Row, merge_rounds
 from service.bench.server import Child, flashsale_argv
 from service.domain.model.order_message import OrderMessage
-from service.domain.model.stock import ReserveOutcome
+from service.domain.model.stock import ReserveOutcome, ReserveRequest
 from service.settings import Settings
 
 POLL_SECONDS = 0.05
@@ -93,7 +93,7 @@ async def reserve_only(ctx: Context, orders: list[RawOrder]) -> Row:
         async def reserve_in_turn() -> None:
             for o in todo:  # shared: each order is taken by one task
                 answer = await stores.reservations.reserve(
-                    o.product_id, o.request_id, o.user_id, 1, o.order_no, new_attempt()
+                    ReserveRequest(o.product_id, o.request_id, o.user_id, 1, o.order_no, new_attempt())
                 )
                 if answer.outcome is not ReserveOutcome.RESERVED:
                     refused.append(str(answer.outcome))

@@ -173,7 +173,7 @@ def _where_to_watch(sale: Sale, hosts: CrowdHosts, console: Console) -> None:
     admin = issue_token(sale.settings.auth.jwt_secret, "sale-admin", admin=True, ttl_seconds=ttl)
     console.print(f"API: {sale.url}", soft_wrap=True)
     console.print(f"admin token (valid {ttl // 60} min): {admin}", soft_wrap=True)
-    console.print(f"ops page: {sale.url}/ops?token={admin}", soft_wrap=True)
+    console.print(f"ops page: {sale.url}/ops#token={admin}", soft_wrap=True)
     ui = f"http://{hosts.bind}:{hosts.web_port}" if hosts.web else "off (headless; --web opens it)"
     console.print(f"Locust: master {hosts.bind}:{hosts.master_port}, {hosts.workers} local workers, web UI {ui}")
     if hosts.remote:

@@ -134,7 +134,7 @@ async def noop_skipped(client: httpx.AsyncClient, sale: Sale, noop_requests: int
     except httpx.HTTPError as exc:
         raise SetupError(f"probing {NOOP_PATH} failed: {exc!r}") from exc
     if response.status_code == 404:
-        return f"{NOOP_PATH} answered 404: not mounted (the API needs FLASHSALE_BENCH_ROUTES=true)"
+        return f"{NOOP_PATH} answered 404: not mounted (only the sale's own API, service.bench.product_app, has it)"
     return None
 
 

@@ -34,6 +34,7 @@ from service.bench.rows import (
 from service.bench.run import bench_settings
 from service.bench.wrk import write_script
 from service.cli.main import main
+from service.sale.isolation import free_port
 from service.settings import get_settings
 
 
@@ -52,20 +53,21 @@ def test_the_bench_servers_run_on_the_granian_options_of_flashsale_serve(monkeyp
     async def stores_answer(settings: object) -> list[str]:  # unit tests run without the stores
         return []
 
+    product_port, bare_port = free_port(), free_port()  # probed as free first: no fixed port (8100 is the channel's)
     monkeypatch.setattr("granian.Granian", Recorder)
     monkeypatch.setattr("service.startup.report_dependencies", stores_answer)
     monkeypatch.setenv("FLASHSALE_ENV", "development")
     get_settings.cache_clear()
     try:
-        result = CliRunner().invoke(main, ["serve", "--port", "8100", "--workers", "3"])
+        result = CliRunner().invoke(main, ["serve", "--port", str(product_port), "--workers", "3"])
     finally:
         get_settings.cache_clear()
     assert result.exit_code == 0, result.output
-    server.main(["service.bench.bare_app:create_app", "--port", "8101", "--workers", "2"])
+    server.main(["service.bench.bare_app:create_app", "--port", str(bare_port), "--workers", "2"])
     product, bare = calls
     differ = ("target", "port", "workers")
-    assert [product.pop(k) for k in differ] == ["service.api.app:create_app", 8100, 3]
-    assert [bare.pop(k) for k in differ] == ["service.bench.bare_app:create_app", 8101, 2]
+    assert [product.pop(k) for k in differ] == ["service.api.app:create_app", product_port, 3]
+    assert [bare.pop(k) for k in differ] == ["service.bench.bare_app:create_app", bare_port, 2]
     assert product == bare
     assert product["factory"] is True and str(getattr(product["interface"], "value", "")) == "asgi"
 

@@ -1,6 +1,8 @@
 """The domain speaks the failure vocabulary only (docs/ARCHITECTURE.md, "Failure vocabulary"):
 no module under ``service/domain`` names a driver's exception in an ``except`` clause or imports
-a driver's exception module. The adapters translate (``service.failures``).
+a driver's exception module, and none names ``OSError`` (or its aliases and connection errors):
+the adapters translate socket errors too (``service.failures``), so ``StoreFailure`` is the one
+spelling of a store failure.
 
 Read from the source with ``ast``, as the layer test reads imports, so a new ``except
 RedisError`` fails here before it reaches review.
@@ -13,6 +15,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVERS = ("redis", "sqlalchemy", "asyncmy", "aiormq", "aio_pika", "pamqp")
+# A socket error, by any of its names. TimeoutError stays allowed: asyncio.timeout raises it.
+SOCKET_ERRORS = frozenset(
+    {"OSError", "IOError", "EnvironmentError", "socket.error", "ConnectionError", "ConnectionResetError"}
+    | {"ConnectionRefusedError", "ConnectionAbortedError", "BrokenPipeError"}
+)
 EXCEPTION_MODULES = ("redis.exceptions", "sqlalchemy.exc", "asyncmy.errors", "aiormq.exceptions", "aio_pika.exceptions")
 
 
@@ -71,7 +78,9 @@ def _driver_failures(source: str, where: str) -> list[str]:
                     continue
                 head, _, rest = dotted.partition(".")
                 origin = names.get(head, head) + (f".{rest}" if rest else "")
-                if _is_driver(origin):
+                if origin in SOCKET_ERRORS:
+                    found.append(f"{where}:{node.lineno}: except {dotted} (a socket error: catch StoreFailure)")
+                elif _is_driver(origin):
                     found.append(f"{where}:{node.lineno}: except {dotted} ({origin})")
     return found
 
@@ -93,6 +102,7 @@ def test_the_check_sees_a_planted_driver_exception() -> None:
         "try:\n    pass\nexcept (RedisError, OSError):\n    pass\n"
         "try:\n    pass\nexcept sa_exc.DBAPIError:\n    pass\n"
         "try:\n    pass\nexcept exceptions.AMQPError:\n    pass\n"
+        "try:\n    pass\nexcept TimeoutError:\n    pass\n"
     )
     found = _driver_failures(source, "planted.py")
     assert [line.split(": ", 1)[1] for line in found] == [
@@ -100,6 +110,7 @@ def test_the_check_sees_a_planted_driver_exception() -> None:
         "imports sqlalchemy.exc",
         "imports aiormq",
         "except RedisError (redis.exceptions.RedisError)",
+        "except OSError (a socket error: catch StoreFailure)",
         "except sa_exc.DBAPIError (sqlalchemy.exc.DBAPIError)",
         "except exceptions.AMQPError (aiormq.exceptions.AMQPError)",
     ]

@@ -105,6 +105,7 @@ def _unlike_the_defaults() -> Settings:
         access_log=False,
         log_level="DEBUG",
         env="development",
+        allow_unknown=["FLASHSALE_SIDECAR_MODE"],
     )
 
 

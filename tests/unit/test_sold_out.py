@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from service.domain.errors import InvalidInput
-from service.domain.model.stock import Reservation, ReserveOutcome
+from service.domain.model.stock import Reservation, ReserveOutcome, ReserveRequest
 from service.domain.purchase.answers import PurchaseRejected
 from service.domain.purchase.service import PurchaseService
 from service.domain.purchase.sold_out import FlagAnswer, SoldOutFlags
@@ -116,21 +116,7 @@ class FakeStore:
         self.during = during
         self.calls = 0
 
-    async def reserve(
-        self,
-        product_id: int,
-        request_id: str,
-        user: str,
-        quantity: int,
-        order_no: str,
-        attempt: str,
-        order_token: str | None = None,
-        client: str = "",
-        *,
-        bucket: int = 0,
-        buckets: int = 1,
-        admission: str | None = None,
-    ) -> Reservation:
+    async def reserve(self, request: ReserveRequest) -> Reservation:
         self.calls += 1
         if self.during is not None:
             self.during()
@@ -156,19 +142,27 @@ def _service(store: FakeStore, minter: FakeMinter, flags: SoldOutFlags) -> Purch
     return PurchaseService(store, minter, publisher=None, sold_out=flags)  # type: ignore[arg-type]
 
 
+async def _keyless(service: PurchaseService, user: str, product_id: int, quantity: int, request_id: str) -> None:
+    """A purchase without an Idempotency-Key, as the HTTP edge makes it: the sold-out shortcut
+    (``standing_rejection``) first, then the purchase."""
+    if (answer := service.standing_rejection(product_id, quantity)) is not None:
+        raise answer
+    await service.purchase(user, product_id, quantity, request_id)
+
+
 async def test_a_flagged_keyless_rejection_takes_no_round_trip_and_no_order_number(flags: SoldOutFlags) -> None:
     store, minter = FakeStore(SOLD_OUT), FakeMinter()
     service = _service(store, minter, flags)
     with pytest.raises(PurchaseRejected) as first:
-        await service.purchase("u", 7, 1, "r1", keyed=False)
+        await _keyless(service, "u", 7, 1, "r1")
     assert first.value.code == "sold_out" and (store.calls, minter.taken) == (1, 1)
 
     for n in range(5):
         with pytest.raises(PurchaseRejected) as again:
-            await service.purchase(f"u{n}", 7, 1, f"r-{n}", keyed=False)
+            await _keyless(service, f"u{n}", 7, 1, f"r-{n}")
         assert again.value.code == "sold_out"
     with pytest.raises(InvalidInput) as over:
-        await service.purchase("u", 7, 3, "r-over", keyed=False)
+        await _keyless(service, "u", 7, 3, "r-over")
     assert over.value.field == "quantity"
     assert (store.calls, minter.taken) == (1, 1)  # all answered in the process
 
@@ -178,7 +172,7 @@ async def test_keyed_requests_always_ask_redis(flags: SoldOutFlags) -> None:
     service = _service(store, minter, flags)
     for n in range(3):
         with pytest.raises(PurchaseRejected):
-            await service.purchase("u", 7, 1, f"keyed-{n}", keyed=True)
+            await service.purchase("u", 7, 1, f"keyed-{n}")
     assert store.calls == 3 and flags.verdict(7, 1) is FlagAnswer.SOLD_OUT  # they still raise the flag
 
 
@@ -186,10 +180,10 @@ async def test_a_sold_out_that_raced_a_restock_does_not_stick(flags: SoldOutFlag
     store = FakeStore(SOLD_OUT, during=lambda: flags.restocked(7))  # the announcement lands mid-call
     service = _service(store, FakeMinter(), flags)
     with pytest.raises(PurchaseRejected):
-        await service.purchase("u", 7, 1, "r1", keyed=False)
+        await _keyless(service, "u", 7, 1, "r1")
     assert flags.verdict(7, 1) is None
     store.during = None
     with pytest.raises(PurchaseRejected):
-        await service.purchase("u", 7, 1, "r2", keyed=False)
+        await _keyless(service, "u", 7, 1, "r2")
     assert store.calls == 2  # the second one asked Redis, and now the flag stands
     assert flags.verdict(7, 1) is FlagAnswer.SOLD_OUT

@@ -24,7 +24,14 @@ from service.adapters.redis.keys import ProductKeys, order_key
 from service.adapters.redis.replies import format_queued_order, parse_queued_order, parse_reservation
 from service.adapters.redis.restock_channel import RestockChannel
 from service.adapters.redis.scripts import Scripts
-from service.domain.model.stock import ClaimOutcome, QueuedOrder, ReleaseOutcome, Reservation, RestockOutcome
+from service.domain.model.stock import (
+    ClaimOutcome,
+    QueuedOrder,
+    ReleaseOutcome,
+    Reservation,
+    ReserveRequest,
+    RestockOutcome,
+)
 
 ATTEMPT_TOKEN_BYTES = 8
 """Random bytes of an attempt token (:func:`new_attempt`): 64 bits, hex-encoded."""
@@ -95,40 +102,27 @@ class Reservations:
         self._returned_ttl = returned_marker_ttl_seconds
         self._rate_args = (rate_limits or RateLimits()).script_args()
 
-    async def reserve(
-        self,
-        product_id: int,
-        request_id: str,
-        user_id: str,
-        quantity: int,
-        order_no: str,
-        attempt: str,
-        order_token: str | None = None,
-        client: str = "",
-        *,
-        bucket: int = 0,
-        buckets: int = 1,
-        admission: str | None = None,
-    ) -> Reservation:
-        """``lua/reserve.lua``, one round trip: replay check for ``request_id``, sale loaded and
-        open, per-user limit and quota, numeric stock check, then decrement ``quantity`` units,
-        add the journal entry (with the unit price fixed now) and the replay record (state
-        ``pending``, naming ``attempt``). ``order_no`` is the candidate order number for a new
-        reservation; ``attempt`` a token unique to this HTTP attempt (:func:`new_attempt`): the
-        one :meth:`release` needs. ``ABANDONED`` when :meth:`release` for ``attempt`` already
-        ran. First, in the same call, the purchase rate of ``user_id`` and of the ``client``
-        address on this product (:class:`RateLimits`): ``RATE_LIMITED`` with ``retry_after_ms``
-        when either is spent. ``MOVED`` when the product sells from MySQL (stock mode
-        ``database``). When the product needs an order token, ``order_token`` must be one
-        issued to ``user_id`` (:class:`.order_tokens.OrderTokens`; else ``TOKEN_REQUIRED`` /
-        ``TOKEN_INVALID``); it is deleted in the same call when the reservation is made. Only
-        ``RESERVED`` writes stock, quota, journal or replay record. Concurrent calls share a
-        pipeline (:class:`CommandBatcher`). ``bucket`` is the buyer's among the ``buckets`` the
-        caller believes the product has; ``REBUCKET`` (nothing read or spent) names the
-        product's real count. On a product with a waiting room, ``admission`` must be the token
-        the room admitted ``user_id`` with, not expired (else ``ADMISSION_REQUIRED``); the
-        reservation consumes it in the same call."""
-        keys = ProductKeys(self._prefix, product_id, bucket)
+    async def reserve(self, request: ReserveRequest) -> Reservation:
+        """``lua/reserve.lua``, one round trip (:class:`ReserveRequest` names what it asks).
+
+        First the purchase rate of the user and of the client address on this product
+        (:class:`RateLimits`): ``RATE_LIMITED`` with ``retry_after_ms`` when either is spent.
+        Then the replay check for the request id, sale loaded and open, per-user limit and quota,
+        numeric stock check; then it decrements the units asked, adds the journal entry (with the
+        unit price fixed now) and the replay record (state ``pending``, naming the attempt).
+        ``order_no`` is the candidate order number for a new reservation; ``attempt`` a token
+        unique to this HTTP attempt (:func:`new_attempt`): the one :meth:`release` needs.
+        ``ABANDONED`` when :meth:`release` for that attempt already ran. ``MOVED`` when the
+        product sells from MySQL (stock mode ``database``). When the product needs an order
+        token, ``order_token`` must be one issued to the user (:class:`.order_tokens.OrderTokens`;
+        else ``TOKEN_REQUIRED`` / ``TOKEN_INVALID``); it is deleted in the same call when the
+        reservation is made. ``bucket`` is the buyer's among the ``buckets`` the caller believes
+        the product has; ``REBUCKET`` (nothing read or spent) names the product's real count. On
+        a product with a waiting room, ``admission`` must be the token the room admitted the
+        user with, not expired (else ``ADMISSION_REQUIRED``); the reservation consumes it in the
+        same call. Only ``RESERVED`` writes stock, quota, journal or replay record. Concurrent
+        calls share a pipeline (:class:`CommandBatcher`)."""
+        keys = ProductKeys(self._prefix, request.product_id, request.bucket)
         started = perf_counter()
         reply = await self._scripts.run_batched(
             self._batcher,
@@ -138,26 +132,26 @@ class Reservations:
                 keys.sale,
                 keys.journal,
                 keys.quota,
-                keys.replay(request_id),
-                keys.user_rate(user_id),
-                keys.address_rate(client),
-                keys.order_token(order_token or ""),
+                keys.replay(request.request_id),
+                keys.user_rate(request.user_id),
+                keys.address_rate(request.client),
+                keys.order_token(request.order_token or ""),
                 keys.units,
                 keys.room_admitted,
                 keys.room_grants,
                 keys.room,
             ],
             args=[
-                request_id,
-                user_id,
-                quantity,
-                order_no,
+                request.request_id,
+                request.user_id,
+                request.quantity,
+                request.order_no,
                 self._replay_ttl,
-                attempt,
+                request.attempt,
                 *self._rate_args,
-                "0" if order_token is None else "1",
-                buckets,
-                admission or "",
+                "0" if request.order_token is None else "1",
+                request.buckets,
+                request.admission or "",
             ],
         )
         _RESERVE_SECONDS.observe(perf_counter() - started)

@@ -29,11 +29,10 @@ from service.api.params import (
     OrderTokenHeader,
 )
 from service.api.problems import problem_response
-from service.domain.errors import Conflict, DomainError
-from service.domain.model.stock import ReserveOutcome
+from service.domain.errors import DomainError
 from service.domain.orders.service import OrderPage, OrderService, OrderView
-from service.domain.purchase.answers import rejected
-from service.domain.purchase.request_id import is_valid_idempotency_key, request_id_for, request_id_from_key
+from service.domain.purchase.answers import Accepted
+from service.domain.purchase.request_id import identify, mint_request_id
 from service.domain.purchase.service import PurchaseService
 from service.domain.stock.catalog import PositiveId
 
@@ -44,6 +43,27 @@ ADMISSION_REQUIRED = "admission_required"
 def _queue_url(product_id: int) -> str:
     """Where a buyer without an admission queues for ``product_id`` (the waiting room's join route)."""
     return f"/api/v1/products/{product_id}/queue"
+
+
+def _refused(exc: DomainError, product_id: int) -> Response[Any]:
+    """The problem answer of a refused purchase: ``admission_required`` names the waiting room to
+    join (``queue``); any other error goes to the app's handler (service/api/problems.py)."""
+    if exc.code == ADMISSION_REQUIRED:
+        return problem_response(exc, queue=_queue_url(product_id))
+    raise exc
+
+
+def _answer(request: Request[User, Any, Any], accepted: Accepted) -> Response[OrderAccepted]:
+    """202 with the queued order (stock mode ``redis``) or 201 with the written one (``database``)."""
+    _ACCEPTED.inc()
+    request_telemetry.note_order(request.scope, accepted.request_id, accepted.order_no)
+    status = accepted.status or "queued"
+    body = OrderAccepted(accepted.order_no, accepted.request_id, status, accepted.product_id, accepted.quantity)
+    return Response(
+        body,
+        status_code=202 if accepted.status is None else 201,
+        headers={"Location": f"/api/v1/orders/{accepted.order_no}"},
+    )
 
 
 class PurchaseRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -133,49 +153,28 @@ class OrderController(Controller):
         idempotency_key_reused, 428 token_required / admission_required (with ``queue``, the
         waiting room to join), 429 too_many_requests, 503 unavailable."""
         data = await decode_body(request, PurchaseRequest)
-        if admission_token is not None and not is_valid_idempotency_key(admission_token):
-            return problem_response(rejected(ReserveOutcome.ADMISSION_REQUIRED), queue=_queue_url(data.product_id))
-        if order_token is not None:
-            if not is_valid_idempotency_key(order_token):
-                return problem_response(
-                    Conflict("The Order-Token is unknown, expired or not yours.", code="token_invalid")
-                )
-            request_id = request_id_from_key(request.user.id, data.product_id, f"order-token:{order_token}")
-        elif idempotency_key is None and admission_token is not None:
-            # A retry after a 503 with the same admission is the same purchase (its record
-            # holds the admission it consumed).
-            request_id = request_id_from_key(request.user.id, data.product_id, f"admission:{admission_token}")
-        elif idempotency_key is None and (answer := purchases.standing_rejection(data.product_id, data.quantity)):
+        user_id, product_id = request.user.id, data.product_id
+        try:
+            request_id = identify(user_id, product_id, idempotency_key, order_token, admission_token)
+        except DomainError as exc:
+            return _refused(exc, product_id)
+        if request_id is None and (answer := purchases.standing_rejection(product_id, data.quantity)):
             metrics.purchase_outcome(answer.code, "sold_out_flag").inc()
             return problem_response(answer)  # a stampede's usual answer: no Redis, no raise
-        else:
-            request_id = request_id_for(request.user.id, data.product_id, idempotency_key)
         try:
-            client = request.client.host if request.client is not None else ""
             accepted = await purchases.purchase(
-                request.user.id,
-                data.product_id,
+                user_id,
+                product_id,
                 data.quantity,
-                request_id,
-                keyed=idempotency_key is not None or order_token is not None or admission_token is not None,
+                request_id or mint_request_id(),
                 order_token=order_token,
-                client=client,
+                client=request.client.host if request.client is not None else "",
                 admission=admission_token,
             )
         except DomainError as exc:
             metrics.purchase_outcome(exc.code).inc()
-            if exc.code == ADMISSION_REQUIRED:
-                return problem_response(exc, queue=_queue_url(data.product_id))
-            raise
-        _ACCEPTED.inc()
-        request_telemetry.note_order(request.scope, accepted.request_id, accepted.order_no)
-        status = accepted.status or "queued"
-        body = OrderAccepted(accepted.order_no, accepted.request_id, status, accepted.product_id, accepted.quantity)
-        return Response(
-            body,
-            status_code=202 if accepted.status is None else 201,
-            headers={"Location": f"/api/v1/orders/{accepted.order_no}"},
-        )
+            return _refused(exc, product_id)
+        return _answer(request, accepted)
 
     @post(
         "/tokens",

@@ -8,7 +8,7 @@ MySQL purchase path answers with the same :class:`ReserveOutcome` (docs/ARCHITEC
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -57,6 +57,29 @@ class RestockOutcome(StrEnum):
     RETURNED = "returned"  # units (and, for a cancel, the per-user quota) are back in Redis
     DONE = "done"  # this order's units were given back before
     REALIGNED = "realigned"  # a realignment whose snapshot held the return already counted them
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveRequest:
+    """What one reserve call asks (``lua/reserve.lua``): ``quantity`` units of ``product_id``
+    for ``user_id`` under ``request_id``; ``order_no`` is the candidate order number and
+    ``attempt`` the token of this HTTP attempt (the one a release must name); ``order_token``
+    the ``Order-Token`` header, if any; ``client`` the caller's address (per-address rate);
+    ``bucket`` the buyer's stock bucket among the ``buckets`` the caller believes the product
+    has; ``admission`` the waiting room's Admission-Token, if any."""
+
+    product_id: int
+    request_id: str
+    user_id: str
+    quantity: int
+    order_no: str
+    attempt: str
+    order_token: str | None = None
+    client: str = ""
+    _: KW_ONLY
+    bucket: int = 0
+    buckets: int = 1
+    admission: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

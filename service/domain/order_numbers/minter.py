@@ -241,7 +241,7 @@ class OrderNumberMinter:
             try:
                 seen = await self._generations.current(shard)
                 won = await self._generations.bump(shard, seen)
-            except (StoreFailure, OSError) as exc:  # e.g. too many connections: try again shortly
+            except StoreFailure as exc:  # e.g. too many connections: try again shortly
                 log.warning("order_no_generation_unavailable", shard=shard, error=repr(exc))
                 await asyncio.sleep(0.05)
                 continue

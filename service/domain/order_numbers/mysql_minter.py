@@ -117,8 +117,7 @@ class MysqlOrderNumberMinter:
 
         Raises:
             service.failures.StoreFailure: MySQL failed (unavailable, or the retries of a deadlock
-                or lock wait exhausted).
-            OSError: MySQL could not be reached.
+                or lock wait exhausted; not reached: :class:`~service.failures.StoreUnavailable`).
         """
         if (order_no := self._from_block()) is not None:
             return order_no

@@ -1,4 +1,5 @@
-"""Request ids: the idempotency key of an order (``orders.request_id``, the AMQP ``message_id``).
+"""Request ids: the idempotency key of an order (``orders.request_id``, the AMQP ``message_id``),
+and which one a purchase request carries (:func:`identify`).
 
 Always 32 lowercase hex characters:
 - minted by the server when no ``Idempotency-Key`` is sent: 48-bit Unix milliseconds followed
@@ -15,7 +16,9 @@ import re
 import secrets
 import time
 
-from service.domain.errors import InvalidInput
+from service.domain.errors import Conflict, InvalidInput
+from service.domain.model.stock import ReserveOutcome
+from service.domain.purchase.answers import rejected
 
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,64}")
 USER_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
@@ -57,3 +60,35 @@ def request_id_for(user_id: str, product_id: int, idempotency_key: str | None) -
     if not is_valid_idempotency_key(idempotency_key):
         raise InvalidInput("Idempotency-Key", "must be 1-64 visible ASCII characters", "invalid_idempotency_key")
     return request_id_from_key(user_id, product_id, idempotency_key)
+
+
+def identify(
+    user_id: str,
+    product_id: int,
+    idempotency_key: str | None,
+    order_token: str | None,
+    admission_token: str | None,
+) -> str | None:
+    """The request id a purchase's headers name, or None when they name none (no
+    ``Idempotency-Key``, ``Order-Token`` or ``Admission-Token``: the server mints one,
+    :func:`mint_request_id`, and a standing sold-out flag may answer first). An ``Order-Token``
+    is the purchase's key (it wins over ``Idempotency-Key``); without an ``Idempotency-Key`` an
+    ``Admission-Token`` is (a retry after a 503 with the same admission is the same purchase:
+    its record holds the admission it consumed).
+
+    Raises:
+        PurchaseRejected: ``admission_required`` (an ``Admission-Token`` that cannot be one).
+        Conflict: ``token_invalid`` (an ``Order-Token`` that cannot be one).
+        InvalidInput: ``invalid_idempotency_key``.
+    """
+    if admission_token is not None and not is_valid_idempotency_key(admission_token):
+        raise rejected(ReserveOutcome.ADMISSION_REQUIRED)
+    if order_token is not None:
+        if not is_valid_idempotency_key(order_token):
+            raise Conflict("The Order-Token is unknown, expired or not yours.", code="token_invalid")
+        return request_id_from_key(user_id, product_id, f"order-token:{order_token}")
+    if idempotency_key is None and admission_token is not None:
+        return request_id_from_key(user_id, product_id, f"admission:{admission_token}")
+    if idempotency_key is None:
+        return None
+    return request_id_for(user_id, product_id, idempotency_key)

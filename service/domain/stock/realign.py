@@ -55,6 +55,7 @@ from service.domain.model.stock import JournalEntry, RealignResult, SaleTerms
 from service.domain.stock.buckets import bucket_of, split
 from service.domain.stock.lost_commits import ResolvedKeeping
 from service.domain.stock.realign_report import RealignReport, observe
+from service.domain.stock.replay_restore import ReplayRestorer
 from service.domain.stock.republish import Republisher
 from service.domain.stock.snapshot import BucketView, resolved_in, sale_terms
 from service.failures import StoreFailure
@@ -83,10 +84,6 @@ LOCK_WAIT_SECONDS = 30.0
 """How long a pass waits for another pass of the product to release the lock (seconds)."""
 STALE_RETRIES = 3
 """A pass over several buckets that a newer MySQL state made stale runs again, this many times."""
-QUEUED_WAIT_SECONDS = 15.0
-"""How long a pass that reloads a lost bucket waits for the orders queued at the loss to be written."""
-CONSUMER_SETTLE_SECONDS = 0.5
-"""Once no order message is ready: time for the batches consumers hold to commit."""
 
 
 class RealignmentBusy(Unavailable):
@@ -114,6 +111,7 @@ class Realigner:
         self._grace_ms = int(grace_seconds * 1000)
         self._publisher = publisher
         self._republisher = None if publisher is None else Republisher(store, publisher, self._grace_ms)
+        self._replays = ReplayRestorer(engine, store, publisher)
         self._buckets: dict[int, int] = {}
 
     async def product_ids(self) -> list[int]:
@@ -139,49 +137,6 @@ class Realigner:
         if product_id is None:
             return await self.realign_all(dry_run)
         return [await self.realign(product_id, dry_run)]
-
-    async def _restore_replays(self, product_id: int, buckets: int, lost: set[int], *, after_sales: bool) -> None:
-        """Redis does not hold the product's buckets ``lost`` (lost, rolled back, or never
-        loaded): give back the replay records of their buyers' orders still in the replay
-        window, read fresh from MySQL just before the stock is loaded (until then reserves answer
-        ``not loaded``), so a buyer who retries with the same Idempotency-Key is answered the
-        order they have, not a second one. When the product ``after_sales`` had sold, the orders
-        still queued at the loss are written first (:meth:`_queued_orders_written`), so their
-        records are given back too."""
-        if after_sales:
-            await self._queued_orders_written()
-        async with self.engine.connect() as conn:
-            found = await conn.execute(orders.REPLAYABLE, {"p": product_id, "s": self._store.replays.ttl_seconds})
-            by_bucket: dict[int, list[tuple[str, str, int, int]]] = defaultdict(list)
-            for row in found:
-                by_bucket[bucket_of(row.user_id, buckets)].append(
-                    (row.request_id, row.order_no, row.quantity, int(row.age))
-                )
-        for bucket in sorted(lost & by_bucket.keys()):
-            restored = await self._store.replays.restore(product_id, by_bucket[bucket], bucket=bucket)
-            if restored:
-                log.warning("replay_records_restored", product_id=product_id, bucket=bucket, restored=restored)
-
-    async def _queued_orders_written(self) -> None:
-        """Wait, at most :data:`QUEUED_WAIT_SECONDS`, until the broker holds no order message
-        ready (order and retry queues), then :data:`CONSUMER_SETTLE_SECONDS` for the batches
-        consumers hold to commit: the orders accepted before Redis lost its data have their rows
-        by then. Without a publisher, or when the broker cannot be asked, no wait (a retry of such
-        an order may then be answered a second order number: recorded ``rejected``)."""
-        if self._publisher is None:
-            return
-        deadline = time.monotonic() + QUEUED_WAIT_SECONDS
-        while time.monotonic() < deadline:
-            try:
-                waiting = await self._publisher.orders_waiting()
-            except StoreFailure as exc:
-                log.warning("queued_orders_unknown", error=repr(exc))
-                return
-            if waiting == 0:
-                await asyncio.sleep(CONSUMER_SETTLE_SECONDS)
-                return
-            await asyncio.sleep(0.1)
-        log.warning("queued_orders_still_waiting", seconds=QUEUED_WAIT_SECONDS)
 
     async def realign(
         self, product_id: int, dry_run: bool = False, *, open_sale: bool = False, favour: tuple[int, int] | None = None
@@ -291,7 +246,7 @@ class Realigner:
         lost = {view.bucket for view in views if view.size is None}
         if lost and not dry_run:
             # A product that sold nothing has no order to wait for (its first load, typically).
-            await self._restore_replays(product_id, buckets, lost, after_sales=mysql_sold > 0)
+            await self._replays.restore(product_id, buckets, lost, after_sales=mysql_sold > 0)
         results: list[RealignResult] = []
         now_ms = await self._store.stock.server_time_ms()
         for view in views:

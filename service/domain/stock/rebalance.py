@@ -57,7 +57,7 @@ class Rebalancer:
     async def _pass(self, product_id: int, favour: tuple[int, int]) -> None:
         try:
             await self._realigner.realign(product_id, favour=favour)
-        except (DomainError, StoreFailure, OSError) as exc:
+        except (DomainError, StoreFailure) as exc:
             log.warning("rebalance_failed", product_id=product_id, error=repr(exc))
         finally:
             self._last[product_id] = time.monotonic()

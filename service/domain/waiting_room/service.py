@@ -131,7 +131,7 @@ class WaitingRoomService:
             token = flags.token(product_id)
         try:
             visit = await self._rooms.visit(product_id, user_id, join=join, pace=self._pace)
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             log.warning("waiting_room_unavailable", product_id=product_id, error=repr(exc))
             raise Unavailable(unavailable_detail("Waiting room")) from exc
         if visit.state is RoomState.OFF:
@@ -199,7 +199,7 @@ class WaitingRoomService:
         when this one did not get through)."""
         try:
             await record_draw(self._engine, self._rooms, product_id)
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             log.error("waiting_room_draw_not_recorded", product_id=product_id, error=repr(exc))
 
     async def _known(self, product_id: int) -> None:
@@ -207,7 +207,7 @@ class WaitingRoomService:
         try:
             async with self._engine.connect() as conn:
                 row = (await conn.execute(products.ROUTING, {"id": product_id})).first()
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             raise Unavailable(unavailable_detail("Product database")) from exc
         if row is None:
             raise ProductNotFound(product_id)

@@ -17,7 +17,14 @@ from redis.asyncio import Redis
 from service.adapters.redis.reservations import new_attempt
 from service.adapters.redis.stores import make_stores
 from service.api.app import create_app
-from service.domain.model.stock import ClaimOutcome, ReleaseOutcome, ReserveOutcome, RestockOutcome, SaleTerms
+from service.domain.model.stock import (
+    ClaimOutcome,
+    ReleaseOutcome,
+    ReserveOutcome,
+    ReserveRequest,
+    RestockOutcome,
+    SaleTerms,
+)
 from service.domain.order_numbers.format import compose_order_no
 from service.settings import Settings
 from tests.support import PausableProxy, buy, private_redis, serving
@@ -87,12 +94,12 @@ async def test_every_script_runs_after_a_flush(own_redis, product_id):
         first, second = "0" * 31 + "1", "0" * 31 + "2"
         await raw.script_flush()
         reserved = await store.reservations.reserve(
-            product_id, first, "u1", 1, compose_order_no("FS", "20261130000000", 1, 1), new_attempt()
+            ReserveRequest(product_id, first, "u1", 1, compose_order_no("FS", "20261130000000", 1, 1), new_attempt())
         )
         assert reserved.outcome is ReserveOutcome.RESERVED
         second_attempt = new_attempt()
         await store.reservations.reserve(
-            product_id, second, "u2", 1, compose_order_no("FS", "20261130000000", 1, 2), second_attempt
+            ReserveRequest(product_id, second, "u2", 1, compose_order_no("FS", "20261130000000", 1, 2), second_attempt)
         )
 
         await raw.script_flush()

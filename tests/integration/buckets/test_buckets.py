@@ -11,7 +11,7 @@ from redis.crc import key_slot
 
 from service.adapters.redis.buckets import StockBuckets
 from service.adapters.redis.stores import open_stores
-from service.domain.model.stock import ReserveOutcome
+from service.domain.model.stock import ReserveOutcome, ReserveRequest
 from service.domain.stock import realign as realign_module
 from service.domain.stock.buckets import bucket_of
 from service.domain.stock.realign import Realigner
@@ -143,7 +143,9 @@ async def test_the_bucket_count_is_fixed_and_a_caller_with_another_is_told(
     assert (await client.put(f"/api/v1/admin/products/{product_id}", json={"stock": 12}, headers=admin)).is_success
     assert await bucket_stocks(store, product_id) == [4, 4, 4]
 
-    reply = await store.reservations.reserve(product_id, "r-1", "someone", 1, "X", "attempt", bucket=0, buckets=1)
+    reply = await store.reservations.reserve(
+        ReserveRequest(product_id, "r-1", "someone", 1, "X", "attempt", bucket=0, buckets=1)
+    )
     assert (reply.outcome, reply.buckets) == (ReserveOutcome.REBUCKET, K)
     assert await bucket_stocks(store, product_id) == [4, 4, 4]
 

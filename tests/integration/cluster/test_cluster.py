@@ -23,6 +23,7 @@ from service.adapters.redis.client import _Tuned
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stores import RedisStores, make_stores
 from service.api.tokens import issue_token
+from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.orders.lifecycle import expire_unpaid
@@ -321,7 +322,7 @@ async def test_an_unreachable_cluster_is_a_redis_connection_error_naming_the_url
     store = make_stores(nowhere)
     try:
         with pytest.raises(StoreUnavailable) as raised:
-            await store.reservations.reserve(1, "r", "u", 1, "FS0", "a")
+            await store.reservations.reserve(ReserveRequest(1, "r", "u", 1, "FS0", "a"))
         assert isinstance(raised.value.__cause__, RedisConnectionError)
     finally:
         await store.aclose()

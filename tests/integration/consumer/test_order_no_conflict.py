@@ -10,6 +10,7 @@ from service.adapters.broker import queue_depth
 from service.adapters.redis.reservations import new_attempt
 from service.domain.fulfilment.order_writer import Outcome, write_orders
 from service.domain.model.order_message import OrderMessage, encode_order
+from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.conflicts import stand_in_order_no
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
@@ -52,7 +53,9 @@ async def test_a_taken_number_met_by_the_consumer_is_resolved_and_readable(
     messages = []
     for user in ("first-buyer", "second-buyer"):  # the minter handed one number to two requests
         request_id = mint_request_id()
-        reservation = await store.reservations.reserve(product_id, request_id, user, 1, order_no, new_attempt())
+        reservation = await store.reservations.reserve(
+            ReserveRequest(product_id, request_id, user, 1, order_no, new_attempt())
+        )
         assert reservation.outcome == "reserved"
         messages.append(OrderMessage(request_id, order_no, user, product_id, 1, reservation.reserved_at_ms, 1500))
     dead_before = await queue_depth(amqp_channel, settings.amqp.dead_letter_queue)

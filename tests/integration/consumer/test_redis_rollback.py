@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from service.domain.fulfilment.order_writer import OrderWriter, Outcome
 from service.domain.model.order_message import OrderMessage
+from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock.realign import Realigner
@@ -20,13 +21,13 @@ async def test_a_confirmed_retry_is_written_after_redis_rolled_back_to_its_first
     await put_product(product_id, stock=3, limit=1)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261203000000", 98, 11)
-    first = await store.reservations.reserve(product_id, request_id, "u", 1, order_no, "a1")
+    first = await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, order_no, "a1"))
     assert first.outcome == "reserved"
     assert await store.reservations.release(product_id, request_id, "a1") == "released"  # first attempt: 503
     snapshot = await RedisSnapshot(redis, settings, product_id).take()
 
     retry = await store.reservations.reserve(
-        product_id, request_id, "u", 1, compose_order_no("FS", "20261203000000", 98, 12), "a2"
+        ReserveRequest(product_id, request_id, "u", 1, compose_order_no("FS", "20261203000000", 98, 12), "a2")
     )
     assert (retry.outcome, retry.order_no) == ("reserved", order_no)  # the retry reuses the number
     confirmed = OrderMessage(request_id, order_no, "u", product_id, 1, retry.reserved_at_ms, 1500, attempt="a2")
@@ -48,7 +49,7 @@ async def test_the_released_attempts_own_message_is_dropped(store, put_product, 
     await put_product(product_id, stock=3, limit=1)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261203000000", 98, 13)
-    reserved = await store.reservations.reserve(product_id, request_id, "u", 1, order_no, "a1")
+    reserved = await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, order_no, "a1"))
     assert await store.reservations.release(product_id, request_id, "a1") == "released"
     late = OrderMessage(request_id, order_no, "u", product_id, 1, reserved.reserved_at_ms, 1500, attempt="a1")
     assert await OrderWriter(engine, store).write([late]) == [Outcome.RELEASED]
@@ -72,18 +73,20 @@ async def test_a_rolled_back_product_sells_nothing_until_realigned_then_a_retry_
     snapshot = await RedisSnapshot(redis, settings, product_id).take()
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261203000000", 98, 21)
-    reserved = await store.reservations.reserve(product_id, request_id, "u", 1, order_no, "a1")
+    reserved = await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, order_no, "a1"))
     message = OrderMessage(request_id, order_no, "u", product_id, 1, reserved.reserved_at_ms, 1500, attempt="a1")
     assert await OrderWriter(engine, store).write([message]) == [Outcome.APPLIED]
 
     await snapshot.restore()
     await _server_of_another_life(redis, store, product_id)
     retry = compose_order_no("FS", "20261203000000", 98, 22)
-    assert (await store.reservations.reserve(product_id, request_id, "u", 1, retry, "a2")).outcome == "not_loaded"
+    assert (
+        await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, retry, "a2"))
+    ).outcome == "not_loaded"
 
     report = await Realigner(engine, store, grace_seconds=60).realign(product_id)
     assert (report.redis_stock_after, report.in_flight) == (2, 0)
-    again = await store.reservations.reserve(product_id, request_id, "u", 1, retry, "a3")
+    again = await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, retry, "a3"))
     assert (again.outcome, again.order_no) == ("replay", order_no)
     assert [row.order_no for row in await order_rows(engine, product_id)] == [order_no]
 

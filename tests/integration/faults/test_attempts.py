@@ -10,7 +10,7 @@ through the RedisStores; a reply lost on the wire is lost by a TCP proxy
 from __future__ import annotations
 
 from service.bootstrap import open_api
-from service.domain.model.stock import ReleaseOutcome, ReserveOutcome
+from service.domain.model.stock import ReleaseOutcome, ReserveOutcome, ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from tests.support import (
@@ -78,7 +78,7 @@ async def test_a_concurrent_first_attempt_whose_reply_is_lost_leaves_the_other_r
     keys = store.product_keys(product_id)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000000", 96, product_id % 1_000_000)
-    first = await store.reservations.reserve(product_id, request_id, "victim", 1, order_no, "attempt-a")
+    first = await store.reservations.reserve(ReserveRequest(product_id, request_id, "victim", 1, order_no, "attempt-a"))
     assert first.outcome is ReserveOutcome.RESERVED
     before = await redis_state(redis, settings, product_id)
     record_before = await redis.hgetall(keys.replay(request_id))
@@ -116,13 +116,13 @@ async def test_a_reserve_arriving_after_its_attempt_was_answered_503_writes_noth
     ttl = await redis.ttl(keys.replay(request_id))
     assert 0 < ttl <= settings.orders.replay_ttl_seconds
 
-    late = await store.reservations.reserve(product_id, request_id, "u", 1, order_no, "late")
+    late = await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, order_no, "late"))
     assert (late.outcome, late.order_no) == (ReserveOutcome.ABANDONED, "")
     state = await redis_state(redis, settings, product_id)
     assert (state["stock"], state["journal"], state["quota"]) == ("3", {}, {})
     assert await redis.hgetall(keys.replay(request_id)) == {"abandoned:late": "1"}
 
-    retry = await store.reservations.reserve(product_id, request_id, "u", 1, order_no, "retry")
+    retry = await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, order_no, "retry"))
     assert (retry.outcome, retry.order_no) == (ReserveOutcome.RESERVED, order_no)
     state = await redis_state(redis, settings, product_id)
     assert (state["stock"], list(state["journal"]), state["quota"]) == ("2", [request_id], {"u": "1"})
@@ -140,15 +140,15 @@ async def test_a_retry_after_a_released_attempt_reuses_its_order_number(
     other_no = compose_order_no("FS", "20261130000001", 94, product_id % 1_000_000)
 
     assert (
-        await store.reservations.reserve(product_id, request_id, "u", 1, first_no, "a")
+        await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, first_no, "a"))
     ).outcome is ReserveOutcome.RESERVED
     assert await store.reservations.release(product_id, request_id, "a") is ReleaseOutcome.RELEASED
     assert await store.reservations.release(product_id, request_id, "b") is ReleaseOutcome.ABSENT
     assert (
-        await store.reservations.reserve(product_id, request_id, "u", 1, other_no, "b")
+        await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, other_no, "b"))
     ).outcome is ReserveOutcome.ABANDONED
 
-    retry = await store.reservations.reserve(product_id, request_id, "u", 1, other_no, "c")
+    retry = await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, other_no, "c"))
     assert (retry.outcome, retry.order_no) == (ReserveOutcome.RESERVED, first_no)
     assert (
         await store.reservations.release(product_id, request_id, "a") is ReleaseOutcome.ABSENT
@@ -166,7 +166,7 @@ async def test_a_release_never_gives_back_a_queued_reservation(settings, put_pro
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000000", 93, product_id % 1_000_000)
     assert (
-        await store.reservations.reserve(product_id, request_id, "u", 1, order_no, "a")
+        await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, order_no, "a"))
     ).outcome is ReserveOutcome.RESERVED
     assert await store.replays.mark_queued_if_pending(product_id, request_id)
     assert await store.reservations.release(product_id, request_id, "a") is ReleaseOutcome.CLAIMED

@@ -9,6 +9,7 @@ from consumers.order_consumer import OrderConsumer
 from service.api.app import create_app
 from service.bootstrap import open_api
 from service.domain.model.order_message import OrderMessage, encode_order
+from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.answers import PurchaseRejected
 from service.domain.purchase.request_id import mint_request_id
@@ -77,7 +78,7 @@ async def test_release_after_a_consumer_claimed_keeps_the_order(store, put_produ
     keys = store.product_keys(product_id)
     request_id = "0" * 31 + "1"
     outcome = await store.reservations.reserve(
-        product_id, request_id, "u", 1, compose_order_no("FS", "20261130000000", 98, 1), "a1"
+        ReserveRequest(product_id, request_id, "u", 1, compose_order_no("FS", "20261130000000", 98, 1), "a1")
     )
     assert outcome.outcome == "reserved"
     assert await store.reservations.claim(product_id, request_id) == "held"
@@ -92,7 +93,9 @@ async def test_late_copy_of_a_released_message_is_dropped(store, put_product, pr
     keys = store.product_keys(product_id)
     request_id = "0" * 31 + "2"
     order_no = compose_order_no("FS", "20261130000000", 98, 2)
-    reserved_at = (await store.reservations.reserve(product_id, request_id, "u", 1, order_no, "a2")).reserved_at_ms
+    reserved_at = (
+        await store.reservations.reserve(ReserveRequest(product_id, request_id, "u", 1, order_no, "a2"))
+    ).reserved_at_ms
     assert await store.reservations.release(product_id, request_id, "a2") == "released"
     assert await store.reservations.release(product_id, request_id, "a2") == "absent"  # idempotent
 

@@ -16,6 +16,7 @@ from service.adapters.broker import Publisher, queue_depth
 from service.adapters.publish_groups import Group
 from service.api.app import create_app
 from service.bootstrap import open_api
+from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.answers import PurchaseRejected
 from service.domain.purchase.request_id import mint_request_id
@@ -183,9 +184,9 @@ async def test_realignment_republishes_a_products_overdue_reservations_in_one_gr
     stranded = []
     for i in range(12):
         request_id, order_no = mint_request_id(), compose_order_no("FS", "20261203000000", 96, 9_000 + i)
-        assert (await store.reservations.reserve(product_id, request_id, f"crashed{i}", 1, order_no, "a")).outcome == (
-            "reserved"
-        )
+        assert (
+            await store.reservations.reserve(ReserveRequest(product_id, request_id, f"crashed{i}", 1, order_no, "a"))
+        ).outcome == ("reserved")
         stranded.append(order_no)
     publisher = Publisher(own.amqp)
     await publisher.connect()

@@ -22,8 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.adapters.redis.reservations import new_attempt
 from service.domain.model.order_message import encode_order
+from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
-from service.domain.purchase.database import DatabasePurchase, buy_in_database
+from service.domain.purchase.database_transaction import DatabasePurchase, buy_in_database
 from service.domain.purchase.request_id import mint_request_id
 from service.sale.isolation import environment, free_port
 from tests.support import (
@@ -165,7 +166,9 @@ async def test_a_stranded_reservation_is_republished_and_drift_and_units_in_flig
     reports the drift and the unit in flight."""
     await put_product(product_id, stock=10, limit=1)
     order_no = compose_order_no("FS", "20261130000004", 99, product_id % 1_000_000)
-    reserved = await store.reservations.reserve(product_id, mint_request_id(), "stranded", 1, order_no, new_attempt())
+    reserved = await store.reservations.reserve(
+        ReserveRequest(product_id, mint_request_id(), "stranded", 1, order_no, new_attempt())
+    )
     assert reserved.outcome == "reserved"
     await redis.set(store.product_keys(product_id).stock, 9 + 7)
     await asyncio.sleep(0.01)  # older than a grace period of 0

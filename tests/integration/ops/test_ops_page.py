@@ -3,7 +3,8 @@
 rate limited and product not found show split on the page; the products show their terms; the
 chart has a time axis and the server's history as soon as the page opens; the numbers follow a
 sale without a reload; a poisoned message shows as a dead letter; and a page whose admin token
-expires says it is stale and how to get a token."""
+expires, or that was opened with a bad token, none or one in the query string, says it is
+stale and how to get a token; the page asks for nothing that answers 404 (a favicon)."""
 
 from __future__ import annotations
 
@@ -140,7 +141,7 @@ async def test_the_ops_page_splits_answers_shows_history_and_follows_a_sale(serv
 
     page = await browser.new_page(viewport={"width": 1200, "height": 1000})
     opened = time.time()
-    await page.goto(f"{http.base_url}/ops?token={admin}")
+    await page.goto(f"{http.base_url}/ops#token={admin}")
     # the first poll's answer: the chart already has the server's history
     await page.wait_for_function("Number(document.getElementById('rates').dataset.points) > 0", timeout=30_000)
     # the purchases are on the chart at the times the server sampled them, before the page opened
@@ -162,7 +163,8 @@ async def test_the_ops_page_splits_answers_shows_history_and_follows_a_sale(serv
     assert await _cell(page, KETTLE, "stock-mode") == "redis"
     assert await _cell(page, KETTLE, "buckets") == "1"
     kettle_window = await _cell(page, KETTLE, "sale-window") or ""
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d → 2099-01-01 00:00 \(open\)", kettle_window), kettle_window
+    # its sale is open, its 40 units are sold: it does not read "(open)"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d → 2099-01-01 00:00 \(sold out\)", kettle_window), kettle_window
     assert await _cell(page, TEAPOT, "stock-mode") == "database"
     # MySQL sells the teapot: Redis's copy of its stock is not shown
     assert (await _cell(page, TEAPOT, "redis-stock"), await _cell(page, TEAPOT, "drift")) == ("-", "-")
@@ -205,14 +207,40 @@ async def test_a_page_whose_token_expires_says_it_is_stale_and_how_to_get_a_toke
     http, own = serving
     page = await browser.new_page(viewport={"width": 1200, "height": 900})
     short = issue_token(own.auth.jwt_secret, "ops-admin", admin=True, ttl_seconds=3)
-    await page.goto(f"{http.base_url}/ops?token={short}")
+    await page.goto(f"{http.base_url}/ops#token={short}")
     await page.wait_for_function("document.getElementById('status').textContent.startsWith('updated')")
     assert not await page.is_visible("#stale")
     # the API accepts a token up to the clock-skew leeway past its expiry; then the polls get 401
     await page.wait_for_selector("#stale", state="visible", timeout=30_000)
     banner = await page.text_content("#stale") or ""
     assert banner.startswith("Stale:") and "expired at" in banner and "(HTTP 401)" in banner, banner
-    assert TOKEN_COMMAND in banner and "--ttl" in banner and "/ops?token=<the token>" in banner
+    assert TOKEN_COMMAND in banner and "--ttl" in banner and "/ops#token=<the token>" in banner
     assert "stale" in (await page.get_attribute("body", "class") or "")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     await page.screenshot(path=SCREENSHOTS / "stale.png", full_page=True)
+
+
+async def test_a_bad_missing_or_misplaced_token_is_the_pages_own_stale_banner(serving, browser):
+    """The first open with a refused token shows the page, stale, not a problem+json body; a
+    token in the query string is not used and leaves the address bar; nothing answers 404."""
+    http, own = serving
+    page = await browser.new_page(viewport={"width": 1200, "height": 900})
+    missing: list[str] = []
+    page.on("response", lambda response: missing.append(response.url) if response.status == 404 else None)
+    forged = issue_token("another-secret-of-32-characters-or-more", "ops-admin", admin=True)
+    cases = {
+        f"/ops#token={forged}": ("The server refused the admin token", "(HTTP 401)"),
+        "/ops": ("opened without an admin token", "(HTTP 401)"),
+        f"/ops?token={issue_token(own.auth.jwt_secret, 'ops-admin', admin=True)}": ("goes after #, not ?", ""),
+    }
+    for path, (why, status) in cases.items():
+        await page.goto(f"{http.base_url}{path}")
+        await page.wait_for_selector("#stale", state="visible", timeout=30_000)
+        banner = await page.text_content("#stale") or ""
+        assert banner.startswith("Stale:") and why in banner and status in banner, (path, banner)
+        assert TOKEN_COMMAND in banner and "/ops#token=<the token>" in banner, banner
+        assert await page.text_content("h1") == "flashsale: live operations"
+        assert "?token=" not in page.url, page.url  # a query-string token is taken off the address bar
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=SCREENSHOTS / "refused.png", full_page=True)
+    assert missing == []

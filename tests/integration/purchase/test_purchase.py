@@ -167,7 +167,7 @@ async def test_order_read_while_only_redis_knows_it_is_queued(client, token, put
     assert response.json()["status"] == "queued" and response.json()["quantity"] == 1
 
 
-# Regression tests from the adversarial review (formerly tests/test_hardening.py).
+# Regression tests from the adversarial review.
 
 
 async def _retry_after_the_replay_record_is_gone(client, headers, product_id, engine, redis, store, age_days: int):

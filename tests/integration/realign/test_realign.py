@@ -14,6 +14,7 @@ from service.adapters.redis.reservations import new_attempt
 from service.adapters.redis.stores import open_stores
 from service.domain.fulfilment.order_writer import apply_order
 from service.domain.model.order_message import OrderMessage
+from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock.realign import Realigner
@@ -67,7 +68,7 @@ async def test_stale_reservation_without_order_is_republished(
     keys = store.product_keys(product_id)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000000", 97, product_id)
-    outcome = await store.reservations.reserve(product_id, request_id, "crashed", 1, order_no, "a1")
+    outcome = await store.reservations.reserve(ReserveRequest(product_id, request_id, "crashed", 1, order_no, "a1"))
     assert outcome.outcome == "reserved"
 
     publisher = Publisher(settings.amqp)
@@ -97,7 +98,7 @@ async def test_a_republished_reservation_is_priced_as_when_it_was_reserved(
     keys = store.product_keys(product_id)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000000", 92, product_id)
-    reservation = await store.reservations.reserve(product_id, request_id, "priced", 2, order_no, "a1")
+    reservation = await store.reservations.reserve(ReserveRequest(product_id, request_id, "priced", 2, order_no, "a1"))
     assert (reservation.outcome, reservation.unit_price) == ("reserved", 1500)
     await put_product(product_id, stock=5, limit=2, price=2100)
     assert await redis.hget(keys.sale, "price") == "2100"
@@ -196,7 +197,9 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     async def reserve(user: str, sequence: int) -> OrderMessage:
         request_id = mint_request_id()
         order_no = compose_order_no("FS", "20261130000001", 96, product_id * 10 + sequence)
-        reservation = await store.reservations.reserve(product_id, request_id, user, 1, order_no, new_attempt())
+        reservation = await store.reservations.reserve(
+            ReserveRequest(product_id, request_id, user, 1, order_no, new_attempt())
+        )
         assert reservation.outcome == "reserved"
         return OrderMessage(request_id, order_no, user, product_id, 1, reservation.reserved_at_ms, 1500)
 
@@ -219,7 +222,7 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     assert list(await redis.hgetall(keys.journal)) == [b.request_id]
 
 
-# Regression tests from the adversarial review (formerly tests/test_hardening.py).
+# Regression tests from the adversarial review.
 
 
 async def test_an_older_realignment_pass_never_overwrites_a_newer_one(
@@ -229,7 +232,9 @@ async def test_an_older_realignment_pass_never_overwrites_a_newer_one(
     await put_product(product_id, stock=10, limit=1)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261130000002", 95, product_id)
-    reserved_at = (await store.reservations.reserve(product_id, request_id, "e", 1, order_no, "a1")).reserved_at_ms
+    reserved_at = (
+        await store.reservations.reserve(ReserveRequest(product_id, request_id, "e", 1, order_no, "a1"))
+    ).reserved_at_ms
     prefix = settings.redis.key_prefix
 
     async def consumer_commits_then_another_pass_runs():

@@ -12,6 +12,7 @@ from service.adapters.broker import Publisher
 from service.adapters.redis.reservations import new_attempt
 from service.domain.fulfilment.order_writer import apply_order
 from service.domain.model.order_message import OrderMessage
+from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock import realign as realign_module
@@ -25,7 +26,9 @@ async def _reserve(store, product_id: int, count: int, tag: int) -> list[OrderMe
     for i in range(count):
         request_id = mint_request_id()
         order_no = compose_order_no("FS", "20261130000003", tag, (product_id % 100) * 10_000 + i)
-        reservation = await store.reservations.reserve(product_id, request_id, f"u{i}", 1, order_no, new_attempt())
+        reservation = await store.reservations.reserve(
+            ReserveRequest(product_id, request_id, f"u{i}", 1, order_no, new_attempt())
+        )
         assert reservation.outcome == "reserved"
         messages.append(OrderMessage(request_id, order_no, f"u{i}", product_id, 1, reservation.reserved_at_ms, 1500))
     return messages

@@ -15,6 +15,7 @@ from service.adapters.redis.client import make_redis
 from service.adapters.redis.reservations import new_attempt
 from service.adapters.redis.stores import open_stores
 from service.api.app import create_app
+from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock.recovery import LOCK_SECONDS
@@ -139,7 +140,7 @@ async def test_a_stranded_reservation_gets_its_row_without_anyone_running_realig
         assert (await api.put(f"/api/v1/admin/products/{product_id}", json=body, headers=admin)).status_code == 200
         order_no = compose_order_no("FS", "20261130000004", 88, product_id % 1000)
         reservation = await store.reservations.reserve(
-            product_id, mint_request_id(), "stranded", 1, order_no, new_attempt()
+            ReserveRequest(product_id, mint_request_id(), "stranded", 1, order_no, new_attempt())
         )
         assert reservation.outcome == "reserved"  # ... and the process died here
 

@@ -22,6 +22,7 @@ import pytest
 from sqlalchemy import text
 
 from service.api.app import create_app
+from service.domain.model.stock import ReserveRequest
 from service.domain.orders.lifecycle import expire_unpaid
 from service.domain.purchase.sold_out import FlagAnswer, SoldOutFlags
 from service.domain.stock.realign import Realigner
@@ -235,7 +236,7 @@ async def test_every_script_that_puts_stock_back_announces_the_product(
         assert (await pubsub.get_message(timeout=5))["type"] == "subscribe"
 
         reservation = await store.reservations.reserve(
-            product_id, "r-release", "u", 1, "FS00000000000000000000000000", "a1"
+            ReserveRequest(product_id, "r-release", "u", 1, "FS00000000000000000000000000", "a1")
         )
         assert reservation.outcome == "reserved"
         assert await store.reservations.release(product_id, "r-release", "a1") == "released"

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from db.models import OrderStatus
 from service.domain.model.stock import ReserveOutcome
 from service.domain.order_numbers.format import compose_order_no, is_valid_order_no
-from service.domain.purchase.database import DatabasePurchase, buy_in_database
+from service.domain.purchase.database_transaction import DatabasePurchase, buy_in_database
 from service.domain.purchase.request_id import mint_request_id
 from tests.support import api_in_loop, behind_a_row_lock, buy, inventory, order_rows, redis_state
 

@@ -150,7 +150,7 @@ async def test_bad_product_input(client, admin, new_product_id):
     assert (await client.get(f"/api/v1/products/{pid}")).status_code == 404
 
 
-# Regression tests from the adversarial review (formerly tests/test_hardening.py).
+# Regression tests from the adversarial review.
 
 
 async def test_values_with_a_trailing_newline_are_refused(

@@ -142,7 +142,7 @@ async def test_the_waiting_page_goes_from_waiting_to_bought_and_to_sold_out(own_
 
                 # the ops page's waiting-room section: both rooms, admissions and the lapsed token
                 ops = await context.new_page()
-                await ops.goto(f"{base}/ops?token={admin}")
+                await ops.goto(f"{base}/ops#token={admin}")
                 room = f'tr[data-room="{lapsing}"]'
                 await ops.wait_for_function(
                     f"(document.querySelector('{room} td.admitted') || {{}}).textContent === '2'",
@@ -153,6 +153,11 @@ async def test_the_waiting_page_goes_from_waiting_to_bought_and_to_sold_out(own_
                     await ops.text_content(f'tr[data-room="{bought_out}"] td.admitted') == "2"
                 )  # ahead, then the page
                 assert await ops.text_content(f"{room} td.wait-p50") != "-"
+                # its one unit is sold: no figure of tokens outstanding the last poll happened to see
+                await ops.wait_for_function(
+                    f"(document.querySelector('{room} td.outstanding') || {{}}).textContent === '- (sold out)'",
+                    timeout=PAGE_WAIT_MS,
+                )
                 await ops.screenshot(path=SCREENSHOTS / "ops-waiting-rooms.png", full_page=True)
                 assert elsewhere == []  # nothing loaded from another origin
             finally:

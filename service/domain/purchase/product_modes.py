@@ -1,18 +1,18 @@
-"""Which stock mode each product sells in, as one API process knows it (:class:`RouteCache`).
+"""Which stock mode each product sells in, as one API process knows it (:class:`ProductModes`).
 
-Learned from MySQL per product and process, then kept for :data:`ROUTE_TTL_SECONDS`: the
+Learned from MySQL per product and process, then kept for :data:`MODE_TTL_SECONDS`: the
 purchase path reads it without a MySQL query (one every few seconds per product and process).
 It needs no invalidation message to be safe, because both sides refuse what is not theirs:
 ``reserve.lua`` answers ``moved`` for a product whose Redis slot carries the ``database``
 marker, and the ``database``-mode transaction answers ``MOVED`` for a product MySQL says is in
-``redis`` mode; the purchase path then :meth:`RouteCache.refresh`es the entry, and so it does
+``redis`` mode; the purchase path then :meth:`ProductModes.refresh`es the entry, and so it does
 when Redis fails (a switch to ``database`` made while Redis was down left no marker there). The
 time limit covers what neither side can say: a switch made while Redis was unreachable, seen by
 a process that had no purchase of the product meanwhile, once Redis answers again (until a
 realignment pass writes the marker).
 
-When a product's route expires under load, the purchases that find it expired share one MySQL
-read (:meth:`RouteCache.load`) instead of each sending its own.
+When a product's kept mode expires under load, the purchases that find it expired share one MySQL
+read (:meth:`ProductModes.load`) instead of each sending its own.
 """
 
 from __future__ import annotations
@@ -33,44 +33,49 @@ log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class ProductMode:
     """How a product sells: its stock mode, whether a purchase needs an order token, and its
     stock buckets K in Redis (:mod:`service.domain.stock.buckets`)."""
 
-    mode: StockMode
+    stock_mode: StockMode
     require_token: bool = False
     buckets: int = 1
 
 
-_REDIS = Route(StockMode.REDIS)
-ROUTE_TTL_SECONDS = 5.0
-"""How long a process keeps a product's route before it reads MySQL again."""
+_REDIS = ProductMode(StockMode.REDIS)
+MODE_TTL_SECONDS = 5.0
+"""How long a process keeps a product's stock mode before it reads MySQL again."""
 SHARED_READ_SECONDS = 1.0
 """How long a product's read in flight is shared: a caller that finds one older starts a new one,
 and a caller waiting on one gives up on it at this age and joins (or starts) the next, so a
 read whose connection stalled holds its product's purchases this long, not until TCP gives up."""
 
 
-class RouteCache:
-    """Per-process map product id -> :class:`Route`. Without an engine every product is taken
+class ProductModes:
+    """Per-process map product id -> :class:`ProductMode`. Without an engine every product is taken
     to be in ``redis`` mode (Redis then decides, and answers ``moved`` if it is not)."""
 
-    def __init__(self, engine: AsyncEngine | None, ttl_seconds: float = ROUTE_TTL_SECONDS) -> None:
+    def __init__(self, engine: AsyncEngine | None, ttl_seconds: float = MODE_TTL_SECONDS) -> None:
         self._engine = engine
         self._ttl = ttl_seconds
-        self._routes: dict[int, tuple[Route, float]] = {}
-        self._loading: dict[int, tuple[asyncio.Task[Route], float]] = {}
+        self._modes: dict[int, tuple[ProductMode, float]] = {}
+        self._loading: dict[int, tuple[asyncio.Task[ProductMode], float]] = {}
 
-    def cached(self, product_id: int) -> Route | None:
-        """The product's kept route while it is fresh, or None (then :meth:`refresh`): no
+    @property
+    def reads_mysql(self) -> bool:
+        """False without an engine: every product is then taken to be in ``redis`` mode."""
+        return self._engine is not None
+
+    def cached(self, product_id: int) -> ProductMode | None:
+        """The product's kept mode while it is fresh, or None (then :meth:`refresh`): no
         coroutine on the hot path."""
-        kept = self._routes.get(product_id)
+        kept = self._modes.get(product_id)
         if kept is None or time.monotonic() >= kept[1]:
             return None
         return kept[0]
 
-    async def route(self, product_id: int) -> Route:
-        """The product's route, from the cache or else from MySQL (:meth:`load`).
+    async def mode(self, product_id: int) -> ProductMode:
+        """The product's mode, from the cache or else from MySQL (:meth:`load`).
 
         Raises:
             ProductNotFound: MySQL has no such product.
@@ -78,11 +83,11 @@ class RouteCache:
         cached = self.cached(product_id)
         return cached if cached is not None else await self.load(product_id)
 
-    async def load(self, product_id: int) -> Route:
-        """The product's route read from MySQL by the read in flight for it, or by a new one
-        (:meth:`refresh`) when none is: the purchases that find the route expired at the same
+    async def load(self, product_id: int) -> ProductMode:
+        """The product's mode read from MySQL by the read in flight for it, or by a new one
+        (:meth:`refresh`) when none is: the purchases that find it expired at the same
         moment wait for one query, not one each (a stampede's burst of them would otherwise
-        hold the engine's pool every ``ROUTE_TTL_SECONDS``). A read is shared for
+        hold the engine's pool every ``MODE_TTL_SECONDS``). A read is shared for
         :data:`SHARED_READ_SECONDS`; a caller still waiting then moves to the next read (one per
         product at a time, on another pooled connection). A caller cancelled while it waits
         leaves the read to the others.
@@ -108,18 +113,18 @@ class RouteCache:
                 if task.done():  # it finished as the deadline passed
                     return task.result()
 
-    def _loaded(self, product_id: int, done: asyncio.Task[Route]) -> None:
+    def _loaded(self, product_id: int, done: asyncio.Task[ProductMode]) -> None:
         loading = self._loading.get(product_id)
         if loading is not None and loading[0] is done:
             del self._loading[product_id]
         if not done.cancelled():
             done.exception()  # retrieved here too, for a read whose callers all went
 
-    async def refresh(self, product_id: int) -> Route:
-        """Read the product's route from MySQL now and keep it (after Redis or MySQL refused the
-        kept route: a read already in flight may have started before the change). When MySQL
-        does not answer, the route kept before (kept again for a while, so a lost MySQL costs
-        one attempt per product every few seconds), else the ``redis`` route (not kept): Redis
+    async def refresh(self, product_id: int) -> ProductMode:
+        """Read the product's mode from MySQL now and keep it (after Redis or MySQL refused the
+        kept mode: a read already in flight may have started before the change). When MySQL
+        does not answer, the mode kept before (kept again for a while, so a lost MySQL costs
+        one attempt per product every few seconds), else the ``redis`` mode (not kept): Redis
         sells without MySQL, and refuses what is not its own.
 
         Raises:
@@ -130,20 +135,20 @@ class RouteCache:
         try:
             async with self._engine.connect() as conn:
                 row = (await conn.execute(products.ROUTING, {"id": product_id})).first()
-        except (StoreFailure, OSError) as exc:
+        except StoreFailure as exc:
             log.warning("route_unavailable", product_id=product_id, error=repr(exc))
-            kept = self._routes.get(product_id)
+            kept = self._modes.get(product_id)
             if kept is None:
                 return _REDIS
-            self._routes[product_id] = (kept[0], time.monotonic() + self._ttl)
+            self._modes[product_id] = (kept[0], time.monotonic() + self._ttl)
             return kept[0]
         if row is None:
-            self._routes.pop(product_id, None)
+            self._modes.pop(product_id, None)
             raise ProductNotFound(product_id)
-        route = Route(StockMode(row.stock_mode), bool(row.require_token), int(row.buckets))
-        self._routes[product_id] = (route, time.monotonic() + self._ttl)
-        return route
+        known = ProductMode(StockMode(row.stock_mode), bool(row.require_token), int(row.buckets))
+        self._modes[product_id] = (known, time.monotonic() + self._ttl)
+        return known
 
     def forget(self, product_id: int) -> None:
         """Drop the product's entry (its next purchase reads MySQL again)."""
-        self._routes.pop(product_id, None)
+        self._modes.pop(product_id, None)
