@@ -55,7 +55,7 @@ def _pyjwt(token: str, audience: str | None = None, issuer: str | None = None) -
         return jwt.decode(  # type: ignore[no-any-return]
             token, SECRET, algorithms=["HS256"], audience=audience, issuer=issuer, leeway=LEEWAY, options=options
         )
-    except jwt.InvalidTokenError:
+    except (jwt.InvalidTokenError, UnicodeEncodeError):  # PyJWT encodes the token first: a lone surrogate fails
         return None
 
 
@@ -225,6 +225,7 @@ CASES: dict[str, Any] = {
     "payload padded": lambda: _raw_token(HEADER, base64.urlsafe_b64encode(_signed_claims() + b" ")),
     "non-ASCII payload segment": lambda: _raw_token(HEADER, "é".encode()),
     "non-ASCII signature": lambda: _token()[:-1] + "é",
+    "a lone surrogate": lambda: "\ud800" + _token()[1:],
     "signature of two extra characters": lambda: _token() + "AA",
     "a token at the length cap": lambda: _of_length(MAX_LENGTH),
     "a token one over the length cap": lambda: _of_length(MAX_LENGTH + 1),
@@ -280,6 +281,7 @@ REFUSED = {
     "alg HS512, signed with HS256",
     "non-ASCII payload segment",
     "non-ASCII signature",
+    "a lone surrogate",
     "signature of two extra characters",
     "a token one over the length cap",
 }
