@@ -174,8 +174,8 @@ class AuthSettings(BaseModel):
     issuer: str = ""
     """When not empty, a token must carry this ``iss``."""
     max_token_bytes: int = Field(4096, ge=256, le=16_384)
-    """A longer bearer token is refused (401) before anything decodes it: what a request with a
-    forged token costs stays near a normal request's (raise it for an identity provider's large tokens)."""
+    """A longer bearer token is refused (401) before anything decodes it (docs/API.md); raise it for an
+    identity provider's larger tokens."""
 
 
 class OrderSettings(BaseModel):
