@@ -2,7 +2,8 @@
 PyJWT's verdict and PyJWT's claims (service/api/token_verifier.py), but for its two refusals of
 its own (a token over the length cap, a time claim outside 64-bit seconds).
 
-``FLASHSALE_FUZZ_EXAMPLES`` sets the examples per test (default 1,000; a long run: 30000).
+``FLASHSALE_FUZZ_EXAMPLES`` sets the examples per test (default 1,000; a long run: 30000, with
+``--timeout=0``: docs/TESTING.md).
 """
 
 from __future__ import annotations
