@@ -17,9 +17,12 @@ from typing import get_origin
 
 from pydantic import BaseModel
 
-OTHER_VARIABLES = frozenset({"FLASHSALE_SERVE_PID", "FLASHSALE_FAULTS_OUT", "FLASHSALE_TEST_ARTIFACTS"})
+OTHER_VARIABLES = frozenset(
+    {"FLASHSALE_SERVE_PID", "FLASHSALE_FAULTS_OUT", "FLASHSALE_TEST_ARTIFACTS", "FLASHSALE_FUZZ_EXAMPLES"}
+)
 """Names of the prefix that are no settings: ``flashsale serve`` tells its workers its pid
-(``service.api.no_shard``); the fault suite's report file and the tests' screenshot folder."""
+(``service.api.no_shard``); the fault suite's report file, the tests' screenshot folder and the
+token fuzz test's example count."""
 
 
 class SettingsVariables:

@@ -173,6 +173,9 @@ class AuthSettings(BaseModel):
     """When not empty, a token must carry this ``aud`` (deployments behind an identity provider)."""
     issuer: str = ""
     """When not empty, a token must carry this ``iss``."""
+    max_token_bytes: int = Field(4096, ge=256, le=16_384)
+    """A longer bearer token is refused (401) before anything decodes it (docs/API.md); raise it for an
+    identity provider's larger tokens."""
 
 
 class OrderSettings(BaseModel):

@@ -23,9 +23,11 @@ import jwt
 from service.api.auth import CachingJWTMiddleware, make_jwt_auth
 from service.api.token_verifier import TokenVerifier
 from service.bench.buyers import mint_tokens
+from service.settings import AuthSettings
 
 SECRET = "a-bench-secret-of-at-least-32-characters"
 LEEWAY = 5.0
+MAX_LENGTH = AuthSettings().max_token_bytes
 
 
 def _best(run: Callable[[list[str]], None], pools: list[list[str]]) -> float:
@@ -39,7 +41,7 @@ def _best(run: Callable[[list[str]], None], pools: list[list[str]]) -> float:
 
 
 def _middleware() -> CachingJWTMiddleware:
-    define = make_jwt_auth(SECRET, leeway_seconds=LEEWAY).middleware
+    define = make_jwt_auth(SECRET, leeway_seconds=LEEWAY, max_token_length=MAX_LENGTH).middleware
 
     async def app(*_: Any) -> None:
         return None
@@ -63,7 +65,7 @@ def main() -> None:
             jwt.decode(token, SECRET, algorithms=["HS256"], leeway=LEEWAY, options=options)  # type: ignore[arg-type]
 
     def verifier(pool: list[str]) -> None:
-        check = TokenVerifier(SECRET, leeway=LEEWAY, required=["exp", "sub"])
+        check = TokenVerifier(SECRET, leeway=LEEWAY, required=["exp", "sub"], max_length=MAX_LENGTH)
         check.verify(pool[0])  # the first token of an issuer admits its header: then the fast path
         for token in pool:
             check.verify(token)

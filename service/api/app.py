@@ -82,6 +82,7 @@ class FlashsalePlugin(InitPluginProtocol):
         auth = settings.auth
         jwt_auth = make_jwt_auth(
             auth.jwt_secret,
+            max_token_length=auth.max_token_bytes,
             leeway_seconds=auth.leeway_seconds,
             audience=auth.audience or None,
             issuer=auth.issuer or None,

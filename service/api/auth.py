@@ -3,7 +3,8 @@
 Tokens are verified with PyJWT's checks (:mod:`service.api.token_verifier`) under a clock-skew
 allowance (``FLASHSALE_AUTH__LEEWAY_SECONDS``) for ``exp``, ``nbf`` and ``iat`` (RFC 7519 section
 4.1.4 allows "some small leeway"), and, when configured, an audience and an issuer
-(``FLASHSALE_AUTH__AUDIENCE`` / ``__ISSUER``). Every 401 carries ``WWW-Authenticate: Bearer``
+(``FLASHSALE_AUTH__AUDIENCE`` / ``__ISSUER``); a token longer than ``FLASHSALE_AUTH__MAX_TOKEN_BYTES``
+is refused before anything reads it, the cache included. Every 401 carries ``WWW-Authenticate: Bearer``
 (RFC 6750 section 3): ``error="invalid_token"`` when a token was sent but refused, no error code
 when none was sent.
 """
@@ -28,6 +29,7 @@ from service.api.token_verifier import ALGORITHM, TokenVerifier
 from service.domain.purchase.request_id import USER_ID
 
 REALM = "flashsale"
+BEARER_PREFIX = "Bearer "
 BEARER_CHALLENGE = f'Bearer realm="{REALM}"'
 """``WWW-Authenticate`` of a 401 to a request that sent no token (RFC 6750 section 3.1)."""
 INVALID_TOKEN_CHALLENGE = f'Bearer realm="{REALM}", error="invalid_token"'
@@ -77,7 +79,8 @@ class CachingJWTMiddleware(JWTAuthenticationMiddleware):
     A buyer in a stampede sends the same token many times; verifying its HS256 signature and
     decoding its claims every time was the largest cost on the reject path. The cache maps the
     exact encoded token (signature included, so a forged token never matches) to the user it
-    proved, until the token's ``exp`` plus the leeway: then it is verified again (and so refused).
+    proved, until the token's ``exp`` (read as PyJWT reads it: ``int(exp)``, a fraction dropped)
+    plus the leeway: then it is verified again (and so refused).
     Only tokens that verified (signature, ``exp``/``nbf``/``iat`` within the leeway, audience and
     issuer when configured) are cached; at most ``MAX_ENTRIES`` (cleared whole when full, so
     memory stays bounded under a flood of distinct tokens).
@@ -85,21 +88,24 @@ class CachingJWTMiddleware(JWTAuthenticationMiddleware):
 
     MAX_ENTRIES = 100_000
 
-    def __init__(self, *args: Any, leeway_seconds: float = 0.0, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, leeway_seconds: float = 0.0, max_token_length: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.leeway_seconds = leeway_seconds
         self._verified: dict[str, tuple[float, AuthenticationResult]] = {}
+        self._raw_header = self.auth_header.lower().encode("latin-1")
         if self.algorithm != ALGORITHM:
             raise ValueError(f"tokens are {ALGORITHM}, not {self.algorithm}")
         self._verifier = TokenVerifier(
             self.token_secret,
             leeway=leeway_seconds,
             required=list(self.require_claims or ()),
+            max_length=max_token_length,
             audience=self.token_audience,
             issuer=self.token_issuer,
         )
 
     async def authenticate_request(self, connection: ASGIConnection[Any, Any, Any, Any]) -> AuthenticationResult:
+        self._refuse_oversized(connection)
         scheme, _, encoded_token = connection.headers.get(self.auth_header, "").partition(" ")
         if not encoded_token:
             raise NotAuthorizedException(
@@ -120,8 +126,18 @@ class CachingJWTMiddleware(JWTAuthenticationMiddleware):
         result = AuthenticationResult(user=_user_from_claims(claims), auth=claims)
         if len(self._verified) >= self.MAX_ENTRIES:
             self._verified.clear()
-        self._verified[encoded_token] = (float(claims["exp"]) + self.leeway_seconds, result)
+        self._verified[encoded_token] = (int(claims["exp"]) + self.leeway_seconds, result)
         return result
+
+    def _refuse_oversized(self, connection: ASGIConnection[Any, Any, Any, Any]) -> None:
+        """Refuse a request whose token header is longer than ``Bearer `` and the longest token,
+        read from the raw headers: ``connection.headers`` decodes every header value first."""
+        for name, value in connection.scope["headers"]:
+            if name == self._raw_header:
+                try:
+                    self._verifier.refuse_oversized(len(value) - len(BEARER_PREFIX))
+                except jwt.InvalidTokenError as exc:
+                    raise _refused(f"Invalid token: {exc}") from exc
 
     def _verify(self, encoded_token: str) -> dict[str, Any]:
         try:
@@ -132,14 +148,17 @@ class CachingJWTMiddleware(JWTAuthenticationMiddleware):
 
 @dataclass
 class FlashsaleJWTAuth(JWTAuth[User, FlashsaleToken]):
-    """Litestar's ``JWTAuth`` whose middleware allows ``leeway_seconds`` of clock skew."""
+    """Litestar's ``JWTAuth`` whose middleware allows ``leeway_seconds`` of clock skew and refuses
+    tokens longer than ``max_token_length`` characters."""
 
     leeway_seconds: float = field(default=5.0)
+    max_token_length: int = field(kw_only=True)
 
     @property
     def middleware(self) -> DefineMiddleware:
         define = super().middleware
         define.kwargs["leeway_seconds"] = self.leeway_seconds
+        define.kwargs["max_token_length"] = self.max_token_length
         return define
 
 
@@ -174,14 +193,15 @@ def requires_token(route_handler: BaseRouteHandler, path: str) -> bool:
 def make_jwt_auth(
     secret: str,
     *,
+    max_token_length: int,
     leeway_seconds: float = 5.0,
     audience: str | Sequence[str] | None = None,
     issuer: str | Sequence[str] | None = None,
 ) -> FlashsaleJWTAuth:
     """Litestar JWT auth; everything but health, product info, the schema and payment
-    notifications (signed by the channel instead) needs a token. ``leeway_seconds``: clock skew
-    allowed on ``exp``/``nbf``/``iat``; ``audience`` / ``issuer``: when given, a token must carry
-    a matching ``aud`` / ``iss``."""
+    notifications (signed by the channel instead) needs a token. ``max_token_length``: a longer
+    token is refused unread; ``leeway_seconds``: clock skew allowed on ``exp``/``nbf``/``iat``;
+    ``audience`` / ``issuer``: when given, a token must carry a matching ``aud`` / ``iss``."""
     return FlashsaleJWTAuth(
         token_secret=secret,
         token_cls=FlashsaleToken,
@@ -193,4 +213,5 @@ def make_jwt_auth(
         accepted_audiences=audience,
         accepted_issuers=issuer,
         leeway_seconds=leeway_seconds,
+        max_token_length=max_token_length,
     )

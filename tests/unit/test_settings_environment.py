@@ -78,6 +78,7 @@ def _unlike_the_defaults() -> Settings:
             leeway_seconds=1.5,
             audience="shop",
             issuer="https://idp.example",
+            max_token_bytes=2048,
         ),
         orders=OrderSettings(
             order_no_prefix="QX",
