@@ -101,12 +101,12 @@ async def test_sale_terms_a_previous_release_loaded_sell_at_once_and_are_this_se
     sale = store.product_keys(product_id).sale
     await redis.hdel(sale, "server")
     order_no = compose_order_no("FS", "20261203000000", 98, 31)
-    reserved = await store.reservations.reserve(product_id, mint_request_id(), "u", 1, order_no, "a1")
+    reserved = await store.reservations.reserve(ReserveRequest(product_id, mint_request_id(), "u", 1, order_no, "a1"))
     assert reserved.outcome == "reserved"
     run_id = (await redis.info("server"))["run_id"]
     assert await redis.hget(sale, "server") in (run_id, run_id.encode())
     await _server_of_another_life(redis, store, product_id)
     later = compose_order_no("FS", "20261203000000", 98, 32)
     assert (
-        await store.reservations.reserve(product_id, mint_request_id(), "v", 1, later, "a2")
+        await store.reservations.reserve(ReserveRequest(product_id, mint_request_id(), "v", 1, later, "a2"))
     ).outcome == "not_loaded"

@@ -20,6 +20,7 @@ from service.adapters.broker import Publisher
 from service.adapters.redis.reservations import new_attempt
 from service.domain.fulfilment.order_writer import apply_order
 from service.domain.model.order_message import OrderMessage
+from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock import realign
@@ -57,7 +58,9 @@ async def test_an_order_whose_row_vanished_is_in_flight_again_and_written_again(
     for number, user in enumerate(("kept", "lost")):
         request_id = mint_request_id()
         order_no = compose_order_no("FS", "20261206000000", 91, product_id * 10 + number)
-        reservation = await store.reservations.reserve(product_id, request_id, user, 2, order_no, new_attempt())
+        reservation = await store.reservations.reserve(
+            ReserveRequest(product_id, request_id, user, 2, order_no, new_attempt())
+        )
         assert reservation.outcome == "reserved"
         order = OrderMessage(request_id, order_no, user, product_id, 2, reservation.reserved_at_ms, 1500)
         await apply_order(engine, order)
@@ -110,7 +113,9 @@ async def test_without_keeping_resolved_entries_are_dropped_at_once(engine, redi
     await put_product(product_id, stock=5, limit=2)
     request_id = mint_request_id()
     order_no = compose_order_no("FS", "20261206000001", 91, product_id)
-    reservation = await store.reservations.reserve(product_id, request_id, "u", 1, order_no, new_attempt())
+    reservation = await store.reservations.reserve(
+        ReserveRequest(product_id, request_id, "u", 1, order_no, new_attempt())
+    )
     await apply_order(engine, OrderMessage(request_id, order_no, "u", product_id, 1, reservation.reserved_at_ms, 1500))
     report = await Realigner(engine, store, 60).realign(product_id)
     assert (report.redis_stock_after, report.in_flight, report.resolved_dropped) == (4, 0, 1)
