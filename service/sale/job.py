@@ -175,7 +175,8 @@ def _where_to_watch(sale: Sale, hosts: CrowdHosts, console: Console) -> None:
     console.print(f"admin token (valid {ttl // 60} min): {admin}", soft_wrap=True)
     console.print(f"ops page: {sale.url}/ops#token={admin}", soft_wrap=True)
     ui = f"http://{hosts.bind}:{hosts.web_port}" if hosts.web else "off (headless; --web opens it)"
-    console.print(f"Locust: master {hosts.bind}:{hosts.master_port}, {hosts.workers} local workers, web UI {ui}")
+    workers = f"{hosts.workers} local worker{'' if hosts.workers == 1 else 's'}"
+    console.print(f"Locust: master {hosts.bind}:{hosts.master_port}, {workers}, web UI {ui}")
     if hosts.remote:
         console.print(f"waiting for {hosts.remote} workers from other hosts; on each run: {hosts.worker_command()}")
 
