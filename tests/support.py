@@ -28,10 +28,11 @@ from redis.exceptions import RedisError
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.order_consumer import OrderConsumer, consuming
+from consumers.consume import consuming
+from consumers.order_consumer import OrderConsumer
 from db.engine import make_engine
 from db.models import OrderStatus
-from service.adapters.broker import delete_topology
+from service.adapters.broker_topology import delete_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import RedisStores
 from service.api.app import create_app

@@ -22,7 +22,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
-from service.adapters.broker import Publisher, declare_topology
+from service.adapters.broker import Publisher
+from service.adapters.broker_topology import declare_topology
 from service.adapters.redis.reservations import new_attempt
 from service.adapters.redis.stores import make_stores
 from service.bench.context import (

@@ -63,7 +63,7 @@ from db.engine import make_engine
 from db.migrate import upgrade
 from db.models import OrderStatus
 from db.queries import orders as order_queries
-from service.adapters.broker import declare_topology
+from service.adapters.broker_topology import declare_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import RedisStores, make_stores
 from service.api.tokens import issue_token

@@ -6,7 +6,7 @@ On the real Redis, RabbitMQ, MariaDB and consumer."""
 
 from __future__ import annotations
 
-from service.adapters.broker import queue_depth
+from service.adapters.broker_topology import queue_depth
 from service.adapters.redis.reservations import new_attempt
 from service.domain.fulfilment.order_writer import Outcome, write_orders
 from service.domain.model.order_message import OrderMessage, encode_order

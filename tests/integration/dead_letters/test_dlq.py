@@ -13,7 +13,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from service.adapters.broker import queue_depth
+from service.adapters.broker_topology import queue_depth
 from service.adapters.dead_letters import DeadLetterQueue
 from service.adapters.retry_routing import REASON
 from service.bootstrap import ApiWorker, open_api

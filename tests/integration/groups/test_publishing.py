@@ -11,8 +11,10 @@ from collections import Counter
 import aio_pika
 import pytest
 
-from consumers.order_consumer import OrderConsumer, consuming
-from service.adapters.broker import Publisher, queue_depth
+from consumers.consume import consuming
+from consumers.order_consumer import OrderConsumer
+from service.adapters.broker import Publisher
+from service.adapters.broker_topology import queue_depth
 from service.adapters.publish_groups import Group
 from service.api.app import create_app
 from service.bootstrap import open_api

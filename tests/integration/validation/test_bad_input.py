@@ -8,7 +8,7 @@ import jwt
 import pytest
 from sqlalchemy import text
 
-from service.adapters.broker import queue_depth
+from service.adapters.broker_topology import queue_depth
 from service.domain.model.order_message import OrderMessage, encode_order
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
