@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.faults.harness import PREFETCH, FaultSale, monotonic
+from tests.faults.harness import FaultSale
+from tests.faults.terms import PREFETCH, monotonic
 from tests.faults.test_faults import _steady_start
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

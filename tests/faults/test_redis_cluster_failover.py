@@ -27,7 +27,8 @@ import pytest
 
 from service.adapters.redis.keys import ProductKeys
 from service.sale.isolation import environment
-from tests.faults.harness import FaultSale, Servers, Supervisor
+from tests.faults.harness import FaultSale
+from tests.faults.supervisor import Servers, Supervisor
 from tools.redis_cluster import _free_ports as free_cluster_ports  # each with its bus port free
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
