@@ -173,3 +173,20 @@ def test_a_planted_same_layer_package_cycle_is_caught() -> None:
     assert cycles(packages) == [["consumers", "service.cli", "consumers"]]
     del planted["consumers.realign"]  # and without the way back, none
     assert cycles(package_graph(planted)) == []
+
+
+def test_tests_never_import_tools() -> None:
+    """``tools/`` holds one-off experiments, not shipped and not kept for the tests: what a test
+    needs lives in ``tests/`` (e.g. ``tests/redis_cluster.py``), and tools may import from there."""
+    found = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            found += [(path.relative_to(ROOT).as_posix(), n) for n in names if n == "tools" or n.startswith("tools.")]
+    assert found == []
