@@ -11,9 +11,9 @@ from collections.abc import Callable
 from service.adapters.broker import Publisher
 from service.adapters.redis.reservations import Reservations
 from service.adapters.redis.stores import RedisStores
-from service.domain.model.order_message import OrderMessage
-from service.domain.model.stock import Reservation, ReserveRequest
 from service.domain.order_numbers.minter import OrderNumberMinter
+from service.model.order_message import OrderMessage
+from service.model.stock import Reservation, ReserveRequest
 
 
 class FakeReservations(Reservations):

@@ -46,7 +46,7 @@ from redis import Redis
 from redis.crc import key_slot
 
 from service.adapters.redis.keys import ProductKeys
-from service.domain.model.stock import ReserveRequest
+from service.model.stock import ReserveRequest
 
 PREFIX = "bench"
 PATHS = ("accept", "sold_out")
@@ -334,8 +334,8 @@ async def _load(url: str, products: dict[tuple[int, str], int]) -> None:
     """Each product's buckets loaded by a realignment write (stock split evenly, sale open, no end)."""
     from service.adapters.redis.client import make_redis
     from service.adapters.redis.stores import open_stores
-    from service.domain.model.stock import SaleTerms
     from service.domain.stock.buckets import split
+    from service.model.stock import SaleTerms
     from service.settings import Settings
 
     settings = Settings()

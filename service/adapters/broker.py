@@ -1,5 +1,5 @@
 """RabbitMQ: the confirmed publisher of order messages
-(:mod:`service.domain.model.order_message`), on the topology of :mod:`service.adapters.broker_topology`.
+(:mod:`service.model.order_message`), on the topology of :mod:`service.adapters.broker_topology`.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ from service import metrics
 from service.adapters.broker_connection import connect_robust, quiet_connect_logs
 from service.adapters.broker_topology import declare_topology, queue_depth, queue_depths
 from service.adapters.publish_groups import Group, Grouper
-from service.domain.model.order_message import (
+from service.failures import PublishFailed
+from service.log_setup import HTTP_REQUEST_ID
+from service.model.order_message import (
     GROUP_FORMAT,
     OrderGroup,
     OrderMessage,
     encode_group,
     encode_order,
 )
-from service.failures import PublishFailed
-from service.log_setup import HTTP_REQUEST_ID
 from service.settings import AMQPSettings
 
 log = structlog.get_logger(__name__)

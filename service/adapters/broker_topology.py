@@ -32,7 +32,7 @@ import msgspec
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 
 from service.adapters.broker_connection import connect_once
-from service.domain.model.order_message import orders_of
+from service.model.order_message import orders_of
 from service.settings import AMQPSettings
 
 

@@ -40,8 +40,8 @@ from service.bench.procstat import CpuSample
 from service.bench.raw_writer import RawOrder, make_orders, write_orders
 from service.bench.rows import DRAIN_ROWS, Row, merge_rounds
 from service.bench.server import Child, flashsale_argv
-from service.domain.model.order_message import OrderMessage
-from service.domain.model.stock import ReserveOutcome, ReserveRequest
+from service.model.order_message import OrderMessage
+from service.model.stock import ReserveOutcome, ReserveRequest
 from service.settings import Settings
 
 POLL_SECONDS = 0.05

@@ -60,8 +60,8 @@ from service.adapters.broker_topology import declare_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import RedisStores, make_stores
 from service.bootstrap import open_job, opened
-from service.domain.model.order_message import encode_order, orders_of
 from service.domain.stock.catalog import ProductInput
+from service.model.order_message import encode_order, orders_of
 from service.runtime import stop_task
 from service.sale.isolation import environment, free_port, new_run_id, sale_settings
 from service.sale.plan import ACCEPTED

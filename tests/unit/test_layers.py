@@ -22,13 +22,13 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (4, ("service.bootstrap", "service.startup", "service.teardown")),  # composition root
     (3, ("service.domain",)),  # use cases and rules
     (2, ("service.adapters", "db")),  # Redis, RabbitMQ, MySQL
-    (1, ("service.domain.model",)),  # the domain's vocabulary: plain types the adapters answer in
+    (1, ("service.model",)),  # the domain's vocabulary: plain types the adapters answer in
     (0, ("service.settings", "service.log_setup", "service.runtime", "service.failures", "lua", "service")),  # base
 ]
 
 
 def _rank(module: str) -> int:
-    """The rank of the longest prefix that names ``module`` (``service.domain.model`` before
+    """The rank of the longest prefix that names ``module`` (``service.model`` before
     ``service.domain``, ``service.domain`` before ``service``)."""
     matches = [
         (len(prefix), rank)

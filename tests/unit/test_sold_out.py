@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from service.domain.errors import InvalidInput
-from service.domain.model.stock import Reservation, ReserveOutcome
 from service.domain.purchase.answers import PurchaseRejected
 from service.domain.purchase.service import PurchaseService
 from service.domain.purchase.sold_out import FlagAnswer, SoldOutFlags
+from service.model.stock import Reservation, ReserveOutcome
 from tests.fakes import FakeMinter, FakePublisher, FakeStore
 
 
