@@ -119,7 +119,7 @@ async def _unsettled(sale: FaultSale, accepted_ids: list[str]) -> dict[str, Any]
     """What is not settled yet (None when everything is): rows, journal, Redis = MySQL."""
     assert sale.engine is not None and sale.store is not None
     try:
-        present = await sale._present(accepted_ids)
+        present = await sale.present_request_ids(accepted_ids)
         journal = await sale.store.stock.journal(sale.product_id)
         redis_stock = await sale.store.stock.units(sale.product_id)
         quota = await sale.store.stock.quota(sale.product_id)

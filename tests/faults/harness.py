@@ -67,19 +67,16 @@ from service.sale.isolation import environment, free_port, new_run_id, sale_sett
 from service.sale.plan import ACCEPTED
 from service.sale.stores import tear_down
 from service.settings import Settings
-from tests.faults import checks, terms
+from tests.faults import checks, samplers, terms
 from tests.faults.buyers import Buyers
 from tests.faults.report import Row
 from tests.faults.supervisor import Servers, Supervisor
 from tests.faults.terms import (
-    BUYER_PATIENCE,
-    CANARY_EVERY,
     CANARY_STOCK,
     GRACE_SECONDS,
     LIMIT,
     PREFETCH,
     PRICE,
-    STRANDED_BOUND,
     SWEEP_SECONDS,
     WATCH_SECONDS,
     WORKERS,
@@ -205,9 +202,9 @@ class FaultSale:
         if realign:
             await self.start_realign()
         await self.start_sweep()
-        self._tasks.append(asyncio.create_task(self._sample_readiness()))
-        self._tasks.append(asyncio.create_task(self._run_canary()))
-        self._tasks.append(asyncio.create_task(self._sample_journal()))
+        self._tasks.append(asyncio.create_task(samplers.readiness(self)))
+        self._tasks.append(asyncio.create_task(samplers.canary(self)))
+        self._tasks.append(asyncio.create_task(samplers.journal(self)))
 
     async def ready(self, timeout: float = 90.0) -> bool:
         """Until ``/health/ready`` answers 200 (False after ``timeout`` seconds)."""
@@ -242,74 +239,8 @@ class FaultSale:
     def fault_over(self) -> None:
         self.fault_end = monotonic()
 
-    # -- samplers ---------------------------------------------------------------------------------
-
-    async def _sample_readiness(self) -> None:
-        async with httpx.AsyncClient(base_url=self.url, timeout=3, trust_env=False) as http:
-            while True:
-                try:
-                    status = (await http.get("/api/v1/health/ready")).status_code
-                except httpx.HTTPError:
-                    status = 0
-                self.readiness.append((monotonic(), status))
-                await asyncio.sleep(0.25)
-
-    async def _run_canary(self) -> None:
-        """A purchase of the canary product every :data:`CANARY_EVERY` seconds (a new buyer
-        each, retried like every buyer); each 202 is then watched for its row."""
-        number = 0
-        limits = httpx.Limits(max_connections=8)
-        async with httpx.AsyncClient(base_url=self.url, timeout=10, limits=limits, trust_env=False) as http:
-            watcher = asyncio.create_task(self._canary_rows())
-            buying: set[asyncio.Task[None]] = set()
-            try:
-                while True:
-                    number += 1
-                    task = asyncio.create_task(self._canary_buy(http, f"canary-{number}"))
-                    buying.add(task)
-                    task.add_done_callback(buying.discard)
-                    await asyncio.sleep(CANARY_EVERY)
-            finally:
-                watcher.cancel()
-                for task in buying:
-                    task.cancel()
-
-    async def _canary_buy(self, http: httpx.AsyncClient, user: str) -> None:
-        entry: dict[str, Any] = {"sent": monotonic(), "accepted": None, "order_no": None, "row": None}
-        headers = {"Authorization": self.buyers.token(user), "Idempotency-Key": f"{user}-key"}
-        body = {"product_id": self.canary_id, "quantity": 1}
-        while monotonic() - entry["sent"] < BUYER_PATIENCE:
-            try:
-                response = await http.post("/api/v1/orders", json=body, headers=headers)
-            except httpx.HTTPError:
-                await asyncio.sleep(0.5)
-                continue
-            if response.status_code == 202:
-                entry["accepted"], entry["order_no"] = monotonic(), response.json()["order_no"]
-                self.canary.append(entry)
-                return
-            if response.status_code not in (409, 429, 503):
-                return
-            await asyncio.sleep(0.5)
-
-    async def _canary_rows(self) -> None:
-        assert self.engine is not None
-        while True:
-            await asyncio.sleep(0.2)
-            waiting = {entry["order_no"]: entry for entry in self.canary if entry["row"] is None}
-            if not waiting:
-                continue
-            try:
-                async with self.engine.connect() as conn:
-                    rows = await conn.execute(order_queries.PRESENT_ORDER_NOS, {"order_nos": list(waiting)})
-                    found = {order_no for (order_no,) in rows}
-            except Exception:
-                continue
-            now = monotonic()
-            for order_no in found:
-                waiting[order_no]["row"] = now
-
-    async def _present(self, request_ids: list[str]) -> set[str]:
+    async def present_request_ids(self, request_ids: list[str]) -> set[str]:
+        """Which of ``request_ids`` have their row in MySQL."""
         assert self.engine is not None
         present: set[str] = set()
         async with self.engine.connect() as conn:
@@ -318,28 +249,6 @@ class FaultSale:
                 rows = await conn.execute(order_queries.PRESENT_REQUEST_IDS, {"r": chunk})
                 present.update(request_id for (request_id,) in rows)
         return present
-
-    async def _sample_journal(self) -> None:
-        """Every second: the sale's reservations without a row for longer than
-        :data:`STRANDED_BOUND` seconds, counted from the end of the fault (while a store is down
-        nothing can be expected of realignment)."""
-        assert self.store is not None
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                journal = await self.store.stock.journal(self.product_id)
-                now_ms = await self.store.stock.server_time_ms()
-                present = await self._present([entry.request_id for entry in journal])
-            except Exception:
-                continue
-            if self.fault_start is not None and self.fault_end is None:
-                continue  # the fault is on
-            since_ms = now_ms - (monotonic() - self.fault_end) * 1000 if self.fault_end is not None else 0
-            for entry in journal:
-                if entry.request_id in present:
-                    continue
-                if now_ms - max(entry.reserved_at_ms, since_ms) > STRANDED_BOUND * 1000:
-                    self.stranded.add(entry.request_id)
 
     # -- the stores, directly ---------------------------------------------------------------------
 
