@@ -24,6 +24,7 @@ from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock import realign
 from service.domain.stock.realign import Realigner
 from service.model.order_message import OrderMessage
+from service.model.stock import ReserveRequest
 from tests.support import eventually, inventory, order_rows
 
 KEEP = 60.0
