@@ -1,4 +1,4 @@
-"""``flashsale consume``: take order messages from RabbitMQ and write them to MySQL in batches.
+"""Take order messages from RabbitMQ and write them to MySQL in batches.
 
 Deliveries come through :class:`service.adapters.subscription.Subscription` (aiormq's layer,
 without aio-pika's message objects); each is decoded as it arrives and waits in the batch being
@@ -19,7 +19,7 @@ orders retried go to the retry queue together):
   retry queue of its turn (1, 2, 5, 10, 30 s by default, ``FLASHSALE_AMQP__RETRY_DELAYS``) and the
   delivery is acked, so nothing waits out a back-off in the prefetch window and an outage never
   spends the order queue's delivery limit (kept for a message that kills the consumer). The copy
-  comes back to the order queue by itself (:mod:`service.adapters.broker`). A failure that is not
+  comes back to the order queue by itself (:mod:`service.adapters.broker_topology`). A failure that is not
   known to be transient and persists for one order alone is retried :data:`MAX_FAILED_WRITES` times,
   then dead-lettered.
 - ``DEAD``: a permanent failure (undecodable or out-of-domain body, unknown product, an order
@@ -36,11 +36,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import AsyncIterator, Collection, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import structlog
-from aio_pika.abc import AbstractChannel
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aiormq.abc import AbstractChannel as AbstractAMQPChannel
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -58,17 +57,12 @@ from consumers.settlements import (
     copies_of,
     fallback,
 )
-from service.adapters.broker import declare_topology
-from service.adapters.broker_connection import connect_when_up
 from service.adapters.redis.stores import RedisStores
 from service.adapters.retry_routing import RetryRouter, times_retried
-from service.adapters.subscription import Delivery, Subscription
-from service.bootstrap import Resources
+from service.adapters.subscription import Delivery
 from service.domain.fulfilment.incoming import InvalidOrder, parse_body
 from service.domain.fulfilment.order_writer import OrderWriter, Outcome
 from service.failures import is_transient
-from service.runtime import freeze_startup_heap, stop_signal
-from service.settings import AMQPSettings
 
 log = structlog.get_logger(__name__)
 
@@ -88,7 +82,7 @@ class OrderConsumer:
     """Handles the deliveries of one channel in batches, one batch transaction at a time;
     tracks the ones not yet settled for a clean shutdown. ``batch_size``: orders in one
     transaction at most (a batch never holds more than the prefetch window). Without a
-    :class:`RetryRouter` (:meth:`route_with`; :func:`consuming` gives it one) a retry is a
+    :class:`RetryRouter` (:meth:`route_with`; :func:`consumers.consume.consuming` gives it one) a retry is a
     requeue and a dead letter a reject."""
 
     def __init__(
@@ -361,66 +355,3 @@ class OrderConsumer:
             pending = [*self._alone, *([self._writing] if self._writing is not None else [])]
             await asyncio.gather(*pending, return_exceptions=True)
             await asyncio.sleep(0)  # deliveries read before the subscription stopped
-
-
-@contextlib.asynccontextmanager
-async def consuming(
-    amqp: AMQPSettings, consumer: OrderConsumer, prefetch: int, partitions: Collection[int] | None = None
-) -> AsyncIterator[None]:
-    """``consumer`` takes deliveries from the order queues of ``partitions`` (every partition when
-    None; topology declared, at most ``prefetch`` in hand per queue) on a robust connection of its
-    own while the block runs, and sends retries and dead letters on a confirming channel of that
-    connection; on exit it stops taking deliveries, finishes and settles those in hand, and
-    closes the connection. A broker that is away at start is waited for
-    (:func:`service.adapters.broker_connection.connect_when_up`).
-
-    Raises:
-        ValueError: a partition outside 0 … ``amqp.partitions`` − 1 (before connecting).
-    """
-    chosen = amqp.chosen_partitions(partitions)
-    connection = await connect_when_up(amqp, "consumer")
-    try:
-        channel = await connection.channel()
-        await channel.set_qos(prefetch_count=prefetch)  # per consumer, so per queue (quorum queues refuse a global one)
-        _, queues = await declare_topology(channel, amqp)
-
-        async def confirming() -> AbstractChannel:
-            return await connection.channel(publisher_confirms=True, on_return_raises=True)
-
-        consumer.route_with(RetryRouter(await confirming(), amqp, confirming))
-        subscription = Subscription(channel, [queues[partition].name for partition in chosen], consumer.handle)
-        await subscription.start()
-        try:
-            yield
-        finally:
-            await subscription.stop()
-            await consumer.drain()
-    finally:
-        await connection.close()
-
-
-async def run_consumer(
-    resources: Resources, prefetch: int, metrics_port: int | None = None, partitions: Collection[int] | None = None
-) -> None:
-    """Consume until SIGTERM/SIGINT, then stop taking messages, finish those in hand, and return.
-    ``prefetch``: deliveries in hand at most, per order queue; batches of
-    ``FLASHSALE_AMQP__BATCH_SIZE`` at most. ``metrics_port``: where ``/metrics`` is served (None
-    or 0: not served; queue depths are sampled all the same). ``partitions``: the order queues
-    taken (every partition when None)."""
-    settings = resources.settings
-    consumer = OrderConsumer(
-        resources.engine, resources.store, settings.orders.replay_ttl_seconds, batch_size=settings.amqp.batch_size
-    )
-    queues = [settings.amqp.partition_queue(p) for p in settings.amqp.chosen_partitions(partitions)]
-    try:
-        with stop_signal() as stop:
-            async with (
-                worker_metrics.exposed(settings, metrics_port),
-                consuming(settings.amqp, consumer, prefetch, partitions),
-            ):
-                freeze_startup_heap()
-                log.info("consuming", queues=queues, prefetch=prefetch, batch_size=settings.amqp.batch_size)
-                await stop.wait()
-                log.info("stopping", in_hand=consumer.in_hand)
-    finally:
-        log.info("stopped", **consumer.counts)

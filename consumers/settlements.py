@@ -22,7 +22,7 @@ from enum import Enum
 
 from service.adapters.subscription import Delivery
 from service.domain.fulfilment.incoming import InvalidOrder, Malformed
-from service.domain.model.order_message import GROUP_FORMAT, OrderGroup, OrderMessage, encode_group, encode_order
+from service.model.order_message import GROUP_FORMAT, OrderGroup, OrderMessage, encode_group, encode_order
 
 
 class Action(Enum):

@@ -13,10 +13,10 @@ import aio_pika
 import structlog
 
 from service import metrics
-from service.adapters.broker import queue_depth
 from service.adapters.broker_connection import connect_when_up
+from service.adapters.broker_topology import queue_depth
 from service.domain.fulfilment.order_writer import Outcome
-from service.domain.model.order_message import OrderMessage
+from service.model.order_message import OrderMessage
 from service.runtime import OutageLog, stop_task
 from service.settings import Settings
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy.engine import make_url
 
 from db.migrate import database_exists, drop_database
-from service.adapters.broker import delete_topology, existing_topology
+from service.adapters.broker_topology import delete_topology, existing_topology
 from service.adapters.redis.client import make_redis
 from service.adapters.redis.stores import make_stores
 from service.domain.order_numbers.minter import leased_shards

@@ -28,20 +28,21 @@ from redis.exceptions import RedisError
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from consumers.order_consumer import OrderConsumer, consuming
+from consumers.consume import consuming
+from consumers.order_consumer import OrderConsumer
 from db.engine import make_engine
 from db.models import OrderStatus
-from service.adapters.broker import delete_topology
+from service.adapters.broker_topology import delete_topology
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import RedisStores
 from service.api.app import create_app
 from service.bootstrap import open_api
-from service.domain.model.order_message import OrderMessage
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.payments.notification import sign
 from service.domain.purchase.answers import PurchaseRejected
 from service.domain.purchase.request_id import mint_request_id
 from service.failures import ER_LOCK_WAIT_TIMEOUT, mysql_errno
+from service.model.order_message import OrderMessage
 from service.sale.isolation import environment, free_port
 from service.settings import Settings
 from tests.servers import PrivateMariaDB, PrivateRabbitMQ, PrivateRedis, private_server, scratch  # noqa: F401

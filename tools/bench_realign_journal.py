@@ -26,10 +26,10 @@ from db.migrate import upgrade
 from db.models import StockMode
 from service.bootstrap import Job, open_job
 from service.domain.fulfilment.order_writer import apply_order
-from service.domain.model.order_message import OrderMessage
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.stock.catalog import ProductInput
 from service.log_setup import configure_logging
+from service.model.order_message import OrderMessage
 from service.sale.isolation import free_port, isolated_settings, new_run_id
 from service.sale.stores import tear_down
 from service.settings import Settings

@@ -1,7 +1,7 @@
 """The reserve script on a 3-master Redis Cluster: one hot product with K=1 vs K=3 stock buckets,
 in the same run (does spreading a hot product over masters pay?), and the per-master cost of one call (docs/SCALING.md).
 
-Starts a private cluster (:func:`tools.redis_cluster.private_redis_cluster`: three masters on
+Starts a private cluster (:func:`tests.redis_cluster.private_redis_cluster`: three masters on
 free ports, stopped at the end), loads four products through the service's own
 :class:`~service.adapters.redis.stock.Stock` (realign, as ``product set`` does): an
 accept product and a sold-out product (stock 0) for K=1 and for K=3, the K=3 ones picked so that
@@ -40,13 +40,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tools.redis_cluster, run as a file
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.redis_cluster, run as a file
 
 from redis import Redis
 from redis.crc import key_slot
 
 from service.adapters.redis.keys import ProductKeys
-from service.domain.model.stock import ReserveRequest
+from service.model.stock import ReserveRequest
 
 PREFIX = "bench"
 PATHS = ("accept", "sold_out")
@@ -334,8 +334,8 @@ async def _load(url: str, products: dict[tuple[int, str], int]) -> None:
     """Each product's buckets loaded by a realignment write (stock split evenly, sale open, no end)."""
     from service.adapters.redis.client import make_redis
     from service.adapters.redis.stores import open_stores
-    from service.domain.model.stock import SaleTerms
     from service.domain.stock.buckets import split
+    from service.model.stock import SaleTerms
     from service.settings import Settings
 
     settings = Settings()
@@ -360,7 +360,7 @@ async def _load(url: str, products: dict[tuple[int, str], int]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from tools.redis_cluster import private_redis_cluster
+    from tests.redis_cluster import private_redis_cluster
 
     args = parse_args(argv)
     low, high = args.buckets

@@ -36,7 +36,7 @@ from redis.asyncio import Redis
 
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import open_stores
-from service.domain.model.waiting_room import RoomPace
+from service.model.waiting_room import RoomPace
 from service.sale.isolation import free_port
 
 PREFIX = "bench"

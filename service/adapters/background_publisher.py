@@ -13,7 +13,7 @@ import asyncio
 import structlog
 
 from service.adapters.broker import Publisher
-from service.domain.model.order_message import OrderMessage
+from service.model.order_message import OrderMessage
 from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)

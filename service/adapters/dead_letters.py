@@ -24,8 +24,8 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS, AMQPError
 
 from service.adapters import retry_routing
-from service.adapters.broker import declare_topology, partition_of_body, queue_depth
 from service.adapters.broker_connection import connect_once
+from service.adapters.broker_topology import declare_topology, partition_of_body, queue_depth
 from service.failures import PublishFailed
 from service.settings import AMQPSettings
 

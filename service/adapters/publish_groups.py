@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from service.domain.model.order_message import OrderMessage
 from service.failures import PublishFailed
+from service.model.order_message import OrderMessage
 
 log = structlog.get_logger(__name__)
 

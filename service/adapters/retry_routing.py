@@ -7,7 +7,7 @@ prefetch window, and neither spends the order queue's delivery limit:
 
 - a retry copy goes to the retry queue of its turn (:meth:`AMQPSettings.retry_queue`) of the
   partition it came from (:meth:`RetryRouter.partition_of`) and comes back to that order queue by
-  itself when that queue's TTL is up (see :mod:`service.adapters.broker`), carrying
+  itself when that queue's TTL is up (see :mod:`service.adapters.broker_topology`), carrying
   :data:`RETRIES` (how many times it was sent there);
 - a dead-letter copy goes straight to the dead-letter queue, carrying why: :data:`REASON`
   (``invalid_order``, ``unknown_product``, ``order_no_conflict``, ``write_failed``), :data:`ERROR`
@@ -34,7 +34,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS, AMQPError
 
-from service.adapters.broker import partition_of_body
+from service.adapters.broker_topology import partition_of_body
 from service.adapters.subscription import Delivery
 from service.failures import PublishFailed
 from service.settings import AMQPSettings

@@ -8,7 +8,7 @@ costs (docs/BENCHMARKS.md). Here a delivery stays aiormq's ``DeliveredMessage``
 behind a small :class:`Delivery`, and :class:`Subscription` subscribes again each time the
 robust channel reopens (after a lost connection, or a channel the broker closed), as aio-pika's
 robust queues do for their own consumers; the queues themselves are declared again by the
-channel (they were declared through it, :func:`service.adapters.broker.declare_topology`).
+channel (they were declared through it, :func:`service.adapters.broker_topology.declare_topology`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus
-from service.adapters.broker import Publisher, declare_topology
+from service.adapters.broker import Publisher
+from service.adapters.broker_topology import declare_topology
 from service.adapters.redis.reservations import new_attempt
 from service.adapters.redis.stores import make_stores
 from service.bench.context import (
@@ -39,8 +40,8 @@ from service.bench.procstat import CpuSample
 from service.bench.raw_writer import RawOrder, make_orders, write_orders
 from service.bench.rows import DRAIN_ROWS, Row, merge_rounds
 from service.bench.server import Child, flashsale_argv
-from service.domain.model.order_message import OrderMessage
-from service.domain.model.stock import ReserveOutcome, ReserveRequest
+from service.model.order_message import OrderMessage
+from service.model.stock import ReserveOutcome, ReserveRequest
 from service.settings import Settings
 
 POLL_SECONDS = 0.05

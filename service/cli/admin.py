@@ -170,10 +170,10 @@ def product_draw(product_id: int, as_json: bool) -> None:
     from datetime import UTC
 
     from service.bootstrap import open_job, opened
-    from service.domain.model.waiting_room import Draw
     from service.domain.waiting_room.draws import read_draw
     from service.domain.waiting_room.lottery import drawn_order
     from service.log_setup import configure_logging
+    from service.model.waiting_room import Draw
 
     async def read() -> Draw | None:
         configure_logging("WARNING")

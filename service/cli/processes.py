@@ -88,7 +88,7 @@ def consume(prefetch: int | None, partitions_text: str | None, metrics_port: int
     """Write queued orders to MySQL (run as many as you like). Waits (with back-off, one log line)
     for Redis, RabbitMQ and MySQL when one is away at start. Exits 0 on SIGTERM after finishing
     its messages."""
-    from consumers.order_consumer import run_consumer
+    from consumers.consume import run_consumer
     from service.bootstrap import open_consumer
     from service.log_setup import configure_logging
     from service.startup import opened_when_reachable

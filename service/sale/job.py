@@ -61,7 +61,7 @@ import httpx
 import msgspec
 from rich.console import Console
 
-from service.adapters.broker import declare_topology
+from service.adapters.broker_topology import declare_topology
 from service.api.tokens import issue_token
 from service.log_setup import configure_logging
 from service.sale.crowd_wave import crowd_wave

@@ -22,8 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.migrate import upgrade
 from db.models import OrderStatus
 from db.queries import inventory, orders, payments, products
-from service.adapters.broker import queue_depth, queue_depths
 from service.adapters.broker_connection import connect_once
+from service.adapters.broker_topology import queue_depth, queue_depths
 from service.adapters.redis.stores import RedisStores
 from service.bootstrap import Job, open_job, opened
 from service.domain.orders.lifecycle import expire_unpaid

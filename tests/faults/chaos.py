@@ -1,6 +1,6 @@
 """A randomized run (``make chaos``; docs/RELIABILITY.md, "A randomized run"): one long sale, and
 faults of the suite's kinds drawn from a seed, one after another and overlapping, then the
-checker of every row (tests/faults/harness.py, :meth:`FaultSale.finish`).
+checker of every row (tests/faults/checks.py, :func:`tests.faults.checks.finish`).
 
 :func:`schedule` is a pure function of the seed and the length: the same seed gives the same
 faults at the same offsets with the same parameters (it is printed at the start of the run and

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.harness import HEADERS, Row, Servers, format_row
+from tests.faults.report import HEADERS, Row, format_row
+from tests.faults.supervisor import Servers
 from tests.servers import PrivateMariaDB, PrivateRabbitMQ, PrivateRedis, scratch
 
 ROWS: list[Row] = []

@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from tests.faults import chaos, harness
+from tests.faults import chaos, terms
 from tests.faults.netns import AVAILABLE, topology
 from tests.faults.replication import ReplicatedMariaDB
 from tests.faults.test_network import ROLES, NetworkSale, server_ports, slowable
@@ -38,11 +38,11 @@ async def test_chaos(servers, log_root, record, monkeypatch):
     faults = chaos.schedule(seed, minutes)
     print(f"chaos seed {seed}, {minutes:g} min: {json.dumps(chaos.as_json(faults))}")
     requests = int((minutes * 60 - chaos.QUIET_END_SECONDS) * PURCHASE_RATE)
-    monkeypatch.setattr(harness, "PURCHASE_RATE", PURCHASE_RATE)
-    monkeypatch.setattr(harness, "REQUESTS", requests)
-    monkeypatch.setattr(harness, "USERS", requests // 2)
-    monkeypatch.setattr(harness, "STOCK", requests // 3)
-    monkeypatch.setattr(harness, "LOAD_DEADLINE", minutes * 60 + 150)
+    monkeypatch.setattr(terms, "PURCHASE_RATE", PURCHASE_RATE)
+    monkeypatch.setattr(terms, "REQUESTS", requests)
+    monkeypatch.setattr(terms, "USERS", requests // 2)
+    monkeypatch.setattr(terms, "STOCK", requests // 3)
+    monkeypatch.setattr(terms, "LOAD_DEADLINE", minutes * 60 + 150)
 
     pair = ReplicatedMariaDB(semi_sync=True)
     try:

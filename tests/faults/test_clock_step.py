@@ -24,7 +24,8 @@ import pytest
 
 from service.domain.order_numbers.format import is_valid_order_no
 from service.sale.plan import ACCEPTED
-from tests.faults.harness import FaultSale, monotonic
+from tests.faults.harness import FaultSale
+from tests.faults.terms import monotonic
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from service.sale.isolation import environment
-from tests.faults.harness import FaultSale, Servers, Supervisor
+from tests.faults.harness import FaultSale
 from tests.faults.replication import ReplicatedMariaDB
+from tests.faults.supervisor import Servers, Supervisor
 from tests.faults.under_load import under_load
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

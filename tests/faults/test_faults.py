@@ -16,14 +16,8 @@ import signal
 
 import pytest
 
-from tests.faults.harness import (
-    LIMIT,
-    POISON_STALL_BOUND,
-    READINESS_LIE_BOUND,
-    REPUBLISH_PER_ORDER,
-    FaultSale,
-    monotonic,
-)
+from tests.faults.harness import FaultSale
+from tests.faults.terms import LIMIT, POISON_STALL_BOUND, READINESS_LIE_BOUND, REPUBLISH_PER_ORDER, monotonic
 from tests.servers import PrivateServer
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

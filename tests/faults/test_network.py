@@ -26,9 +26,12 @@ import pytest
 
 from service.sale.isolation import environment
 from service.settings import Settings
+from tests.faults.buyers import Buyers
 from tests.faults.forwarder import Forwarder
-from tests.faults.harness import WORKERS, Buyers, FaultSale, Servers, Supervisor
+from tests.faults.harness import FaultSale
 from tests.faults.netns import AVAILABLE, Topology, topology
+from tests.faults.supervisor import Servers, Supervisor
+from tests.faults.terms import WORKERS
 from tests.faults.under_load import under_load
 
 pytestmark = [

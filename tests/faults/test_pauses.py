@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.faults.harness import PREFETCH, FaultSale, monotonic
+from tests.faults.harness import FaultSale
+from tests.faults.terms import PREFETCH, monotonic
 from tests.faults.test_faults import _steady_start
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -94,7 +95,7 @@ async def test_consumer_paused_holding_deliveries(servers, log_root, record):
                 for o in sale.buyers.outcomes
                 if o is not None and o.code == "accepted" and o.request_id and o.finished < paused_at
             ]
-            missing = sorted(set(accepted_before) - await sale._present(accepted_before))
+            missing = sorted(set(accepted_before) - await sale.present_request_ids(accepted_before))
             missing_before_wake = len(missing)
         finally:
             _signal(pid, signal.SIGCONT, group=True)

@@ -27,8 +27,9 @@ import pytest
 
 from service.adapters.redis.keys import ProductKeys
 from service.sale.isolation import environment
-from tests.faults.harness import FaultSale, Servers, Supervisor
-from tools.redis_cluster import _free_ports as free_cluster_ports  # each with its bus port free
+from tests.faults.harness import FaultSale
+from tests.faults.supervisor import Servers, Supervisor
+from tests.redis_cluster import free_ports as free_cluster_ports  # each with its bus port free
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

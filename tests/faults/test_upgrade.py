@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from service.sale.isolation import free_port
-from tests.faults.harness import PREFETCH, WATCH_SECONDS, FaultSale, monotonic
+from tests.faults.harness import FaultSale
+from tests.faults.terms import PREFETCH, WATCH_SECONDS, monotonic
 from tests.faults.test_faults import _steady_start
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from consumers.order_consumer import OrderConsumer
 from db.engine import make_engine
 from db.migrate import upgrade
-from service.adapters.broker import declare_topology
+from service.adapters.broker_topology import declare_topology
 from service.adapters.redis.client import make_redis
 from service.adapters.redis.stores import RedisStores, open_stores
 from service.api.app import create_app

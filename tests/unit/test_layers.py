@@ -22,13 +22,13 @@ LAYERS: list[tuple[int, tuple[str, ...]]] = [
     (4, ("service.bootstrap", "service.startup", "service.teardown")),  # composition root
     (3, ("service.domain",)),  # use cases and rules
     (2, ("service.adapters", "db")),  # Redis, RabbitMQ, MySQL
-    (1, ("service.domain.model",)),  # the domain's vocabulary: plain types the adapters answer in
+    (1, ("service.model",)),  # the domain's vocabulary: plain types the adapters answer in
     (0, ("service.settings", "service.log_setup", "service.runtime", "service.failures", "lua", "service")),  # base
 ]
 
 
 def _rank(module: str) -> int:
-    """The rank of the longest prefix that names ``module`` (``service.domain.model`` before
+    """The rank of the longest prefix that names ``module`` (``service.model`` before
     ``service.domain``, ``service.domain`` before ``service``)."""
     matches = [
         (len(prefix), rank)
@@ -173,3 +173,20 @@ def test_a_planted_same_layer_package_cycle_is_caught() -> None:
     assert cycles(packages) == [["consumers", "service.cli", "consumers"]]
     del planted["consumers.realign"]  # and without the way back, none
     assert cycles(package_graph(planted)) == []
+
+
+def test_tests_never_import_tools() -> None:
+    """``tools/`` holds one-off experiments, not shipped and not kept for the tests: what a test
+    needs lives in ``tests/`` (e.g. ``tests/redis_cluster.py``), and tools may import from there."""
+    found = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            found += [(path.relative_to(ROOT).as_posix(), n) for n in names if n == "tools" or n.startswith("tools.")]
+    assert found == []

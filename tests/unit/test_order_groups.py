@@ -8,7 +8,8 @@ import pytest
 
 from consumers.settlements import ACK, Action, Carried, Settlement, copies_of, fallback
 from service.domain.fulfilment.incoming import InvalidOrder, parse_body
-from service.domain.model.order_message import (
+from service.domain.order_numbers.format import compose_order_no
+from service.model.order_message import (
     GROUP_FORMAT,
     OrderGroup,
     OrderMessage,
@@ -18,7 +19,6 @@ from service.domain.model.order_message import (
     encode_order,
     orders_of,
 )
-from service.domain.order_numbers.format import compose_order_no
 
 DEAD = Settlement(Action.DEAD, "unknown_product", "nothing written")
 RETRY = Settlement(Action.RETRY, "transient", "down")

@@ -12,8 +12,8 @@ from service.adapters.redis.replies import (
     parse_realign_reply,
     parse_reservation,
 )
-from service.domain.model.stock import JournalEntry, QueuedOrder, RealignResult, Reservation, ReserveOutcome, SaleTerms
 from service.domain.stock.snapshot import sale_terms
+from service.model.stock import JournalEntry, QueuedOrder, RealignResult, Reservation, ReserveOutcome, SaleTerms
 
 
 def test_a_reserved_reply_carries_time_and_integer_price():

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from service.domain.errors import InvalidInput
-from service.domain.model.stock import Reservation, ReserveOutcome, ReserveRequest
 from service.domain.purchase.answers import PurchaseRejected
 from service.domain.purchase.service import PurchaseService
 from service.domain.purchase.sold_out import FlagAnswer, SoldOutFlags
+from service.model.stock import Reservation, ReserveOutcome
+from tests.fakes import FakeMinter, FakePublisher, FakeStore
 
 
 class Clock:
@@ -106,40 +107,11 @@ def test_a_ttl_of_zero_is_refused() -> None:
 # -- the purchase path -----------------------------------------------------------------------
 
 
-class FakeStore:
-    """The Redis stores as the purchase path's reserve sees them (``.reservations.reserve``):
-    answers every reserve with ``reply``; ``during`` runs while the "round trip" is in flight."""
-
-    def __init__(self, reply: Reservation, during=None) -> None:
-        self.reservations = self
-        self.reply = reply
-        self.during = during
-        self.calls = 0
-
-    async def reserve(self, request: ReserveRequest) -> Reservation:
-        self.calls += 1
-        if self.during is not None:
-            self.during()
-        return self.reply
-
-
-class FakeMinter:
-    def __init__(self) -> None:
-        self.taken = 0
-
-    async def take(self) -> str:
-        self.taken += 1
-        return "FS20261130000000000000010X"
-
-    def give_back(self, order_no: str) -> None:
-        pass
-
-
 SOLD_OUT = Reservation(ReserveOutcome.SOLD_OUT, "", stock=0, per_user_limit=2, sale_left_ms=None)
 
 
 def _service(store: FakeStore, minter: FakeMinter, flags: SoldOutFlags) -> PurchaseService:
-    return PurchaseService(store, minter, publisher=None, sold_out=flags)  # type: ignore[arg-type]
+    return PurchaseService(store, minter, publisher=FakePublisher(), sold_out=flags)
 
 
 async def _keyless(service: PurchaseService, user: str, product_id: int, quantity: int, request_id: str) -> None:
@@ -155,7 +127,7 @@ async def test_a_flagged_keyless_rejection_takes_no_round_trip_and_no_order_numb
     service = _service(store, minter, flags)
     with pytest.raises(PurchaseRejected) as first:
         await _keyless(service, "u", 7, 1, "r1")
-    assert first.value.code == "sold_out" and (store.calls, minter.taken) == (1, 1)
+    assert first.value.code == "sold_out" and (store.reservations.calls, minter.taken) == (1, 1)
 
     for n in range(5):
         with pytest.raises(PurchaseRejected) as again:
@@ -164,7 +136,7 @@ async def test_a_flagged_keyless_rejection_takes_no_round_trip_and_no_order_numb
     with pytest.raises(InvalidInput) as over:
         await _keyless(service, "u", 7, 3, "r-over")
     assert over.value.field == "quantity"
-    assert (store.calls, minter.taken) == (1, 1)  # all answered in the process
+    assert (store.reservations.calls, minter.taken) == (1, 1)  # all answered in the process
 
 
 async def test_keyed_requests_always_ask_redis(flags: SoldOutFlags) -> None:
@@ -173,7 +145,7 @@ async def test_keyed_requests_always_ask_redis(flags: SoldOutFlags) -> None:
     for n in range(3):
         with pytest.raises(PurchaseRejected):
             await service.purchase("u", 7, 1, f"keyed-{n}")
-    assert store.calls == 3 and flags.verdict(7, 1) is FlagAnswer.SOLD_OUT  # they still raise the flag
+    assert store.reservations.calls == 3 and flags.verdict(7, 1) is FlagAnswer.SOLD_OUT  # they still raise the flag
 
 
 async def test_a_sold_out_that_raced_a_restock_does_not_stick(flags: SoldOutFlags) -> None:
@@ -182,8 +154,8 @@ async def test_a_sold_out_that_raced_a_restock_does_not_stick(flags: SoldOutFlag
     with pytest.raises(PurchaseRejected):
         await _keyless(service, "u", 7, 1, "r1")
     assert flags.verdict(7, 1) is None
-    store.during = None
+    store.reservations.during = None
     with pytest.raises(PurchaseRejected):
         await _keyless(service, "u", 7, 1, "r2")
-    assert store.calls == 2  # the second one asked Redis, and now the flag stands
+    assert store.reservations.calls == 2  # the second one asked Redis, and now the flag stands
     assert flags.verdict(7, 1) is FlagAnswer.SOLD_OUT

@@ -8,10 +8,10 @@ import hashlib
 import pytest
 
 from service.adapters.redis.waiting_room import parse_visit
-from service.domain.model.waiting_room import RoomState
 from service.domain.waiting_room.lottery import drawn_order, lottery_score
 from service.domain.waiting_room.service import ticket_of
 from service.metrics import _quantile
+from service.model.waiting_room import RoomState
 
 
 def test_the_lottery_orders_by_the_first_13_hex_digits_of_sha1_then_by_user_id():

@@ -1,5 +1,5 @@
 """The pure parsers that turn the scripts' Redis replies into the domain's types
-(:mod:`service.domain.model.stock`), and the one value format the adapter writes itself.
+(:mod:`service.model.stock`), and the one value format the adapter writes itself.
 
 Nothing here talks to Redis, so every parser can be tested without a server. Replies are the
 decoded form (``decode_responses=True``): strings and integers.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from service.domain.model.stock import (
+from service.model.stock import (
     JournalEntry,
     QueuedOrder,
     RealignResult,

@@ -24,7 +24,7 @@ from service.adapters.redis.keys import ProductKeys, order_key
 from service.adapters.redis.replies import format_queued_order, parse_queued_order, parse_reservation
 from service.adapters.redis.restock_channel import RestockChannel
 from service.adapters.redis.scripts import Scripts
-from service.domain.model.stock import (
+from service.model.stock import (
     ClaimOutcome,
     QueuedOrder,
     ReleaseOutcome,

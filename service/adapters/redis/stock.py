@@ -17,7 +17,7 @@ from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.replies import parse_journal_entry, parse_realign_reply
 from service.adapters.redis.restock_channel import RestockChannel
 from service.adapters.redis.scripts import KeyspaceStore, Scripts
-from service.domain.model.stock import JournalEntry, RealignResult, SaleTerms
+from service.model.stock import JournalEntry, RealignResult, SaleTerms
 
 SCAN_COUNT = 1000
 """Journal entries one HSCAN call asks for (bounded work per Redis call)."""

@@ -1,6 +1,6 @@
 """The Redis stores of one process, built in one place (:func:`make_stores`) on one client and
 one script registry; each piece owns its own key names (:mod:`.keys`) and answers in the
-domain's types (:mod:`service.domain.model.stock`).
+domain's types (:mod:`service.model.stock`).
 
 Every method raises :class:`~service.failures.StoreUnavailable` ``("redis")`` when Redis
 fails, never a redis-py exception (:mod:`.boundary`).

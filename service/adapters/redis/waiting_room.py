@@ -19,7 +19,7 @@ from service.adapters.redis.boundary import translated
 from service.adapters.redis.client import RedisClient
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.scripts import Scripts
-from service.domain.model.waiting_room import Draw, RoomPace, RoomState, Visit
+from service.model.waiting_room import Draw, RoomPace, RoomState, Visit
 
 NONCE_BYTES = 16
 """Random bytes of a call's nonce: the room's secret seed on its first pre-queue join, and what

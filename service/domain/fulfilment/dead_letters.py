@@ -37,9 +37,9 @@ from service.adapters.dead_letters import DEFAULT_LIMIT, DeadLetter, DeadLetterQ
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound
 from service.domain.fulfilment.incoming import InvalidOrder, Malformed, parse_body
-from service.domain.model.order_message import OrderMessage
 from service.domain.stock.realign import Realigner
 from service.domain.stock.realign_report import RealignReport
+from service.model.order_message import OrderMessage
 
 log = structlog.get_logger(__name__)
 

@@ -1,5 +1,5 @@
 """An order message as the consumer takes it in: decoded (either body format,
-:mod:`service.domain.model.order_message`) and checked field by field, so that no single order
+:mod:`service.model.order_message`) and checked field by field, so that no single order
 can fail a batch's statements (docs/ARCHITECTURE.md, "Consumer")."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Literal
 import msgspec
 
 from db.models import MAX_AMOUNT
-from service.domain.model.order_message import OrderGroup, OrderMessage, decode_order
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.purchase.request_id import USER_ID
+from service.model.order_message import OrderGroup, OrderMessage, decode_order
 
 _REQUEST_ID = re.compile(r"[0-9a-f]{32}")
 _ATTEMPT = re.compile(r"[0-9a-f]{0,32}")  # service.adapters.redis.reservations.new_attempt, or none

@@ -56,13 +56,13 @@ from db.models import OrderStatus
 from db.queries import inventory, orders, quota
 from service import metrics
 from service.adapters.redis.stores import RedisStores
-from service.domain.model.order_message import OrderMessage
-from service.domain.model.stock import ClaimOutcome
 from service.domain.order_numbers.conflicts import stand_in_order_no
 from service.domain.orders.actors import CONSUMER
 from service.domain.purchase import user_quota
 from service.domain.purchase.request_id import reissued_request_id
 from service.failures import DuplicateKey, StoreFailure
+from service.model.order_message import OrderMessage
+from service.model.stock import ClaimOutcome
 
 _WRITE_RETRIED = metrics.retry_counter("write_orders", metrics.TRANSACTION_RETRIES.inc)
 

@@ -20,11 +20,11 @@ from db.queries import attempts, inventory, orders
 from service import metrics
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import OrderNotFound
-from service.domain.model.stock import RestockOutcome
 from service.domain.orders import actors
 from service.domain.purchase import user_quota
 from service.domain.stock.buckets import bucket_of
 from service.failures import StoreFailure
+from service.model.stock import RestockOutcome
 
 log = structlog.get_logger(__name__)
 

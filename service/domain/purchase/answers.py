@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from enum import Enum
 
 from service.domain.errors import DomainError, InvalidInput
-from service.domain.model.stock import ReserveOutcome
 from service.domain.purchase.sold_out import FlagAnswer
 from service.failures import UNAVAILABLE, UNAVAILABLE_RETRY_AFTER, unavailable_detail
+from service.model.stock import ReserveOutcome
 
 
 @dataclass(frozen=True, slots=True)

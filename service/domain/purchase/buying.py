@@ -9,13 +9,13 @@ from dataclasses import dataclass
 import structlog
 
 from db.models import StockMode
-from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardLost
 from service.domain.order_numbers.mysql_minter import MysqlOrderNumberMinter
 from service.domain.purchase.answers import Down, rejected
 from service.domain.purchase.product_modes import ProductMode
 from service.domain.stock.buckets import bucket_of
 from service.failures import StoreFailure
+from service.model.stock import ReserveRequest
 
 log = structlog.get_logger(__name__)
 

@@ -11,7 +11,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.models import StockMode
 from service.adapters.redis.order_tokens import TOKEN_INVALID, TOKEN_USED, OrderTokens
 from service.domain.errors import InvalidInput, ProductNotFound
-from service.domain.model.stock import ReserveOutcome
 from service.domain.order_numbers.minter import OrderNumberMinter
 from service.domain.order_numbers.mysql_minter import MysqlOrderNumberMinter
 from service.domain.purchase.answers import OVER_LIMIT, Accepted, Down, PurchaseRejected, rejected
@@ -25,6 +24,7 @@ from service.domain.purchase.database_transaction import (
 )
 from service.domain.purchase.product_modes import ProductMode, ProductModes
 from service.failures import StoreFailure
+from service.model.stock import ReserveOutcome
 
 log = structlog.get_logger(__name__)
 _KEPT = (ReserveOutcome.RESERVED, ReserveOutcome.REPLAY)

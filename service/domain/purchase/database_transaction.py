@@ -34,10 +34,10 @@ from db.engine import in_transaction
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
 from service import metrics
-from service.domain.model.stock import ReserveOutcome
 from service.domain.orders import actors
 from service.domain.purchase import user_quota
 from service.failures import DuplicateKey
+from service.model.stock import ReserveOutcome
 
 _BUY_RETRIED = metrics.retry_counter("buy_in_database")
 _rows_encoder = msgspec.json.Encoder()

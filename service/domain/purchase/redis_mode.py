@@ -22,14 +22,14 @@ from service.adapters.broker import Publisher
 from service.adapters.redis.reservations import new_attempt
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import InvalidInput
-from service.domain.model.order_message import OrderMessage
-from service.domain.model.stock import ReleaseOutcome, Reservation, ReserveOutcome
 from service.domain.order_numbers.minter import OrderNumberMinter
 from service.domain.purchase.answers import OVER_LIMIT, Accepted, Down, PurchaseRejected, rejected
 from service.domain.purchase.buying import Purchase, TryNext, candidate_order_no
 from service.domain.purchase.product_modes import ProductModes
 from service.domain.purchase.sold_out import SoldOutFlags, Token
 from service.failures import PublishFailed, StoreFailure
+from service.model.order_message import OrderMessage
+from service.model.stock import ReleaseOutcome, Reservation, ReserveOutcome
 
 log = structlog.get_logger(__name__)
 

@@ -17,8 +17,8 @@ import secrets
 import time
 
 from service.domain.errors import Conflict, InvalidInput
-from service.domain.model.stock import ReserveOutcome
 from service.domain.purchase.answers import rejected
+from service.model.stock import ReserveOutcome
 
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,64}")
 USER_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")

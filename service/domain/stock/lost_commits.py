@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import structlog
 
-from service.domain.model.stock import JournalEntry
 from service.domain.stock.snapshot import BucketView
+from service.model.stock import JournalEntry
 
 log = structlog.get_logger(__name__)
 

@@ -51,7 +51,6 @@ from db.queries import inventory, orders, products
 from service.adapters.broker import Publisher
 from service.adapters.redis.stores import RedisStores
 from service.domain.errors import ProductNotFound, Unavailable
-from service.domain.model.stock import JournalEntry, RealignResult, SaleTerms
 from service.domain.stock.buckets import bucket_of, split
 from service.domain.stock.lost_commits import ResolvedKeeping
 from service.domain.stock.realign_report import RealignReport, observe
@@ -59,6 +58,7 @@ from service.domain.stock.replay_restore import ReplayRestorer
 from service.domain.stock.republish import Republisher
 from service.domain.stock.snapshot import BucketView, resolved_in, sale_terms
 from service.failures import StoreFailure
+from service.model.stock import JournalEntry, RealignResult, SaleTerms
 from service.runtime import stop_task
 
 log = structlog.get_logger(__name__)

@@ -12,9 +12,9 @@ import structlog
 
 from service.adapters.broker import Publisher
 from service.adapters.redis.stores import RedisStores
-from service.domain.model.order_message import OrderMessage
-from service.domain.model.stock import JournalEntry
 from service.failures import PublishFailed
+from service.model.order_message import OrderMessage
+from service.model.stock import JournalEntry
 
 log = structlog.get_logger(__name__)
 

@@ -11,8 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from db.models import OrderStatus
 from db.queries import orders
-from service.domain.model.stock import JournalEntry, SaleTerms
 from service.domain.purchase.request_id import reissued_request_id
+from service.model.stock import JournalEntry, SaleTerms
 
 _CHUNK = 1000
 """Order numbers looked up per query."""

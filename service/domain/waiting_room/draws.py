@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.queries import draws
 from service.adapters.redis.waiting_room import WaitingRooms
-from service.domain.model.waiting_room import Draw
+from service.model.waiting_room import Draw
 
 log = structlog.get_logger(__name__)
 

@@ -23,10 +23,10 @@ from db.queries import products
 from service import metrics
 from service.adapters.redis.waiting_room import WaitingRooms
 from service.domain.errors import Conflict, DomainError, ProductNotFound, Unavailable
-from service.domain.model.waiting_room import RoomPace, RoomState, Visit
 from service.domain.purchase.sold_out import FlagAnswer, SoldOutFlags
 from service.domain.waiting_room.draws import record_draw
 from service.failures import StoreFailure, unavailable_detail
+from service.model.waiting_room import RoomPace, RoomState, Visit
 from service.settings import WaitingRoomSettings
 
 log = structlog.get_logger(__name__)

@@ -17,7 +17,8 @@ from redis.asyncio import Redis
 from service.adapters.redis.reservations import new_attempt
 from service.adapters.redis.stores import make_stores
 from service.api.app import create_app
-from service.domain.model.stock import (
+from service.domain.order_numbers.format import compose_order_no
+from service.model.stock import (
     ClaimOutcome,
     ReleaseOutcome,
     ReserveOutcome,
@@ -25,7 +26,6 @@ from service.domain.model.stock import (
     RestockOutcome,
     SaleTerms,
 )
-from service.domain.order_numbers.format import compose_order_no
 from service.settings import Settings
 from tests.support import PausableProxy, buy, private_redis, serving
 

@@ -11,10 +11,10 @@ from redis.crc import key_slot
 
 from service.adapters.redis.buckets import StockBuckets
 from service.adapters.redis.stores import open_stores
-from service.domain.model.stock import ReserveOutcome, ReserveRequest
 from service.domain.stock import realign as realign_module
 from service.domain.stock.buckets import bucket_of
 from service.domain.stock.realign import Realigner
+from service.model.stock import ReserveOutcome, ReserveRequest
 from tests.support import buy, buy_and_settle, eventually, inventory, order_rows, quota_rows
 
 K = 3

@@ -1,4 +1,4 @@
-"""Fixtures on a Redis Cluster of the module's own (three masters, :mod:`tools.redis_cluster`),
+"""Fixtures on a Redis Cluster of the module's own (three masters, :mod:`tests.redis_cluster`),
 beside the shared MariaDB and RabbitMQ: the settings of a run of their own (database, key prefix,
 queues) with ``redis.cluster`` on, and the API, store and consumer on them. Skipped, with the
 reason, where the ``redis-server`` binary is missing."""
@@ -21,8 +21,8 @@ from service.api.app import create_app
 from service.sale.isolation import isolated_settings, new_run_id
 from service.sale.stores import tear_down
 from service.settings import Settings
+from tests import redis_cluster
 from tests.support import running_consumer, serving
-from tools import redis_cluster
 
 if not redis_cluster.available():
     pytest.skip(redis_cluster.MISSING, allow_module_level=True)

@@ -23,13 +23,13 @@ from service.adapters.redis.client import _Tuned
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stores import RedisStores, make_stores
 from service.api.tokens import issue_token
-from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
 from service.domain.orders.lifecycle import expire_unpaid
 from service.domain.stock.realign import Realigner
 from service.domain.stock.recovery import Recovery
 from service.failures import StoreUnavailable
+from service.model.stock import ReserveRequest
 from service.sale.isolation import environment, free_port, isolated_settings
 from service.sale.stores import tear_down
 from service.settings import Settings

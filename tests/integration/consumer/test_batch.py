@@ -7,11 +7,12 @@ import asyncio
 import aio_pika
 from sqlalchemy import text
 
-from consumers.order_consumer import OrderConsumer, consuming
-from service.adapters.broker import declare_topology, queue_depth
+from consumers.consume import consuming
+from consumers.order_consumer import OrderConsumer
+from service.adapters.broker_topology import declare_topology, queue_depth
 from service.domain.fulfilment.order_writer import OrderWriter, Outcome, apply_order
-from service.domain.model.order_message import OrderMessage, encode_order
 from service.domain.order_numbers.format import compose_order_no
+from service.model.order_message import OrderMessage, encode_order
 from tests.support import (
     eventually,
     inventory,

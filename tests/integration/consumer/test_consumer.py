@@ -13,10 +13,10 @@ import aio_pika
 import pytest
 from sqlalchemy import text
 
-from service.adapters.broker import queue_depth
+from service.adapters.broker_topology import queue_depth
 from service.adapters.redis.stores import open_stores
 from service.domain.fulfilment.order_writer import Outcome, apply_order
-from service.domain.model.order_message import OrderMessage, encode_order
+from service.model.order_message import OrderMessage, encode_order
 from service.sale.isolation import environment
 from tests.support import (
     PATIENCE,

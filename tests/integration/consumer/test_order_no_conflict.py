@@ -6,15 +6,15 @@ On the real Redis, RabbitMQ, MariaDB and consumer."""
 
 from __future__ import annotations
 
-from service.adapters.broker import queue_depth
+from service.adapters.broker_topology import queue_depth
 from service.adapters.redis.reservations import new_attempt
 from service.domain.fulfilment.order_writer import Outcome, write_orders
-from service.domain.model.order_message import OrderMessage, encode_order
-from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.conflicts import stand_in_order_no
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock.realign import Realigner
+from service.model.order_message import OrderMessage, encode_order
+from service.model.stock import ReserveRequest
 from tests.support import eventually, inventory, order_rows, publish_raw, quota_rows, redis_state
 
 

@@ -7,11 +7,11 @@ as it was (``DUMP``/``RESTORE``, :class:`tests.support.RedisSnapshot`)."""
 from __future__ import annotations
 
 from service.domain.fulfilment.order_writer import OrderWriter, Outcome
-from service.domain.model.order_message import OrderMessage
-from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock.realign import Realigner
+from service.model.order_message import OrderMessage
+from service.model.stock import ReserveRequest
 from tests.support import RedisSnapshot, inventory, order_rows
 
 

@@ -12,12 +12,13 @@ import aio_pika
 import pytest
 from sqlalchemy import text
 
-from consumers.order_consumer import OrderConsumer, consuming
+from consumers.consume import consuming
+from consumers.order_consumer import OrderConsumer
 from db.engine import make_engine
 from db.migrate import upgrade
-from service.adapters.broker import queue_depth
+from service.adapters.broker_topology import queue_depth
 from service.adapters.retry_routing import RETRIES
-from service.domain.model.order_message import encode_order
+from service.model.order_message import encode_order
 from tests.servers import PrivateMariaDB, private_server, scratch
 from tests.support import (
     eventually,

@@ -12,9 +12,10 @@ import subprocess
 import aio_pika
 import pytest
 
-from consumers.order_consumer import OrderConsumer, consuming
-from service.adapters.broker import declare_topology, queue_depth
-from service.domain.model.order_message import encode_order
+from consumers.consume import consuming
+from consumers.order_consumer import OrderConsumer
+from service.adapters.broker_topology import declare_topology, queue_depth
+from service.model.order_message import encode_order
 from tests.support import eventually, inventory, message_for, order_rows, own_queues, publish_raw, rows_are
 
 pytestmark = pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl on this host")

@@ -13,13 +13,13 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from service.adapters.broker import queue_depth
+from service.adapters.broker_topology import queue_depth
 from service.adapters.dead_letters import DeadLetterQueue
 from service.adapters.retry_routing import REASON
 from service.bootstrap import ApiWorker, open_api
 from service.domain.fulfilment.dead_letters import DeadLetterNotFound, DeadLetterService, PurgeOutcome
-from service.domain.model.order_message import encode_order
 from service.domain.purchase.request_id import mint_request_id
+from service.model.order_message import encode_order
 from service.sale.isolation import environment
 from tests.support import (
     eventually,

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import aio_pika
 import pytest
 
-from service.adapters.broker import declare_topology
-from service.domain.model.order_message import GROUP_FORMAT, OrderGroup, OrderMessage, encode_group, orders_of
+from service.adapters.broker_topology import declare_topology
+from service.model.order_message import GROUP_FORMAT, OrderGroup, OrderMessage, encode_group, orders_of
 from service.settings import Settings
 from tests.support import own_queues
 

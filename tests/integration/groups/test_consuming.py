@@ -14,11 +14,12 @@ from collections import Counter
 import msgspec
 from sqlalchemy import text
 
-from consumers.order_consumer import OrderConsumer, consuming
+from consumers.consume import consuming
+from consumers.order_consumer import OrderConsumer
 from db.models import OrderStatus
-from service.adapters.broker import queue_depth
+from service.adapters.broker_topology import queue_depth
 from service.adapters.retry_routing import REASON
-from service.domain.model.order_message import OrderMessage, decode_order, encode_order
+from service.model.order_message import OrderMessage, decode_order, encode_order
 from service.sale.isolation import environment
 from tests.integration.groups.conftest import group_body, take_all
 from tests.support import (

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import structlog
 
-from service.adapters.broker import Publisher, declare_topology
+from service.adapters.broker import Publisher
+from service.adapters.broker_topology import declare_topology
 from service.api import problems
 from service.api.app import create_app
 from service.failures import PublishFailed

@@ -11,17 +11,19 @@ from collections import Counter
 import aio_pika
 import pytest
 
-from consumers.order_consumer import OrderConsumer, consuming
-from service.adapters.broker import Publisher, queue_depth
+from consumers.consume import consuming
+from consumers.order_consumer import OrderConsumer
+from service.adapters.broker import Publisher
+from service.adapters.broker_topology import queue_depth
 from service.adapters.publish_groups import Group
 from service.api.app import create_app
 from service.bootstrap import open_api
-from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.answers import PurchaseRejected
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock.realign import Realigner
 from service.failures import PublishFailed
+from service.model.stock import ReserveRequest
 from service.settings import Settings
 from tests.integration.groups.conftest import orders_in, take_all
 from tests.support import buy, eventually, inventory, order_rows, publish_raw, redis_state, rows_are, serving

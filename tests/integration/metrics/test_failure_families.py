@@ -21,11 +21,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.adapters.redis.reservations import new_attempt
-from service.domain.model.order_message import encode_order
-from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.database_transaction import DatabasePurchase, buy_in_database
 from service.domain.purchase.request_id import mint_request_id
+from service.model.order_message import encode_order
+from service.model.stock import ReserveRequest
 from service.sale.isolation import environment, free_port
 from tests.support import (
     behind_a_row_lock,

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from db.migrate import upgrade
-from service.adapters.broker import declare_topology
+from service.adapters.broker_topology import declare_topology
 from service.api.controllers.ops import TOKEN_COMMAND
 from service.api.ops_history import SAMPLE_SECONDS
 from service.api.tokens import issue_token

@@ -19,13 +19,14 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from consumers.order_consumer import OrderConsumer, consuming
+from consumers.consume import consuming
+from consumers.order_consumer import OrderConsumer
 from db.engine import make_engine
-from service.adapters.broker import declare_topology, queue_depth
+from service.adapters.broker_topology import declare_topology, queue_depth
 from service.adapters.dead_letters import DeadLetterQueue
 from service.bootstrap import open_api
-from service.domain.model.order_message import OrderMessage, decode_order, encode_order, orders_of
 from service.domain.purchase.request_id import mint_request_id
+from service.model.order_message import OrderMessage, decode_order, encode_order, orders_of
 from service.sale.isolation import environment, free_port
 from service.settings import AMQPSettings, Settings
 from tests.support import (

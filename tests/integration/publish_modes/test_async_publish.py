@@ -11,7 +11,7 @@ import aio_pika
 import httpx
 import pytest
 
-from service.adapters.broker import declare_topology
+from service.adapters.broker_topology import declare_topology
 from service.api.app import create_app
 from service.bootstrap import Job, open_api, open_job, opened
 from service.domain.purchase.request_id import mint_request_id

@@ -13,11 +13,11 @@ from service.adapters.broker import Publisher
 from service.adapters.redis.reservations import new_attempt
 from service.adapters.redis.stores import open_stores
 from service.domain.fulfilment.order_writer import apply_order
-from service.domain.model.order_message import OrderMessage
-from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock.realign import Realigner
+from service.model.order_message import OrderMessage
+from service.model.stock import ReserveRequest
 from tests.support import (
     RunsAfterJournalRead,
     buy,
@@ -189,7 +189,7 @@ async def test_commits_between_snapshot_and_redis_write_do_not_skew_the_result(
     engine, redis, store, settings, put_product, product_id
 ):
     from service.domain.fulfilment.order_writer import apply_order
-    from service.domain.model.order_message import OrderMessage
+    from service.model.order_message import OrderMessage
 
     await put_product(product_id, stock=10, limit=1)
     keys = store.product_keys(product_id)

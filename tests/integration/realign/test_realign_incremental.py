@@ -11,12 +11,12 @@ import pytest
 from service.adapters.broker import Publisher
 from service.adapters.redis.reservations import new_attempt
 from service.domain.fulfilment.order_writer import apply_order
-from service.domain.model.order_message import OrderMessage
-from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock import realign as realign_module
 from service.domain.stock.realign import FULL_PASS_MAX_ENTRIES, Realigner
+from service.model.order_message import OrderMessage
+from service.model.stock import ReserveRequest
 from tests.support import inventory
 
 

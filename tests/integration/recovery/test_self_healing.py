@@ -15,10 +15,10 @@ from service.adapters.redis.client import make_redis
 from service.adapters.redis.reservations import new_attempt
 from service.adapters.redis.stores import open_stores
 from service.api.app import create_app
-from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
 from service.domain.stock.recovery import LOCK_SECONDS
+from service.model.stock import ReserveRequest
 from tests.support import (
     PATIENCE,
     buy,

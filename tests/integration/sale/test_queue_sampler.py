@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from contextlib import AsyncExitStack
 
-from service.adapters.broker import declare_topology
+from service.adapters.broker_topology import declare_topology
 from service.sale.sampler import sampling_queue
 from service.sale.stores import Stores
 from tests.support import eventually, own_queues

@@ -22,10 +22,10 @@ import pytest
 from sqlalchemy import text
 
 from service.api.app import create_app
-from service.domain.model.stock import ReserveRequest
 from service.domain.orders.lifecycle import expire_unpaid
 from service.domain.purchase.sold_out import FlagAnswer, SoldOutFlags
 from service.domain.stock.realign import Realigner
+from service.model.stock import ReserveRequest
 from tests.support import buy, eventually, inventory, order_rows, rows_at_least, running_consumer, serving
 
 LONG_TTL = 60.0

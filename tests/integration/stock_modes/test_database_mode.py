@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import text
 
 from db.models import OrderStatus
-from service.domain.model.stock import ReserveOutcome
 from service.domain.order_numbers.format import compose_order_no, is_valid_order_no
 from service.domain.purchase.database_transaction import DatabasePurchase, buy_in_database
 from service.domain.purchase.request_id import mint_request_id
+from service.model.stock import ReserveOutcome
 from tests.support import api_in_loop, behind_a_row_lock, buy, inventory, order_rows, redis_state
 
 

@@ -12,7 +12,7 @@ import aio_pika
 import pytest
 
 from db.migrate import upgrade
-from service.adapters.broker import declare_topology
+from service.adapters.broker_topology import declare_topology
 from service.sale.isolation import isolated_settings, new_run_id
 from service.sale.stores import tear_down
 from service.settings import Settings

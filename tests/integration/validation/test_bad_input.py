@@ -8,10 +8,10 @@ import jwt
 import pytest
 from sqlalchemy import text
 
-from service.adapters.broker import queue_depth
-from service.domain.model.order_message import OrderMessage, encode_order
+from service.adapters.broker_topology import queue_depth
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
+from service.model.order_message import OrderMessage, encode_order
 from tests.support import eventually, publish_raw, redis_state, rows_at_least
 
 CASES = [

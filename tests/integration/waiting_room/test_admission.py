@@ -8,7 +8,7 @@ import asyncio
 import math
 from collections import Counter
 
-from service.domain.model.waiting_room import RoomPace
+from service.model.waiting_room import RoomPace
 from tests.integration.waiting_room.test_join import QUEUE, as_told, join, poll
 from tests.support import eventually, redis_state, rows_at_least
 

@@ -8,7 +8,7 @@ import asyncio
 import random
 import statistics
 
-from service.domain.model.waiting_room import RoomPace, RoomState
+from service.model.waiting_room import RoomPace, RoomState
 
 POLL_MS = 5_000
 """Every waiting buyer is told to come back this much later: long beside the hammering below."""

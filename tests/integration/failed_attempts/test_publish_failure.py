@@ -8,11 +8,11 @@ import pytest
 from consumers.order_consumer import OrderConsumer
 from service.api.app import create_app
 from service.bootstrap import open_api
-from service.domain.model.order_message import OrderMessage, encode_order
-from service.domain.model.stock import ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.answers import PurchaseRejected
 from service.domain.purchase.request_id import mint_request_id
+from service.model.order_message import OrderMessage, encode_order
+from service.model.stock import ReserveRequest
 from tests.support import inventory, order_rows, redis_state, serving
 
 

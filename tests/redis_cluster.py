@@ -35,7 +35,7 @@ def private_redis_cluster(masters: int = MASTERS) -> Iterator[str]:
     root = Path(tempfile.mkdtemp(prefix="flashsale-cluster-"))
     servers: list[subprocess.Popen[bytes]] = []
     try:
-        ports = _free_ports(masters)
+        ports = free_ports(masters)
         for port in ports:
             servers.append(
                 subprocess.Popen(
@@ -76,7 +76,7 @@ def private_redis_cluster(masters: int = MASTERS) -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """``count`` ports that are free, each with its cluster bus port (port + 10000) free too:
     an ephemeral port from the OS may lie above 55535, where the bus port cannot exist."""
     ports: list[int] = []

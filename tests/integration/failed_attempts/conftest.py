@@ -1,4 +1,4 @@
-"""Fixtures of the fault tests."""
+"""Fixtures of the failed-attempt tests: a reply-swallowing proxy in front of the real Redis."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ through the RedisStores; a reply lost on the wire is lost by a TCP proxy
 from __future__ import annotations
 
 from service.bootstrap import open_api
-from service.domain.model.stock import ReleaseOutcome, ReserveOutcome, ReserveRequest
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
+from service.model.stock import ReleaseOutcome, ReserveOutcome, ReserveRequest
 from tests.support import (
     buy_losing_the_reserve_reply,
     eventually,
