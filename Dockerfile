@@ -5,6 +5,7 @@ COPY service ./service
 COPY consumers ./consumers
 COPY db ./db
 COPY lua ./lua
+COPY toolkit ./toolkit
 # The exact versions of requirements.lock, then flashsale itself without resolving again.
 RUN pip install --no-cache-dir -r requirements.lock && pip install --no-cache-dir --no-deps .
 EXPOSE 8000

@@ -1,7 +1,7 @@
 """What one configuration made on the three servers, and removing it: the database of
 ``FLASHSALE_DB__URL``, the Redis keys of ``FLASHSALE_REDIS__KEY_PREFIX`` and the queues and
 exchanges the ``FLASHSALE_AMQP__*`` names give (``flashsale teardown``, docs/OPERATIONS.md,
-"Removing a trial"; an isolated run's clean-up, :func:`service.sale.stores.tear_down`).
+"Removing a trial"; an isolated run's clean-up, :func:`toolkit.sale.stores.tear_down`).
 
 Only the objects those names give are touched: another configuration on the same servers (another
 database, key prefix and queue names) keeps everything. Redis keys are found with SCAN (on a

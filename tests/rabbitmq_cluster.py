@@ -21,8 +21,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from service.sale.isolation import free_port
 from tests.servers import PrivateRabbitMQ, _program, scratch
+from toolkit.sale.isolation import free_port
 
 NODES = ("a", "b", "c")
 

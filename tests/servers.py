@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from service.sale.isolation import free_port
+from toolkit.sale.isolation import free_port
 
 START_TIMEOUT = 90.0  # seconds a server gets to answer after start (RabbitMQ boots in ~5 s, MariaDB recovers)
 STOP_TIMEOUT = 30.0

@@ -43,9 +43,9 @@ from service.domain.purchase.answers import PurchaseRejected
 from service.domain.purchase.request_id import mint_request_id
 from service.failures import ER_LOCK_WAIT_TIMEOUT, mysql_errno
 from service.model.order_message import OrderMessage
-from service.sale.isolation import environment, free_port
 from service.settings import Settings
 from tests.servers import PrivateMariaDB, PrivateRabbitMQ, PrivateRedis, private_server, scratch  # noqa: F401
+from toolkit.sale.isolation import environment, free_port
 
 # How long a test waits for something that will happen (a row written, a queue drained, a
 # process ready) before failing. Generous on purpose: it bounds a wait for a condition, it is not

@@ -29,13 +29,13 @@ from typing import Any
 
 from litestar import Litestar
 
-import service.bench.product_app as bench_app
+import toolkit.bench.product_app as bench_app
 from db.migrate import upgrade
 from service.api.tokens import issue_token
-from service.bench.run import bench_settings
-from service.sale.isolation import new_run_id
-from service.sale.stores import tear_down
 from service.settings import Settings
+from toolkit.bench.run import bench_settings
+from toolkit.sale.isolation import new_run_id
+from toolkit.sale.stores import tear_down
 from tools.asgi_scope import json_scope
 
 PRODUCT = 7

@@ -2,8 +2,8 @@
 bare no-op``, docs/BENCHMARKS.md), measured in process: the ASGI app called directly, no network
 and no granian, so only the Python work per request counts.
 
-Rows: the bare app (:mod:`service.bench.bare_app`); the product no-op (``POST /api/v1/bench/noop``
-of :mod:`service.bench.product_app`: JWT auth, the ``before_request`` hook, request observation,
+Rows: the bare app (:mod:`toolkit.bench.bare_app`); the product no-op (``POST /api/v1/bench/noop``
+of :mod:`toolkit.bench.product_app`: JWT auth, the ``before_request`` hook, request observation,
 body decode); and the product no-op with one layer taken out each time (metrics and access log
 off; the hook replaced by one that does nothing; no JWT middleware). Each row's figure is the best
 of ``--repeats`` timed loops of ``--requests`` requests, in microseconds per request. The lifespan
@@ -27,11 +27,11 @@ from typing import Any
 from litestar import Litestar
 
 import service.api.app as api_app
-import service.bench.product_app as bench_app
+import toolkit.bench.product_app as bench_app
 from service.api.tokens import issue_token
-from service.bench.bare_app import create_app as create_bare_app
-from service.sale.isolation import with_own_secrets
 from service.settings import Settings
+from toolkit.bench.bare_app import create_app as create_bare_app
+from toolkit.sale.isolation import with_own_secrets
 from tools.asgi_scope import json_scope
 
 BODY = b'{"product_id": 1, "quantity": 1}'

@@ -30,9 +30,9 @@ from service.domain.order_numbers.format import compose_order_no
 from service.domain.stock.catalog import ProductInput
 from service.log_setup import configure_logging
 from service.model.order_message import OrderMessage
-from service.sale.isolation import free_port, isolated_settings, new_run_id
-from service.sale.stores import tear_down
 from service.settings import Settings
+from toolkit.sale.isolation import free_port, isolated_settings, new_run_id
+from toolkit.sale.stores import tear_down
 
 PRODUCT = 1
 

@@ -5,7 +5,7 @@ buyers' tokens, none seen before in its loop): PyJWT's ``jwt.decode`` with the p
 used to pass; :class:`service.api.token_verifier.TokenVerifier`; the API's JWT middleware
 (``authenticate_token``: verifier, user and the verified-token cache's insert); and the middleware
 again on the same tokens, every one now a cache hit. Also how long minting the bench's buyers
-takes (:func:`service.bench.buyers.mint_tokens`).
+takes (:func:`toolkit.bench.buyers.mint_tokens`).
 
     .venv/bin/python tools/bench_token_verify.py [--tokens 20000] [--repeats 5]
 """
@@ -22,8 +22,8 @@ import jwt
 
 from service.api.auth import CachingJWTMiddleware, make_jwt_auth
 from service.api.token_verifier import TokenVerifier
-from service.bench.buyers import mint_tokens
 from service.settings import AuthSettings
+from toolkit.bench.buyers import mint_tokens
 
 SECRET = "a-bench-secret-of-at-least-32-characters"
 LEEWAY = 5.0

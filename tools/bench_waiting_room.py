@@ -37,7 +37,7 @@ from redis.asyncio import Redis
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import open_stores
 from service.model.waiting_room import RoomPace
-from service.sale.isolation import free_port
+from toolkit.sale.isolation import free_port
 
 PREFIX = "bench"
 PRODUCT = 1

@@ -1,6 +1,6 @@
 """How every HTTP server of flashsale runs on granian: ``flashsale serve`` (the product), the
-servers of the bench and of ``flashsale sale`` (:mod:`service.bench.server`: the bare app;
-:mod:`service.bench.product_app`: the product with the no-op route) and the channel simulator
+servers of the bench and of ``flashsale sale`` (:mod:`toolkit.bench.server`: the bare app;
+:mod:`toolkit.bench.product_app`: the product with the no-op route) and the channel simulator
 share :func:`serve_app`, and the two product servers share :func:`serve_api`, so what the bench
 compares differs only in the app."""
 

@@ -65,7 +65,7 @@ def channel_serve(host: str, port: int) -> None:
     """Serve the simulated channels over HTTP (one process: the books live in memory)."""
     from service.api.serving import serve_app
 
-    serve_app("service.channel.app:create_channel_app", host, port, 1)
+    serve_app("toolkit.channel.app:create_channel_app", host, port, 1)
 
 
 @channel.command("pay")

@@ -158,7 +158,7 @@ CROWD_USERS = 2_000
 )
 def sale(cluster_node: str | None, broker_nodes: list[str] | None, **options: Any) -> None:
     """Run a whole flash sale end to end on the real services and check every invariant."""
-    from service.sale.job import run_sale
+    from toolkit.sale.job import run_sale
 
     if (options["waiting_room"] or options["crowd"]) and options["pay_share"]:
         raise click.UsageError("--pay-share does not combine with --waiting-room or --crowd")
@@ -200,7 +200,7 @@ def sale_worker(master: tuple[str, int], processes: int | None) -> None:
     come for five minutes (or on Ctrl-C)."""
     import subprocess
 
-    from service.sale.swarm import locust_argv
+    from toolkit.sale.swarm import locust_argv
 
     host, port = master
     argv = locust_argv("--worker", "--master-host", host, "--master-port", str(port))
@@ -212,7 +212,7 @@ def sale_worker(master: tuple[str, int], processes: int | None) -> None:
 
 def _bench_rows(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
     """``--only``: comma-separated row keys of ``flashsale bench``, each a known one."""
-    from service.bench.rows import all_row_keys
+    from toolkit.bench.rows import all_row_keys
 
     keys = tuple(key.strip() for key in value.split(",") if key.strip())
     unknown = [key for key in keys if key not in all_row_keys()]
@@ -284,7 +284,7 @@ def bench(as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
     raw MySQL writers) and the whole pipeline, HTTP to MySQL, with groups and with GROUP_MAX=1,
     side by side in one isolated run, with wrk and many buyers as the load. Exit 0 when every row was
     measured (targets are reported, not enforced), 2 when it could not run."""
-    from service.bench.context import Options
-    from service.bench.run import run_bench
+    from toolkit.bench.context import Options
+    from toolkit.bench.run import run_bench
 
     sys.exit(run(run_bench(load_settings(), Options(**options), as_json)))

@@ -12,7 +12,6 @@ import httpx
 import msgspec
 
 from service.api.tokens import issue_token
-from service.sale.plan import ACCEPTED, Answer, Job, Kind, Shot, build_plan
 from service.settings import Settings
 from tests.faults import availability, terms
 from tests.faults.terms import (
@@ -23,6 +22,7 @@ from tests.faults.terms import (
     RETRY_STATUSES,
     monotonic,
 )
+from toolkit.sale.plan import ACCEPTED, Answer, Job, Kind, Shot, build_plan
 
 
 @dataclass

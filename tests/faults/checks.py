@@ -15,11 +15,11 @@ from sqlalchemy import bindparam, text
 
 from db.models import OrderStatus
 from db.queries import orders as order_queries
-from service.sale.plan import Answer
-from service.sale.report import LoadSummary, summarize
 from tests.faults import availability, terms
 from tests.faults.report import Row
 from tests.faults.terms import LIMIT, RECOVERY_TIMEOUT, STRANDED_BOUND, monotonic
+from toolkit.sale.plan import Answer
+from toolkit.sale.report import LoadSummary, summarize
 
 if TYPE_CHECKING:
     from tests.faults.harness import FaultSale

@@ -11,7 +11,7 @@ import itertools
 import random
 import time
 
-from service.sale.isolation import free_port
+from toolkit.sale.isolation import free_port
 
 
 class Forwarder:

@@ -7,7 +7,7 @@ starts, as compose would, ``flashsale serve --workers 2``, ``flashsale consume``
 realign --watch 1`` and ``flashsale sweep --watch 5`` under a small supervisor
 (:mod:`tests.faults.supervisor`) that restarts a process that ended (compose's ``restart:
 unless-stopped``) and records the exits it did not cause. Buyers (:mod:`tests.faults.buyers`:
-the plan of ``flashsale sale``, :func:`service.sale.plan.build_plan`, every request with an
+the plan of ``flashsale sale``, :func:`toolkit.sale.plan.build_plan`, every request with an
 Idempotency-Key) send their purchases from :data:`tests.faults.terms.CONCURRENCY` connections
 and retry a 503, a 429, a 409 ``request_in_progress`` or a lost connection with the same key
 until they get an answer that is final (:data:`tests.faults.terms.BUYER_PATIENCE`). Meanwhile a canary buyer purchases a
@@ -63,9 +63,6 @@ from service.bootstrap import open_job, opened
 from service.domain.stock.catalog import ProductInput
 from service.model.order_message import encode_order, orders_of
 from service.runtime import stop_task
-from service.sale.isolation import environment, free_port, new_run_id, sale_settings
-from service.sale.plan import ACCEPTED
-from service.sale.stores import tear_down
 from service.settings import Settings
 from tests.faults import checks, samplers, terms
 from tests.faults.buyers import Buyers
@@ -83,6 +80,9 @@ from tests.faults.terms import (
     monotonic,
 )
 from tests.support import message_for
+from toolkit.sale.isolation import environment, free_port, new_run_id, sale_settings
+from toolkit.sale.plan import ACCEPTED
+from toolkit.sale.stores import tear_down
 
 
 class FaultSale:

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from service.sale.isolation import environment
 from tests.faults.harness import FaultSale
 from tests.faults.supervisor import Servers, Supervisor
 from tests.faults.terms import monotonic
 from tests.faults.test_faults import _steady_start
 from tests.rabbitmq_cluster import PrivateRabbitMQCluster
+from toolkit.sale.isolation import environment
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

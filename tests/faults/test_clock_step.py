@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from service.domain.order_numbers.format import is_valid_order_no
-from service.sale.plan import ACCEPTED
 from tests.faults.harness import FaultSale
 from tests.faults.terms import monotonic
+from toolkit.sale.plan import ACCEPTED
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

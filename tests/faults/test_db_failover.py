@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from service.sale.isolation import environment
 from tests.faults.harness import FaultSale
 from tests.faults.replication import ReplicatedMariaDB
 from tests.faults.supervisor import Servers, Supervisor
 from tests.faults.under_load import under_load
+from toolkit.sale.isolation import environment
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

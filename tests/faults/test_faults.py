@@ -252,7 +252,7 @@ async def test_quota_key_deleted(servers, log_root, record):
         assert holders, "no buyer holds the limit yet"
         sale.faulted()
         await sale.delete_quotas(holders)
-        from service.sale.plan import Job, Kind, Shot
+        from toolkit.sale.plan import Job, Kind, Shot
 
         again = [Job(Kind.BUY, (Shot(i, user, 1, f"again-{user}"),)) for i, user in enumerate(holders)]
         await sale.buyers.run(again, concurrency=len(again))

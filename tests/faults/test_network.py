@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from service.sale.isolation import environment
 from service.settings import Settings
 from tests.faults.buyers import Buyers
 from tests.faults.forwarder import Forwarder
@@ -33,6 +32,7 @@ from tests.faults.netns import AVAILABLE, Topology, topology
 from tests.faults.supervisor import Servers, Supervisor
 from tests.faults.terms import WORKERS
 from tests.faults.under_load import under_load
+from toolkit.sale.isolation import environment
 
 pytestmark = [
     pytest.mark.faults,

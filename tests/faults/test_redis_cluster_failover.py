@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 
 from service.adapters.redis.keys import ProductKeys
-from service.sale.isolation import environment
 from tests.faults.harness import FaultSale
 from tests.faults.supervisor import Servers, Supervisor
 from tests.redis_cluster import free_ports as free_cluster_ports  # each with its bus port free
+from toolkit.sale.isolation import environment
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

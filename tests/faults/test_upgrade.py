@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from service.sale.isolation import free_port
 from tests.faults.harness import FaultSale
 from tests.faults.terms import PREFETCH, WATCH_SECONDS, monotonic
 from tests.faults.test_faults import _steady_start
+from toolkit.sale.isolation import free_port
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

@@ -25,10 +25,10 @@ from service.adapters.redis.client import make_redis
 from service.adapters.redis.stores import RedisStores, open_stores
 from service.api.app import create_app
 from service.api.tokens import issue_token
-from service.sale.isolation import isolated_settings, new_run_id, with_own_secrets
-from service.sale.stores import tear_down
 from service.settings import Settings
 from tests.support import running_consumer, serving
+from toolkit.sale.isolation import isolated_settings, new_run_id, with_own_secrets
+from toolkit.sale.stores import tear_down
 
 _product_ids = itertools.count(1000)
 

@@ -12,13 +12,15 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from service.api.token_verifier import TokenVerifier
-from service.bench import server
-from service.bench.buyers import TOKEN_TTL_SECONDS, buyers_reached, mint_tokens
-from service.bench.context import Options
-from service.bench.procstat import CpuSample, machine_info
-from service.bench.profile import RUNTIME, summarize
-from service.bench.report import Report, render
-from service.bench.rows import (
+from service.cli.main import main
+from service.settings import get_settings
+from toolkit.bench import server
+from toolkit.bench.buyers import TOKEN_TTL_SECONDS, buyers_reached, mint_tokens
+from toolkit.bench.context import Options
+from toolkit.bench.procstat import CpuSample, machine_info
+from toolkit.bench.profile import RUNTIME, summarize
+from toolkit.bench.report import Report, render
+from toolkit.bench.rows import (
     DRAIN_ROWS,
     HTTP_ROWS,
     PIPELINE_ROWS,
@@ -31,11 +33,9 @@ from service.bench.rows import (
     judge,
     merge_rounds,
 )
-from service.bench.run import bench_settings
-from service.bench.wrk import write_script
-from service.cli.main import main
-from service.sale.isolation import free_port
-from service.settings import get_settings
+from toolkit.bench.run import bench_settings
+from toolkit.bench.wrk import write_script
+from toolkit.sale.isolation import free_port
 
 
 def test_the_bench_servers_run_on_the_granian_options_of_flashsale_serve(monkeypatch):
@@ -63,11 +63,11 @@ def test_the_bench_servers_run_on_the_granian_options_of_flashsale_serve(monkeyp
     finally:
         get_settings.cache_clear()
     assert result.exit_code == 0, result.output
-    server.main(["service.bench.bare_app:create_app", "--port", str(bare_port), "--workers", "2"])
+    server.main(["toolkit.bench.bare_app:create_app", "--port", str(bare_port), "--workers", "2"])
     product, bare = calls
     differ = ("target", "port", "workers")
     assert [product.pop(k) for k in differ] == ["service.api.app:create_app", product_port, 3]
-    assert [bare.pop(k) for k in differ] == ["service.bench.bare_app:create_app", bare_port, 2]
+    assert [bare.pop(k) for k in differ] == ["toolkit.bench.bare_app:create_app", bare_port, 2]
     assert product == bare
     assert product["factory"] is True and str(getattr(product["interface"], "value", "")) == "asgi"
 
@@ -171,7 +171,7 @@ def test_the_report_renders_and_serializes(tmp_path):
 
 
 def test_the_metrics_pairs_are_measured_together():
-    from service.bench.rows import METRICS_PAIRS, round_groups
+    from toolkit.bench.rows import METRICS_PAIRS, round_groups
 
     keys = [row.key for row in HTTP_ROWS]
     for on, off in METRICS_PAIRS.items():
@@ -195,7 +195,7 @@ def test_only_names_known_rows(monkeypatch):
         seen.append(options)
         return 0
 
-    monkeypatch.setattr("service.bench.run.run_bench", fake_run)
+    monkeypatch.setattr("toolkit.bench.run.run_bench", fake_run)
     monkeypatch.setenv("FLASHSALE_ENV", "development")
     get_settings.cache_clear()
     try:
@@ -245,7 +245,7 @@ async def test_the_no_op_route_is_the_benchs_not_the_products(monkeypatch):
 
     from service.api.app import create_app
     from service.api.tokens import issue_token
-    from service.bench.product_app import create_app as create_bench_app
+    from toolkit.bench.product_app import create_app as create_bench_app
 
     monkeypatch.setenv("FLASHSALE_ENV", "development")
     get_settings.cache_clear()

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.channel.ledger import Ledger, Refused
+from toolkit.channel.ledger import Ledger, Refused
 
 URL = "http://api.example/api/v1/payments/notify"
 

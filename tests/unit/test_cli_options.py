@@ -59,7 +59,7 @@ def test_an_import_error_inside_a_command_is_raised_once_not_rerun():
 def _sale_options(monkeypatch, args: list[str]) -> dict:
     """The options ``flashsale sale ARGS`` hands to ``run_sale``."""
     import service.cli.trials as trials
-    import service.sale.job as job
+    import toolkit.sale.job as job
 
     seen = {}
 

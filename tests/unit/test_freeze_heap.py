@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from litestar.testing import AsyncTestClient
 
-from service.bench.bare_app import create_app
 from service.runtime import freeze_startup_heap
+from toolkit.bench.bare_app import create_app
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("service", "consumers", "db", "lua")
+PACKAGES = ("service", "consumers", "db", "lua", "toolkit")
 
 # Lower rank = lower layer. A module may import its own layer or any layer below it.
 LAYERS: list[tuple[int, tuple[str, ...]]] = [
-    (5, ("service.api", "service.cli", "service.sale", "service.bench", "service.channel", "consumers")),  # edge
+    (5, ("service.api", "service.cli", "toolkit.sale", "toolkit.bench", "toolkit.channel", "consumers")),  # edge
     (4, ("service.bootstrap", "service.startup", "service.teardown")),  # composition root
     (3, ("service.domain",)),  # use cases and rules
     (2, ("service.adapters", "db")),  # Redis, RabbitMQ, MySQL
@@ -122,16 +122,16 @@ def test_imports_flow_downwards_only() -> None:
 
 
 def test_the_channel_simulator_is_an_outside_party() -> None:
-    """``service.channel`` (the payment channel simulator) knows the service only by its settings
+    """``toolkit.channel`` (the payment channel simulator) knows the service only by its settings
     (the channels' secrets) and its HTTP contract: no domain, adapter, db or composition root. It
     logs as every process does (``service.log_setup``, which imports nothing of the service)."""
     graph = _graph()
     foreign = [
         (m, t)
         for m, ts in graph.items()
-        if m.startswith("service.channel")
+        if m.startswith("toolkit.channel")
         for t in ts
-        if not (t.startswith("service.channel") or t in ("service.settings", "service.log_setup"))
+        if not (t.startswith("toolkit.channel") or t in ("service.settings", "service.log_setup"))
     ]
     assert graph["service.log_setup"] == set()
     assert foreign == []
@@ -153,7 +153,7 @@ def test_no_import_cycles() -> None:
 
 def test_no_cycles_between_packages() -> None:
     """Upward imports are refused above, so a package cycle can only join packages of one
-    layer: e.g. ``service.cli`` <-> ``consumers``, ``service.cli`` <-> ``service.bench``."""
+    layer: e.g. ``service.cli`` <-> ``consumers``, ``service.cli`` <-> ``toolkit.bench``."""
     assert cycles(package_graph(_graph())) == []
 
 

@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from service.cli.processes import parse_partitions
-from service.sale.isolation import consumer_partitions
 from service.settings import AMQPSettings, Settings
+from toolkit.sale.isolation import consumer_partitions
 
 
 def _amqp(partitions: int) -> AMQPSettings:

@@ -3,9 +3,9 @@ is written all the same, with one line in place of the charts saying how to get 
 
 from __future__ import annotations
 
-from service.sale import charts
-from service.sale.facts import Measured
-from service.sale.plan import Answer, Wave
+from toolkit.sale import charts
+from toolkit.sale.facts import Measured
+from toolkit.sale.plan import Answer, Wave
 
 REPORT = {
     "run": {"run_id": "sale_x", "requests": 2, "users": 2, "stock": 1, "product_id": 7},

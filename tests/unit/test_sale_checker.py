@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from service.domain.order_numbers.format import compose_order_no
-from service.sale.facts import SaleOrderRow as OrderRow
-from service.sale.facts import StoreFacts
-from service.sale.invariants import check_invariants
-from service.sale.plan import ACCEPTED, Job, Kind, Shot
-from service.sale.plan import Answer as Outcome
-from service.sale.report import summarize
+from toolkit.sale.facts import SaleOrderRow as OrderRow
+from toolkit.sale.facts import StoreFacts
+from toolkit.sale.invariants import check_invariants
+from toolkit.sale.plan import ACCEPTED, Job, Kind, Shot
+from toolkit.sale.plan import Answer as Outcome
+from toolkit.sale.report import summarize
 
 
 def _one_accepted_order() -> tuple[list[Job], list[Outcome], OrderRow]:

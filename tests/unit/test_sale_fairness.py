@@ -1,5 +1,5 @@
-"""The fairness figures and the waiting-room invariants of a crowd sale (service/sale/fairness.py,
-service/sale/room_checks.py) on crowds written out by hand: each figure against a count done
+"""The fairness figures and the waiting-room invariants of a crowd sale (toolkit/sale/fairness.py,
+toolkit/sale/room_checks.py) on crowds written out by hand: each figure against a count done
 by eye, each invariant failing on the trail that breaks it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from service.sale.crowd import (
+from toolkit.sale.crowd import (
     ARRIVAL_SPREAD,
     PRE_OPEN,
     Behaviour,
@@ -19,16 +19,16 @@ from service.sale.crowd import (
     Trail,
     build_crowd,
 )
-from service.sale.crowd_wave import as_wave
-from service.sale.fairness import (
+from toolkit.sale.crowd_wave import as_wave
+from toolkit.sale.fairness import (
     discordant_pairs,
     displacements,
     fair_share_bound,
     fairness,
 )
-from service.sale.invariants import INVARIANT_TITLES
-from service.sale.plan import ACCEPTED, Answer
-from service.sale.room_checks import check_room
+from toolkit.sale.invariants import INVARIANT_TITLES
+from toolkit.sale.plan import ACCEPTED, Answer
+from toolkit.sale.room_checks import check_room
 
 TTL = 5.0
 OPENED = 100.0  # the opening, in seconds on the trails' clock (epoch seconds in a sale)

@@ -3,7 +3,7 @@ partitions when there are several."""
 
 from __future__ import annotations
 
-from service.sale.render import _headline
+from toolkit.sale.render import _headline
 
 RUN = {
     "run_id": "sale_1",

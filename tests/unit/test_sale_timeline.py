@@ -1,4 +1,4 @@
-"""The sale report's timeline (service/sale/timeline.py, drawn by service/sale/charts.py) on a made
+"""The sale report's timeline (toolkit/sale/timeline.py, drawn by toolkit/sale/charts.py) on a made
 sale: a fast no-op wave, a purchase wave that sells out, payments, a resale after a pause, and
 the queue sampled until the end. The no-op wave does not set the purchase panel's scale, the
 order rows and the accepted orders run to the end of the run, the legends sit beside the
@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from service.sale import charts
-from service.sale.facts import LifecycleRun, Measured
-from service.sale.plan import ACCEPTED, Answer, Wave
-from service.sale.render import human
-from service.sale.timeline import Series, build_timeline
+from toolkit.sale import charts
+from toolkit.sale.facts import LifecycleRun, Measured
+from toolkit.sale.plan import ACCEPTED, Answer, Wave
+from toolkit.sale.render import human
+from toolkit.sale.timeline import Series, build_timeline
 
 T0 = 1000.0  # perf_counter seconds of the no-op wave's first request
 

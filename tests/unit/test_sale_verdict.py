@@ -1,16 +1,16 @@
-"""The sale's verdict (service/sale/verdict.py): server- or client-bound from what a wave cost,
-and the merged trail's completeness check (service/sale/swarm.py)."""
+"""The sale's verdict (toolkit/sale/verdict.py): server- or client-bound from what a wave cost,
+and the merged trail's completeness check (toolkit/sale/swarm.py)."""
 
 from __future__ import annotations
 
 import msgspec
 
-from service.sale.crowd import Behaviour, Buyer, Trail
-from service.sale.facts import WaveLoad
-from service.sale.plan import Answer
-from service.sale.swarm import read_trail
-from service.sale.swarm_plan import CrowdPlan, Sent, SwarmPlan, TrailChunk, WorkerDone
-from service.sale.verdict import crowd_section, verdict, wave_figures
+from toolkit.sale.crowd import Behaviour, Buyer, Trail
+from toolkit.sale.facts import WaveLoad
+from toolkit.sale.plan import Answer
+from toolkit.sale.swarm import read_trail
+from toolkit.sale.swarm_plan import CrowdPlan, Sent, SwarmPlan, TrailChunk, WorkerDone
+from toolkit.sale.verdict import crowd_section, verdict, wave_figures
 
 
 def _load(**changes: object) -> WaveLoad:

@@ -10,7 +10,6 @@ import os
 import pytest
 from pydantic import BaseModel
 
-from service.sale.isolation import environment
 from service.settings import (
     AMQPSettings,
     AuthSettings,
@@ -24,6 +23,7 @@ from service.settings import (
     Settings,
     WaitingRoomSettings,
 )
+from toolkit.sale.isolation import environment
 
 
 def _leaves(model: BaseModel, path: str = "") -> dict[str, object]:

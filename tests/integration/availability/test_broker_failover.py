@@ -17,8 +17,8 @@ import aio_pika
 from yarl import URL
 
 from service.adapters.broker_connection import broker_addresses, connect_once, connect_robust
-from service.sale.isolation import free_port
 from tests.support import eventually
+from toolkit.sale.isolation import free_port
 
 
 class Relay:

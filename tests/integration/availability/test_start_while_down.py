@@ -24,7 +24,6 @@ from db.migrate import upgrade
 from service.api.tokens import issue_token
 from service.bootstrap import open_job, opened
 from service.domain.stock.catalog import ProductInput
-from service.sale.isolation import environment, free_port
 from service.settings import Settings
 from tests.support import (
     PATIENCE,
@@ -40,6 +39,7 @@ from tests.support import (
     scratch,
     start_flashsale,
 )
+from toolkit.sale.isolation import environment, free_port
 
 pytestmark = pytest.mark.slow  # starts private servers and flashsale processes
 

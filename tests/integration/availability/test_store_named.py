@@ -8,9 +8,9 @@ import structlog
 
 from service.api import problems
 from service.api.app import create_app
-from service.sale.isolation import free_port
 from service.settings import Settings
 from tests.support import PrivateRedis, buy, eventually, private_server, scratch, serving
+from toolkit.sale.isolation import free_port
 
 
 def _with_redis(settings: Settings, url: str) -> Settings:

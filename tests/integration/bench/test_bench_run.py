@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from service.bench.rows import DRAIN_ROWS, HTTP_ROWS, PIPELINE_GROUPS, PIPELINE_ROWS, TARGETS
+from toolkit.bench.rows import DRAIN_ROWS, HTTP_ROWS, PIPELINE_GROUPS, PIPELINE_ROWS, TARGETS
 
 needs_wrk = pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk not installed (scripts/ensure-tools)")
 

@@ -18,11 +18,11 @@ from db.migrate import upgrade
 from service.adapters.redis.client import make_redis
 from service.adapters.redis.stores import RedisStores, open_stores
 from service.api.app import create_app
-from service.sale.isolation import isolated_settings, new_run_id
-from service.sale.stores import tear_down
 from service.settings import Settings
 from tests import redis_cluster
 from tests.support import running_consumer, serving
+from toolkit.sale.isolation import isolated_settings, new_run_id
+from toolkit.sale.stores import tear_down
 
 if not redis_cluster.available():
     pytest.skip(redis_cluster.MISSING, allow_module_level=True)

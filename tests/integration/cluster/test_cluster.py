@@ -30,11 +30,11 @@ from service.domain.stock.realign import Realigner
 from service.domain.stock.recovery import Recovery
 from service.failures import StoreUnavailable
 from service.model.stock import ReserveRequest
-from service.sale.isolation import environment, free_port, isolated_settings
-from service.sale.stores import tear_down
 from service.settings import Settings
 from service.startup import DependencyUnreachable, check_dependencies
 from tests.support import buy, eventually, flashsale_process, inventory, notify, order_rows, status_of
+from toolkit.sale.isolation import environment, free_port, isolated_settings
+from toolkit.sale.stores import tear_down
 
 _next_id = iter(range(5000, 100_000))
 

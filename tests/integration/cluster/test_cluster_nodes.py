@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from service.adapters.redis.client import make_redis
-from service.sale.isolation import free_port
 from service.settings import RedisSettings
+from toolkit.sale.isolation import free_port
 
 
 async def test_a_client_whose_url_node_is_down_finds_the_cluster_through_the_others(cluster_settings, cluster_url):

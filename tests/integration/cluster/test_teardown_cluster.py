@@ -3,8 +3,8 @@ UNLINK split by slot), another prefix's keys stay."""
 
 from __future__ import annotations
 
-from service.sale.isolation import isolated_settings, new_run_id
 from service.teardown import remove, survey
+from toolkit.sale.isolation import isolated_settings, new_run_id
 
 
 async def test_teardown_removes_a_prefix_from_every_master(cluster_settings, cluster_redis):

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from service.api.app import create_app
-from service.sale.isolation import environment, free_port
 from service.settings import DEV_CHANNEL_SECRETS, DEV_JWT_SECRET, ConfigError
 from tests.support import serving
+from toolkit.sale.isolation import environment, free_port
 
 pytestmark = pytest.mark.slow  # starts CLI processes
 

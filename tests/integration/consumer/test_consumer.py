@@ -17,7 +17,6 @@ from service.adapters.broker_topology import queue_depth
 from service.adapters.redis.stores import open_stores
 from service.domain.fulfilment.order_writer import Outcome, apply_order
 from service.model.order_message import OrderMessage, encode_order
-from service.sale.isolation import environment
 from tests.support import (
     PATIENCE,
     behind_a_row_lock,
@@ -29,6 +28,7 @@ from tests.support import (
     publish_raw,
     running_consumer,
 )
+from toolkit.sale.isolation import environment
 
 
 async def reserved_message(client, token, redis, settings, product_id, user) -> OrderMessage:

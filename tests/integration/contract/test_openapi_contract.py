@@ -21,8 +21,8 @@ import schemathesis.engine
 import schemathesis.engine.events
 
 from service.api.tokens import issue_token
-from service.sale.isolation import free_port
 from tests.support import start_serve
+from toolkit.sale.isolation import free_port
 
 pytestmark = pytest.mark.slow
 

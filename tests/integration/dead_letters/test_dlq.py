@@ -20,7 +20,6 @@ from service.bootstrap import ApiWorker, open_api
 from service.domain.fulfilment.dead_letters import DeadLetterNotFound, DeadLetterService, PurgeOutcome
 from service.domain.purchase.request_id import mint_request_id
 from service.model.order_message import encode_order
-from service.sale.isolation import environment
 from tests.support import (
     eventually,
     inventory,
@@ -31,6 +30,7 @@ from tests.support import (
     redis_state,
     running_consumer,
 )
+from toolkit.sale.isolation import environment
 
 POISON = b"\x00not an order"
 

@@ -20,7 +20,6 @@ from db.models import OrderStatus
 from service.adapters.broker_topology import queue_depth
 from service.adapters.retry_routing import REASON
 from service.model.order_message import OrderMessage, decode_order, encode_order
-from service.sale.isolation import environment
 from tests.integration.groups.conftest import group_body, take_all
 from tests.support import (
     PATIENCE,
@@ -32,6 +31,7 @@ from tests.support import (
     rows_are,
     start_flashsale,
 )
+from toolkit.sale.isolation import environment
 
 
 async def _consume_until(own, engine, store, product_id: int, rows: int) -> OrderConsumer:

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.sale.isolation import environment, free_port
 from tests.support import api_ready, eventually, order_rows, start_flashsale
+from toolkit.sale.isolation import environment, free_port
 
 pytestmark = pytest.mark.slow
 

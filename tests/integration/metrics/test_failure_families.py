@@ -26,7 +26,6 @@ from service.domain.purchase.database_transaction import DatabasePurchase, buy_i
 from service.domain.purchase.request_id import mint_request_id
 from service.model.order_message import encode_order
 from service.model.stock import ReserveRequest
-from service.sale.isolation import environment, free_port
 from tests.support import (
     behind_a_row_lock,
     buy,
@@ -39,6 +38,7 @@ from tests.support import (
     running_consumer,
     start_flashsale,
 )
+from toolkit.sale.isolation import environment, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import subprocess
 import httpx
 import pytest
 
-from service.sale.isolation import environment, free_port
 from tests.support import eventually, order_rows, start_flashsale
+from toolkit.sale.isolation import environment, free_port
 
 
 def _value(exposition: str, sample: str, default: float | None = None) -> float:

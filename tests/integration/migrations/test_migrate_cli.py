@@ -14,7 +14,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 
 from db.migrate import alembic_config, drop_database
-from service.sale.isolation import environment
+from toolkit.sale.isolation import environment
 
 pytestmark = pytest.mark.slow  # runs CLI processes
 

@@ -24,9 +24,9 @@ from service.adapters.broker_topology import declare_topology
 from service.api.controllers.ops import TOKEN_COMMAND
 from service.api.ops_history import SAMPLE_SECONDS
 from service.api.tokens import issue_token
-from service.sale.isolation import environment, free_port, isolated_settings, new_run_id
-from service.sale.stores import tear_down
 from tests.support import api_ready, eventually, publish_raw, start_flashsale
+from toolkit.sale.isolation import environment, free_port, isolated_settings, new_run_id
+from toolkit.sale.stores import tear_down
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import pytest
 from service.adapters.redis.stores import open_stores
 from service.domain.order_numbers.format import COUNTER_MAX, REDIS_SHARDS, is_valid_order_no
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease, ShardLost
-from service.sale.isolation import environment
 from tests.support import eventually
+from toolkit.sale.isolation import environment
 
 
 async def test_a_used_up_second_waits_for_the_next_instead_of_wrapping(redis, settings, engine):

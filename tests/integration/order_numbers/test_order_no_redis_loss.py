@@ -17,9 +17,9 @@ from service.adapters.redis.stores import open_stores
 from service.domain.order_numbers import minter as minter_module
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease
-from service.sale.isolation import isolated_settings, new_run_id
-from service.sale.stores import tear_down
 from tests.support import private_redis
+from toolkit.sale.isolation import isolated_settings, new_run_id
+from toolkit.sale.stores import tear_down
 
 _SECOND = datetime(2026, 11, 30, 12, 0, 0, 500_000, tzinfo=UTC)
 

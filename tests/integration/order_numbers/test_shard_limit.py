@@ -20,9 +20,9 @@ from service.api.no_shard import EXIT_NO_SHARD
 from service.bootstrap import open_api
 from service.domain.order_numbers.format import REDIS_SHARDS
 from service.domain.order_numbers.minter import ShardsExhausted
-from service.sale.isolation import free_port
 from service.settings import Settings
 from tests.support import api_ready, eventually, private_redis, start_flashsale
+from toolkit.sale.isolation import free_port
 
 
 @contextlib.asynccontextmanager
@@ -99,6 +99,6 @@ async def test_a_worker_that_finds_every_shard_leased_stops_the_server_once_with
 
 
 def _env(settings: Settings) -> dict[str, str]:
-    from service.sale.isolation import environment
+    from toolkit.sale.isolation import environment
 
     return environment(settings)

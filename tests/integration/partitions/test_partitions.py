@@ -27,7 +27,6 @@ from service.adapters.dead_letters import DeadLetterQueue
 from service.bootstrap import open_api
 from service.domain.purchase.request_id import mint_request_id
 from service.model.order_message import OrderMessage, decode_order, encode_order, orders_of
-from service.sale.isolation import environment, free_port
 from service.settings import AMQPSettings, Settings
 from tests.support import (
     PATIENCE,
@@ -40,6 +39,7 @@ from tests.support import (
     rows_are,
     start_flashsale,
 )
+from toolkit.sale.isolation import environment, free_port
 
 PARTITIONS = 3
 POISON = b"\x00not an order"

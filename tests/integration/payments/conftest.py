@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.sale.isolation import free_port
 from service.settings import Settings
 from tests.support import flashsale_process
+from toolkit.sale.isolation import free_port
 
 
 @dataclass

@@ -19,8 +19,8 @@ from sqlalchemy import bindparam, text
 from db.models import OrderStatus as S
 from service.bootstrap import open_job, opened
 from service.domain.orders.lifecycle import expire_unpaid
-from service.sale.isolation import environment
 from tests.support import buy_and_settle, eventually, inventory, payments_of, redis_state, status_of
+from toolkit.sale.isolation import environment
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import pytest
 
 from db.models import OrderStatus as S
 from service.bootstrap import open_job, opened
-from service.sale.isolation import environment
 from tests.support import eventually, notify, payments_of, status_of
+from toolkit.sale.isolation import environment
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The sale's queue sampler runs on a thread of its own (service/sale/sampler.py): it keeps
+"""The sale's queue sampler runs on a thread of its own (toolkit/sale/sampler.py): it keeps
 sampling while the sale's event loop is busy sending the load (on that loop it got one sample in
 1.3 to 1.8 s during a purchase wave), and its connections are its own, so stopping it leaves the
 channel the sale's final checks use open."""
@@ -9,9 +9,9 @@ import time
 from contextlib import AsyncExitStack
 
 from service.adapters.broker_topology import declare_topology
-from service.sale.sampler import sampling_queue
-from service.sale.stores import Stores
 from tests.support import eventually, own_queues
+from toolkit.sale.sampler import sampling_queue
+from toolkit.sale.stores import Stores
 
 
 async def test_the_sampler_samples_while_the_sales_loop_is_busy(settings, product_id):

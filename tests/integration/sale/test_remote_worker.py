@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from service.sale.isolation import free_port
+from toolkit.sale.isolation import free_port
 
 pytestmark = [
     pytest.mark.slow,

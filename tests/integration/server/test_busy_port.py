@@ -11,8 +11,8 @@ import contextlib
 import httpx
 import pytest
 
-from service.sale.isolation import free_port
 from tests.support import api_ready, eventually, flashsale_process, run_flashsale
+from toolkit.sale.isolation import free_port
 
 pytestmark = pytest.mark.slow  # starts server processes
 

@@ -9,8 +9,8 @@ import subprocess
 import httpx
 import pytest
 
-from service.sale.isolation import free_port
 from tests.support import eventually, start_serve
+from toolkit.sale.isolation import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,6 @@ from service.adapters.redis.client import make_redis
 from service.adapters.redis.stores import open_stores
 from service.domain.order_numbers.format import is_valid_order_no
 from service.domain.order_numbers.mysql_minter import MYSQL_SHARDS
-from service.sale.isolation import environment
 from tests.support import (
     api_in_loop,
     buy,
@@ -33,6 +32,7 @@ from tests.support import (
     running_consumer,
     start_flashsale,
 )
+from toolkit.sale.isolation import environment
 
 LIMIT = 1
 DATABASE_UNITS = 50

@@ -13,11 +13,11 @@ import pytest
 
 from db.migrate import upgrade
 from service.adapters.broker_topology import declare_topology
-from service.sale.isolation import isolated_settings, new_run_id
-from service.sale.stores import tear_down
 from service.settings import Settings
 from service.teardown import Leftovers, survey
 from tests.support import run_flashsale
+from toolkit.sale.isolation import isolated_settings, new_run_id
+from toolkit.sale.stores import tear_down
 
 pytestmark = pytest.mark.slow  # runs CLI processes
 

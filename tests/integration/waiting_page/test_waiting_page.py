@@ -16,10 +16,10 @@ import pytest
 
 from db.migrate import upgrade
 from service.api.tokens import issue_token
-from service.sale.isolation import free_port, isolated_settings, new_run_id
-from service.sale.stores import tear_down
 from tests.integration.ops.test_ops_page import CHROMIUM, CHROMIUM_FLAGS
 from tests.support import eventually, flashsale_process
+from toolkit.sale.isolation import free_port, isolated_settings, new_run_id
+from toolkit.sale.stores import tear_down
 
 pytestmark = pytest.mark.slow
 

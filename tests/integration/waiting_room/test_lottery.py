@@ -15,9 +15,9 @@ from sqlalchemy import text
 
 from service.domain.waiting_room.draws import read_draw
 from service.domain.waiting_room.lottery import drawn_order
-from service.sale.isolation import environment
 from tests.integration.waiting_room.test_join import as_told, join, poll
 from tests.support import eventually
+from toolkit.sale.isolation import environment
 
 
 async def _recorded(engine, product_id: int):
