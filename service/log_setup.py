@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TextIO, cast
 
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
@@ -116,6 +116,22 @@ def granian_logging() -> dict[str, Any]:
     }
 
 
+class _CurrentStderr:
+    """``sys.stderr`` as it is at each write. Whoever swaps ``sys.stderr`` (a test runner's capture,
+    an embedding host) may close the old stream; a logger that kept it would raise
+    ``ValueError: I/O operation on closed file`` from inside a log call, turning a warning on an
+    error path into a 500."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+STDERR = cast(TextIO, _CurrentStderr())  # write and flush: all PrintLogger and StreamHandler call
+
+
 def configure_logging(level: str = "INFO") -> None:
     """Log JSON lines at ``level`` (``DEBUG``, ``INFO``, ``WARNING``...) on stderr: structlog's
     loggers and, through :func:`json_formatter`, the standard library's root logger."""
@@ -128,12 +144,12 @@ def configure_logging(level: str = "INFO") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(STDERR),
         cache_logger_on_first_use=True,
     )
     root = logging.getLogger()
     if not any(isinstance(handler, _JSONHandler) for handler in root.handlers):
-        handler = _JSONHandler(sys.stderr)
+        handler = _JSONHandler(STDERR)
         handler.setFormatter(json_formatter())
         root.addHandler(handler)
     root.setLevel(numeric)
