@@ -31,13 +31,15 @@ def _bench(*args: str) -> dict:
 @pytest.mark.slow
 @needs_wrk
 def test_a_short_bench_measures_every_row():
-    report = _bench("--duration", "1", "--backlog", "2000")
+    # 16 connections, not wrk's 64: under a loaded CI box one second of 64 purchases queued on the
+    # database mode's hot row once completed none (rate 0); the shape is the same with fewer
+    report = _bench("--duration", "1", "--backlog", "2000", "--connections", "16")
     assert {"run_id", "machine", "options", "rows", "targets"} <= report.keys()
     assert report["machine"]["nproc"] >= 1 and report["machine"]["cpu_model"]
     keys = [r.key for r in HTTP_ROWS] + [key for key, _, _ in DRAIN_ROWS] + [p.key for p in PIPELINE_ROWS]
     assert [row["key"] for row in report["rows"]] == [*keys, "floor"]
     for row in report["rows"][:-1]:
-        assert row["rate"] > 0 and row["count"] > 0, row
+        assert row["rate"] > 0 and row["count"] > 0, (row["key"], row.get("statuses"), row.get("socket_errors"))
         assert row["cpu"]["machine"] >= 0
     assert len(report["targets"]) == len(TARGETS)
     assert all(t["ratio"] is not None for t in report["targets"])
