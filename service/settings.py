@@ -229,8 +229,13 @@ class WaitingRoomSettings(BaseModel):
     poll_min_ms: int = Field(1000, ge=100, le=60_000)
     """The soonest a waiting buyer is told to poll again (``poll_after_ms``, ``Retry-After``)."""
     poll_max_ms: int = Field(5000, ge=100, le=60_000)
-    """The latest a waiting buyer is told to poll again: the bound on how long after the last unit a
-    polling buyer still waits before hearing ``sold_out``."""
+    """The latest a waiting buyer is told to poll again, while the line is short enough for
+    ``poll_budget_per_second``: the bound on how long after the last unit a polling buyer still
+    waits before hearing ``sold_out``."""
+    poll_budget_per_second: int = Field(1000, ge=0, le=1_000_000)
+    """The polls a second a product's whole line is paced to: once more buyers wait than this many
+    per second of ``poll_max_ms``, the back of the line is told to poll after (waiting / this)
+    seconds, so the room's poll load stays near this whatever the crowd (0: ``poll_max_ms`` caps)."""
     arrival_window_ms: int = Field(1000, ge=0, le=60_000)
     """After the opening, buyers who join within one such window share it, in random order, and hear of
     an admission no sooner than its end (plus up to ``poll_min_ms``): the fastest of many parallel joins

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource
 import shutil
 import socket
 import tempfile
@@ -109,11 +110,28 @@ async def shards_short(settings: Settings, workers: int) -> str | None:
     )
 
 
+FILES_KEPT = 256
+"""Open files a worker keeps for its own use (store connections, logs, metrics files)."""
+
+
+def connections_per_worker() -> int:
+    """granian's ``backpressure``: how many connections a worker serves at once. granian holds a
+    permit per connection, idle keep-alive ones included, and a connection past the last permit
+    waits unanswered in the listen backlog; its default (backlog / workers, 2,048 here) left
+    half of 8,192 polling buyers' connections waiting until their client gave up. The worker's
+    open-file limit (``ulimit -n``) less :data:`FILES_KEPT` is the cap instead."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 65_536
+    return max(128, soft - FILES_KEPT)
+
+
 def serve_app(
     target: str, host: str, port: int, workers: int, *, share_port: bool = False, share_option: str | None = None
 ) -> str | None:
     """Serve the ASGI app factory ``target`` (``module:factory``) on granian until stopped:
-    uvloop, a 4096-connection backlog, no access log of granian's own (the app writes one),
+    uvloop, a 4096-connection backlog, every connection the process may open served at once
+    (:func:`connections_per_worker`), no access log of granian's own (the app writes one),
     failed workers respawned; a port another process listens on is refused
     (:func:`require_free_port`, naming ``share_option`` where the command has one) unless
     ``share_port``. ``flashsale serve`` runs it inside :func:`metrics_directory`, so
@@ -141,6 +159,7 @@ def serve_app(
         workers=workers,
         loop=Loops.uvloop,
         backlog=4096,
+        backpressure=connections_per_worker(),
         log_access=False,
         log_dictconfig=granian_logging(),
         respawn_failed_workers=True,

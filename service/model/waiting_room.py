@@ -55,7 +55,9 @@ class RoomPace:
     """How a room admits and paces its buyers (``lua/queue.lua``): admitted-but-not-bought under
     ``ceil(units left x admit_factor)``, each admission lasting ``admission_ttl_ms``; a waiting
     buyer asks again after ``poll_per_ahead_ms`` per buyer ahead, within ``poll_min_ms`` ..
-    ``poll_max_ms``; arrivals after the opening count in windows of ``arrival_window_ms``."""
+    ``poll_max_ms`` (past the max for the back of a line too long for ``poll_budget_per_second``
+    polls a second, 0: no budget); arrivals after the opening count in windows of
+    ``arrival_window_ms``."""
 
     admit_factor: float
     admission_ttl_ms: int
@@ -63,6 +65,7 @@ class RoomPace:
     poll_max_ms: int
     poll_per_ahead_ms: int
     arrival_window_ms: int
+    poll_budget_per_second: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,7 @@ class WaitingRooms:
                 pace.poll_max_ms,
                 pace.poll_per_ahead_ms,
                 pace.arrival_window_ms,
+                pace.poll_budget_per_second,
             ],
         )
         return parse_visit(reply)

@@ -97,6 +97,7 @@ class WaitingRoomService:
             settings.poll_max_ms,
             AHEAD_POLL_MS,
             settings.arrival_window_ms,
+            settings.poll_budget_per_second,
         )
         self._waits: dict[int, metrics.LocalHistogram] = {}
         self._recording: set[asyncio.Task[object]] = set()

@@ -8,6 +8,8 @@ import asyncio
 import random
 import statistics
 
+import pytest
+
 from service.model.waiting_room import RoomPace, RoomState
 
 POLL_MS = 5_000
@@ -65,3 +67,21 @@ async def test_parallel_joins_get_no_better_place_than_one_join(product_id, put_
     places = {user: rank for rank, user in enumerate(await redis.zrange(line, 0, -1))}
     gap = statistics.fmean(places[u] for u in people) - statistics.fmean(places[u] for u in scripts)
     assert abs(gap) < 41, f"scripts are {gap:.1f} places ahead of people on average"
+
+
+@pytest.mark.parametrize(("budget", "told_ms"), [(0, 200), (10, 4_000)])
+async def test_a_long_line_is_paced_to_the_poll_budget(product_id, put_product, store, budget, told_ms):
+    """40 buyers wait behind one admitted holder, told 1 s per buyer ahead within 100-200 ms:
+    without a budget the back of the line asks every 200 ms (200 polls/s from 40 buyers); with
+    a budget of 10 polls/s the back is told waiting / budget = 4 s, past the 200 ms ceiling, so
+    the line's polls stay near the budget however long it grows."""
+    pace = RoomPace(1.0, 60_000, 100, 200, 1_000, 0, budget)
+    await put_product(product_id, stock=1, limit=1, waiting_room=True)
+    holder = await store.rooms.visit(product_id, "paced-holder", join=True, pace=pace)
+    assert holder.state is RoomState.ADMITTED
+    joins = [await store.rooms.visit(product_id, f"paced-{i}", join=True, pace=pace) for i in range(40)]
+    assert [(j.state, j.ahead, j.waiting) for j in joins] == [(RoomState.WAITING, i, i + 1) for i in range(40)]
+    assert joins[0].poll_after_ms == 100  # the front: poll_min
+    assert joins[-1].poll_after_ms == told_ms
+    ceiling = [max(200, -(-(i + 1) * 1000 // budget)) if budget else 200 for i in range(40)]
+    assert [j.poll_after_ms for j in joins] == [min(max(i * 1000, 100), c) for i, c in enumerate(ceiling)]
