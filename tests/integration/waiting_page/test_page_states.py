@@ -14,6 +14,7 @@ contract."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -310,3 +311,25 @@ async def test_the_page_renders_units_held_per_turn_and_places_not_yet_final(dep
     # the ticket's opening wins over the product's
     page = await visit(opening, "before", lambda t: {"opens_at": int(opens.timestamp() * 1000)}, "before-opens-at")
     assert (await words(page))["headline"] == f"The sale opens {when(opens)}"
+
+
+async def test_the_countdowns_follow_the_shop_clock_not_the_device(deployment, browser):
+    """A device whose clock is an hour fast still shows the turn's whole time left and the
+    shop's time it ends (from the answers' ``Date`` header), not a turn already run out."""
+    own, base, http = deployment
+    admin = issue_token(own.auth.jwt_secret, "page-admin", admin=True)
+    product = 61
+    await set_product(http, admin, product, stock=1)
+    context = await browser.new_context(viewport=VIEWPORTS["desktop"], timezone_id="UTC")
+    page = await context.new_page()
+    await page.clock.set_system_time(datetime.now(UTC) + timedelta(hours=1))
+    await page.goto(f"{base}/queue/{product}#token={issue_token(own.auth.jwt_secret, 'page-buyer')}")
+    await page.wait_for_selector('#room[data-state="admitted"]')
+    left = (await figures(page))["time-left"]
+    shown = re.fullmatch(r"(?:1 min 00|(\d+)) s", left)
+    assert shown and 30 <= int(shown[1] or 60) <= 60, left  # the 60 s turn (an hour off: "0 s")
+    assert await page.is_enabled("#buy")
+    expires = datetime.fromtimestamp(
+        int(await page.evaluate("document.querySelector('[data-until]').dataset.until")) / 1000, UTC
+    )
+    assert (await words(page))["lead"] == f"Buy before {clock(expires)}, or your turn goes to the next buyer."
