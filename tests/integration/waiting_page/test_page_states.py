@@ -167,13 +167,13 @@ async def test_each_state_of_the_page_reads_clearly_and_fits_the_screen(deployme
     context.on("request", lambda r: joins.append(r.url) if r.url.endswith("/queue") else None)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
 
-    async def visit(product: int, state: str, user: str = "page-buyer", token: str | None = None):
+    async def visit(product: int, state: str, user: str = "page-buyer", token: str | None = None, name: str = ""):
         token = token or issue_token(own.auth.jwt_secret, user)
         page = await context.new_page()
         await page.goto(f"{base}/queue/{product}#token={token}")
         await page.wait_for_selector(f'#room[data-state="{state}"]')
         await check_layout(page, viewport)
-        await page.screenshot(path=SCREENSHOTS / f"{state}-{device}.png", full_page=True)
+        await page.screenshot(path=SCREENSHOTS / f"{name or state}-{device}.png", full_page=True)
         return page
 
     # before the opening: when it opens, no place (it is drawn then)
@@ -238,10 +238,14 @@ async def test_each_state_of_the_page_reads_clearly_and_fits_the_screen(deployme
     assert len(joins) == joined
 
     # a token the shop did not sign
-    page = await visit(waiting, "error", token=issue_token("another-secret-of-32-bytes-or-more!!", "page-buyer"))
+    forged = issue_token("another-secret-of-32-bytes-or-more!!", "page-buyer")
+    page = await visit(waiting, "error", name="bad-token", token=forged)
     shown = await words(page)
     assert shown["headline"] == "Please sign in again"
     assert shown["status"] == ""  # final: nothing retried
+    page = await visit(999, "error", name="no-product")
+    shown = await words(page)
+    assert (shown["headline"], shown["status"]) == ("No such product", "")
     assert elsewhere == []
 
 
@@ -265,9 +269,16 @@ async def test_the_page_renders_units_held_per_turn_and_places_not_yet_final(dep
     own, base, http = deployment
     viewport = VIEWPORTS[device]
     admin = issue_token(own.auth.jwt_secret, "page-admin", admin=True)
-    kept, shared, settling, opening = range(51, 55)
+    kept, shared, settling, opening, crowded = range(51, 56)
     for product in (kept, shared, settling):
         await set_product(http, admin, product, stock=3)
+    await set_product(http, admin, crowded, stock=2)
+    for user in ("first", "second", "third"):  # two let in for the two units, one waiting
+        join = await http.post(
+            f"/api/v1/products/{crowded}/queue",
+            headers={"Authorization": f"Bearer {issue_token(own.auth.jwt_secret, f'{user}-{device}')}"},
+        )
+        assert join.status_code == 200, join.text
     opens = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=30)
     await set_product(http, admin, opening, stock=3, sale_starts_at=(opens + timedelta(hours=1)).isoformat())
     context = await browser.new_context(viewport=viewport, timezone_id="UTC")
@@ -301,6 +312,15 @@ async def test_the_page_renders_units_held_per_turn_and_places_not_yet_final(dep
     shown = await words(page)
     assert shown["warning"] == "5 buyers are admitted for 3 units: you may not get one. The first to buy get them."
     assert (await figures(page))["admitted"] == "5"
+
+    # waiting behind buyers let in whose turns keep no unit: they count as buying before you
+    page = await visit(crowded, "waiting", lambda t: {"holds_unit": False, "admitted": 2}, "waiting-crowded")
+    shown = await words(page)
+    assert shown["lead"].startswith("You are 4th in line. 1 buyer is still waiting ahead of you.")
+    assert shown["warning"] == (
+        "2 buyers already let in and 1 buyer still waiting may buy before you, and 2 units are left: "
+        "you may not get one."
+    )
 
     # a place not final yet after the opening
     page = await visit(settling, "waiting", lambda t: {"state": "waiting", "position": None, "ahead": None}, "settling")
