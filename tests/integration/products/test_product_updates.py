@@ -44,3 +44,12 @@ async def test_repeating_a_product_update_keeps_its_sale_window(client, admin, n
     response = await client.put(f"/api/v1/admin/products/{pid}", json=backwards, headers=admin)
     assert response.status_code == 400 and response.json()["errors"][0]["field"] == "sale_ends_at"
     assert (await client.get(f"/api/v1/products/{pid}")).json()["sale_ends_at"] is None
+
+
+async def test_product_info_names_the_currency_of_its_price(client, admin, new_product_id, settings):
+    """Guards: a price shown without its currency (the waiting page printed a bare 12.50)."""
+    pid = new_product_id()
+    put = await client.put(f"/api/v1/admin/products/{pid}", json={"stock": 5, "price": 1250}, headers=admin)
+    assert put.status_code == 200
+    product = (await client.get(f"/api/v1/products/{pid}")).json()
+    assert (product["price"], product["currency"]) == (1250, settings.payment.currency)

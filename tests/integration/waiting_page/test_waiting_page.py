@@ -91,15 +91,17 @@ async def test_the_waiting_page_goes_from_waiting_to_bought_and_to_sold_out(own_
                 await page.goto(f"{base}/queue/{lapsing}#token={token}")
                 await page.wait_for_selector('#room[data-state="waiting"]')
                 assert "#token" not in page.url and token not in page.url  # out of the address bar
-                assert await page.text_content("#position") == "2"  # the buyer ahead holds place 1, admitted
-                assert await page.text_content("#ahead") == "0"
-                assert await page.text_content("#units-left") == "1"
-                assert (await page.text_content("#product-line") or "").endswith("12.50")
+                assert await page.text_content("#lead") == (  # the buyer ahead holds place 1, admitted
+                    "You are 2nd in line. Nobody is waiting ahead of you: you are next. "
+                    "The 1 buyer before you has already been let in."
+                )
+                assert await page.text_content('[data-figure="units"] .value') == "1"
+                assert (await page.text_content("#product-line") or "").endswith("CN¥12.50")
                 await page.screenshot(path=SCREENSHOTS / "waiting.png", full_page=True)
                 # the buyer ahead never buys: its admission lapses and the page's buyer is next
                 await page.wait_for_selector('#room[data-state="admitted"]', timeout=PAGE_WAIT_MS)
                 assert await page.is_visible("#buy")
-                assert re.fullmatch(r"\d+ s", await page.text_content("#countdown") or "")
+                assert re.fullmatch(r"\d+ s", await page.text_content('[data-figure="time-left"] .value') or "")
                 await page.screenshot(path=SCREENSHOTS / "admitted.png", full_page=True)
                 await page.click("#buy")
                 await page.wait_for_selector('#room[data-state="bought"]', timeout=PAGE_WAIT_MS)
@@ -118,7 +120,7 @@ async def test_the_waiting_page_goes_from_waiting_to_bought_and_to_sold_out(own_
                 other = await context.new_page()
                 await other.goto(f"{base}/queue/{bought_out}#token={issue_token(own.auth.jwt_secret, 'page-late')}")
                 await other.wait_for_selector('#room[data-state="waiting"]')
-                assert await other.text_content("#estimate") in ("any moment", "unknown")
+                assert await other.text_content('[data-figure="estimate"] .value') in ("any moment", "unknown")
                 bought = await http.post(
                     "/api/v1/orders",
                     json={"product_id": bought_out, "quantity": 1},
