@@ -92,7 +92,12 @@ def _unlike_the_defaults() -> Settings:
         realign=RealignSettings(grace_seconds=1.5, auto_seconds=2.5, keep_resolved_seconds=30.0),
         rate_limit=RateLimitSettings(user_per_second=2.5, user_burst=3, address_per_second=7.5, address_burst=9),
         waiting_room=WaitingRoomSettings(
-            admit_factor=2.5, admission_ttl_seconds=30, poll_min_ms=500, poll_max_ms=9000, arrival_window_ms=250
+            admit_factor=2.5,
+            admission_ttl_seconds=30,
+            poll_min_ms=500,
+            poll_max_ms=9000,
+            arrival_window_ms=250,
+            poll_budget_per_second=250,
         ),
         payment=PaymentSettings(
             channel_secrets={"a": "secret-a", "b": 'quote " and \\ backslash'},
