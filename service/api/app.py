@@ -35,7 +35,8 @@ from service.startup import BackgroundResources
 class FlashsalePlugin(InitPluginProtocol):
     """Wires in one place the routes under ``/api/v1``, one dependency provider per service
     (:mod:`service.api.providers`), the worker's lifespan, the exception handlers, and the
-    hooks that authenticate and observe each request (no middleware: docs/ARCHITECTURE.md)."""
+    hooks that authenticate and observe each request (no middleware: docs/ARCHITECTURE.md,
+    "Purchase path")."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings

@@ -16,7 +16,7 @@ from litestar import Request, Response
 
 from service.api.auth import Authenticator, requires_token
 from service.api.body import body_spec, check_json_body
-from service.api.media import JSON_BODY_OPT, has_body, require_json_media_type
+from service.api.media import JSON_BODY_OPT, json_body_sent
 from service.api.request_telemetry import RequestTelemetry
 
 BeforeRequest = Callable[[Request[Any, Any, Any]], Awaitable[Response[None] | None]]
@@ -58,9 +58,7 @@ def make_before_request(telemetry: RequestTelemetry, authenticator: Authenticato
         spec = body_spec(route_handler)
         if spec is None and not route_handler.opt.get(JSON_BODY_OPT):
             return None
-        body_sent = has_body(request)
-        if body_sent:
-            require_json_media_type(request)
+        body_sent = json_body_sent(scope)
         if spec is not None:
             await check_json_body(request, spec, body_sent)
         return None
