@@ -98,7 +98,9 @@ def layer_of(frames: list[str]) -> str:
         for name, files in LAYERS:
             if file.startswith(files):
                 return name
-        if file.startswith(("service/", "toolkit/bench/product_app.py")) and not file.startswith("service/api/serving"):
+        if file.startswith(("service/", "toolkit/bench/product_app.py")) and not file.startswith(
+            "service/api/serving.py"
+        ):
             return OTHER_OURS
         framework = framework or file.startswith(_FRAMEWORK_FILES)
     return FRAMEWORK if framework or route >= 0 else RUNTIME
