@@ -9,9 +9,9 @@ showed"). :meth:`RequestTelemetry.begin` runs first in the app's ``before_reques
 (:mod:`service.api.hooks`); the answer is observed by the app's ``after_request`` hook when the
 handler (or the hook) answered, and by the exception handler that answered otherwise
 (:meth:`RequestTelemetry.observing`), both in the request's task: the request in flight is a
-context variable between them. A request whose route took no hook (no route matched, or a
-guard refused it before the hook ran) is observed from its exception handler, with the route
-template when it has one; a request that matched no route is not observed.
+context variable between them. A request a guard refused before the hook ran is observed by
+its exception handler alone (its duration from there); one that matched no route (``404``,
+``405``) is not observed.
 """
 
 from __future__ import annotations

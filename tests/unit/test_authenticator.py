@@ -66,3 +66,39 @@ async def test_a_token_over_the_length_cap_is_refused_and_never_cached():
         with pytest.raises(NotAuthorizedException, match="longer than 4096"):
             await _authenticate(middleware, token)
     assert middleware._verified == {}
+
+
+def _scope(authorization: bytes | None) -> dict[str, Any]:
+    headers = [(b"host", b"api")] + ([(b"authorization", authorization)] if authorization is not None else [])
+    return {"type": "http", "headers": headers}
+
+
+@pytest.mark.parametrize("header", [None, b"Bearer", b"Bearer "], ids=["none", "scheme only", "scheme and space"])
+def test_a_request_without_a_token_is_asked_for_one(header):
+    scope = _scope(header)
+    with pytest.raises(NotAuthorizedException) as refused:
+        _middleware(leeway=5).authenticate(scope)  # type: ignore[arg-type]
+    assert refused.value.headers == {"WWW-Authenticate": 'Bearer realm="flashsale"'}
+    assert "user" not in scope
+
+
+def test_a_header_over_the_cap_is_refused_before_it_is_decoded():
+    authenticator = _middleware(leeway=5)
+    calls: list[str] = []
+    authenticator.authenticate_token = calls.append  # type: ignore[method-assign,assignment]
+    scope = _scope(b"Bearer " + b"\xff" * 4097)  # not even latin-1 text a token could be
+    with pytest.raises(NotAuthorizedException, match="longer than 4096") as refused:
+        authenticator.authenticate(scope)  # type: ignore[arg-type]
+    assert refused.value.headers == {"WWW-Authenticate": 'Bearer realm="flashsale", error="invalid_token"'}
+    assert calls == [] and "user" not in scope
+
+
+def test_a_valid_token_sets_the_user_and_the_claims_in_the_scope():
+    token = jwt.encode({"sub": "buyer-1", "exp": int(time.time()) + 60, "role": "admin"}, SECRET, algorithm="HS256")
+    scope = _scope(b"Bearer " + token.encode())
+    user = _middleware(leeway=5).authenticate(scope)  # type: ignore[arg-type]
+    assert (user.id, user.is_admin) == ("buyer-1", True)
+    assert scope["user"] is user and scope["auth"]["sub"] == "buyer-1"
+    header_at_the_cap = b"Bearer " + b"x" * 4096  # at the cap: decoded and verified (and refused)
+    with pytest.raises(NotAuthorizedException, match="Invalid token: (?!Token is longer)"):
+        _middleware(leeway=5).authenticate(_scope(header_at_the_cap))  # type: ignore[arg-type]
