@@ -65,7 +65,8 @@ REDIS_SCRIPT_SECONDS = Histogram(
 )
 PUBLISH_CONFIRM_SECONDS = Histogram(
     "flashsale_publish_confirm_duration_seconds",
-    "Time from publishing an order message to the broker's confirm (successful publishes).",
+    "Time from publishing an order message to the broker's confirm (successful publishes; for a"
+    " purchase in a group, until its mark-queued writes after the confirm are done too).",
     buckets=_LATENCY_BUCKETS,
 )
 PUBLISH_FAILURES = Counter(

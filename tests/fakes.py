@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from service.adapters.broker import Publisher
+from service.adapters.publish_groups import AfterConfirm
 from service.adapters.redis.reservations import Reservations
 from service.adapters.redis.stores import RedisStores
 from service.domain.order_numbers.minter import OrderNumberMinter
@@ -64,5 +65,7 @@ class FakePublisher(Publisher):
     def __init__(self) -> None:
         self.published: list[OrderMessage] = []
 
-    async def publish(self, order: OrderMessage) -> None:
+    async def publish(self, order: OrderMessage, after: AfterConfirm | None = None) -> None:
         self.published.append(order)
+        if after is not None:
+            await after([order])

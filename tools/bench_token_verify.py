@@ -2,9 +2,9 @@
 
 Rows, each in microseconds per token (best of ``--repeats`` loops over ``--tokens`` distinct
 buyers' tokens, none seen before in its loop): PyJWT's ``jwt.decode`` with the parameters the API
-used to pass; :class:`service.api.token_verifier.TokenVerifier`; the API's JWT middleware
-(``authenticate_token``: verifier, user and the verified-token cache's insert); and the middleware
-again on the same tokens, every one now a cache hit. Also how long minting the bench's buyers
+used to pass; :class:`service.api.token_verifier.TokenVerifier`; the API's authenticator
+(``Authenticator.authenticate_token``: verifier, user and the verified-token cache's insert); and
+the authenticator again on the same tokens, every one now a cache hit. Also how long minting the bench's buyers
 takes (:func:`toolkit.bench.buyers.mint_tokens`).
 
     .venv/bin/python tools/bench_token_verify.py [--tokens 20000] [--repeats 5]
@@ -13,14 +13,12 @@ takes (:func:`toolkit.bench.buyers.mint_tokens`).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 import jwt
 
-from service.api.auth import CachingJWTMiddleware, make_jwt_auth
+from service.api.auth import Authenticator
 from service.api.token_verifier import TokenVerifier
 from service.settings import AuthSettings
 from toolkit.bench.buyers import mint_tokens
@@ -38,15 +36,6 @@ def _best(run: Callable[[list[str]], None], pools: list[list[str]]) -> float:
         run(pool)
         best = min(best, (time.perf_counter() - started) / len(pool) * 1e6)
     return best
-
-
-def _middleware() -> CachingJWTMiddleware:
-    define = make_jwt_auth(SECRET, leeway_seconds=LEEWAY, max_token_length=MAX_LENGTH).middleware
-
-    async def app(*_: Any) -> None:
-        return None
-
-    return define.middleware(app=app, **define.kwargs)  # type: ignore[no-any-return]
 
 
 def main() -> None:
@@ -70,19 +59,16 @@ def main() -> None:
         for token in pool:
             check.verify(token)
 
-    middleware = _middleware()
+    authenticator = Authenticator(SECRET, leeway_seconds=LEEWAY, max_token_length=MAX_LENGTH)
 
-    async def authenticate(pool: list[str]) -> None:
+    def authenticate(pool: list[str]) -> None:
         for token in pool:
-            await middleware.authenticate_token(token, None)  # type: ignore[arg-type]  # unused there
-
-    def through_middleware(pool: list[str]) -> None:
-        asyncio.run(authenticate(pool))
+            authenticator.authenticate_token(token)
 
     print(f"jwt.decode: {_best(pyjwt, pools):.1f} us per new token")
     print(f"TokenVerifier.verify: {_best(verifier, pools):.1f} us per new token")
-    print(f"middleware, new tokens: {_best(through_middleware, pools):.1f} us per token")
-    print(f"middleware, cached tokens: {_best(through_middleware, pools):.1f} us per token")
+    print(f"authenticator, new tokens: {_best(authenticate, pools):.1f} us per token")
+    print(f"authenticator, cached tokens: {_best(authenticate, pools):.1f} us per token")
 
 
 if __name__ == "__main__":

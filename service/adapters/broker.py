@@ -21,7 +21,7 @@ from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from service import metrics
 from service.adapters.broker_connection import connect_robust, quiet_connect_logs
 from service.adapters.broker_topology import declare_topology, queue_depth, queue_depths
-from service.adapters.publish_groups import Group, Grouper
+from service.adapters.publish_groups import AfterConfirm, Group, Grouper
 from service.failures import PublishFailed
 from service.log_setup import HTTP_REQUEST_ID
 from service.model.order_message import (
@@ -197,10 +197,11 @@ class Publisher:
             log.info("publisher_channel_reopened", channel=index)
             return channel
 
-    async def publish(self, order: OrderMessage) -> None:
+    async def publish(self, order: OrderMessage, after: AfterConfirm | None = None) -> None:
         """Publish ``order`` and wait for the publisher confirm of the message carrying it (alone,
         or in its group), observed in ``flashsale_publish_confirm_duration_seconds`` and
-        ``flashsale_publish_failures_total`` (per order).
+        ``flashsale_publish_failures_total`` (per order). Once confirmed, ``after`` runs with the
+        order (in a group: once for the group's orders that came with it) before this returns.
 
         Raises:
             PublishFailed: see :meth:`_publish`; for a group, every order of it.
@@ -211,11 +212,13 @@ class Publisher:
             if self._grouper is None:
                 await self._publish(encode_order(order), order.request_id, queue, HTTP_REQUEST_ID.get())
             else:
-                await self._grouper.publish(queue, order, HTTP_REQUEST_ID.get())
+                await self._grouper.publish(queue, order, HTTP_REQUEST_ID.get(), after)
         except PublishFailed:
             _PUBLISH_FAILURES.inc()
             raise
         _CONFIRM_SECONDS.observe(perf_counter() - started)
+        if self._grouper is None and after is not None:
+            await after([order])
 
     async def _send_group(self, group: Group) -> None:
         """Publish ``group``: a single order in its own format, several in a group body whose

@@ -7,6 +7,10 @@ when it is full (``FLASHSALE_AMQP__GROUP_MAX``), and every order of it gets the 
 one message: each caller's wait ends when the broker confirmed it, or raises the same
 :class:`PublishFailed` when it was nacked, returned or not confirmed in time, so each caller
 releases its own reservation exactly as for a message of its own.
+
+An order may come with an action to run once its message is confirmed (:data:`AfterConfirm`,
+the purchase path's mark-queued writes): the group's task runs it for all its orders at once,
+before any of their waits ends, so a caller's one wait covers the confirm and the action.
 """
 
 from __future__ import annotations
@@ -34,9 +38,13 @@ class Group:
     orders: list[OrderMessage] = field(default_factory=list)
     http_request_ids: list[str | None] = field(default_factory=list)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    after: list[AfterConfirm | None] = field(default_factory=list)
     timer: asyncio.Handle | None = None
 
 
+AfterConfirm = Callable[[list[OrderMessage]], Awaitable[None]]
+"""Runs once the broker confirmed the message carrying these orders; it handles its own
+failures (an exception from it is logged, and the orders count as published all the same)."""
 Send = Callable[[Group], Awaitable[None]]
 """Publishes one group and returns once the broker confirmed it (raises :class:`PublishFailed`)."""
 
@@ -53,8 +61,11 @@ class Grouper:
         self._open: dict[str, Group] = {}
         self._sending: set[asyncio.Task[None]] = set()
 
-    async def publish(self, queue: str, order: OrderMessage, http_request_id: str | None) -> None:
-        """Add ``order`` to the open group of ``queue`` and wait for that group's confirm.
+    async def publish(
+        self, queue: str, order: OrderMessage, http_request_id: str | None, after: AfterConfirm | None = None
+    ) -> None:
+        """Add ``order`` to the open group of ``queue`` and wait for that group's confirm (and,
+        once confirmed, ``after`` run for the group's orders that came with it).
 
         Raises:
             PublishFailed: the group's message was nacked, returned, not confirmed in time, or
@@ -73,6 +84,7 @@ class Grouper:
         group.orders.append(order)
         group.http_request_ids.append(http_request_id)
         group.waiters.append(waiter)
+        group.after.append(after)
         if len(group.orders) >= self._max:
             self._flush(group)
         await waiter
@@ -96,6 +108,8 @@ class Grouper:
         except Exception as exc:  # never leave a waiter hanging: its request would never answer
             log.exception("group_publish_failed", group=group.id, orders=len(group.orders))
             failure = PublishFailed(repr(exc))
+        if failure is None and any(group.after):
+            await _run_after(group)
         for waiter in group.waiters:
             if not waiter.done():  # a waiter whose request was cancelled is done
                 if failure is None:
@@ -114,3 +128,16 @@ class Grouper:
                 if not waiter.done():
                     waiter.set_exception(PublishFailed("publisher closed"))
         await asyncio.gather(*self._sending, return_exceptions=True)
+
+
+async def _run_after(group: Group) -> None:
+    """Each distinct :data:`AfterConfirm` of the confirmed ``group``, once, with its orders."""
+    actions: dict[AfterConfirm, list[OrderMessage]] = {}
+    for order, after in zip(group.orders, group.after, strict=True):
+        if after is not None:
+            actions.setdefault(after, []).append(order)
+    for after, orders in actions.items():
+        try:
+            await after(orders)
+        except Exception:  # the orders are queued: only the action is lost, and said so
+            log.exception("after_confirm_failed", group=group.id, orders=len(orders))

@@ -11,7 +11,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.plugins import InitPluginProtocol
 
 from service.api import ops_history, request_telemetry
-from service.api.auth import make_jwt_auth
+from service.api.auth import AUTHENTICATOR, Authenticator
 from service.api.controllers.admin import AdminController
 from service.api.controllers.checkout import CheckoutController
 from service.api.controllers.health import HealthController
@@ -20,7 +20,7 @@ from service.api.controllers.payments import PaymentController
 from service.api.controllers.products import ProductController
 from service.api.controllers.queue import QueueController
 from service.api.controllers.waiting_page import WaitingPageController
-from service.api.hooks import before_request
+from service.api.hooks import make_before_request
 from service.api.no_shard import stop_server
 from service.api.openapi import document_contract
 from service.api.problems import ERROR_HANDLERS, problem_details_plugin
@@ -34,8 +34,9 @@ from service.startup import BackgroundResources
 
 class FlashsalePlugin(InitPluginProtocol):
     """Wires in one place the routes under ``/api/v1``, one dependency provider per service
-    (:mod:`service.api.providers`), the worker's lifespan, auth, hooks and the exception
-    handlers (docs/ARCHITECTURE.md)."""
+    (:mod:`service.api.providers`), the worker's lifespan, the exception handlers, and the
+    hooks that authenticate and observe each request (no middleware: docs/ARCHITECTURE.md,
+    "Purchase path")."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -76,18 +77,20 @@ class FlashsalePlugin(InitPluginProtocol):
         app_config.lifespan.append(lifespan)
         app_config.dependencies.update(providers(slot))
         app_config.exception_handlers.update(ERROR_HANDLERS)
-        app_config.before_request = before_request  # OPTIONS, 415 for non-JSON bodies, strict bodies
-        request_telemetry.install(app_config, settings)
+        telemetry = request_telemetry.install(app_config, settings)  # observes the handlers above
         ops_history.install(app_config, settings)
         auth = settings.auth
-        jwt_auth = make_jwt_auth(
+        authenticator = Authenticator(
             auth.jwt_secret,
             max_token_length=auth.max_token_bytes,
             leeway_seconds=auth.leeway_seconds,
             audience=auth.audience or None,
             issuer=auth.issuer or None,
         )
-        return jwt_auth.on_app_init(app_config)
+        app_config.state[AUTHENTICATOR] = authenticator
+        # telemetry, OPTIONS, authentication, 415 for non-JSON bodies, strict bodies
+        app_config.before_request = make_before_request(telemetry, authenticator)
+        return app_config
 
 
 def create_app(settings: Settings | None = None) -> Litestar:

@@ -1,4 +1,11 @@
-"""Authentication: Litestar's JWT auth (HS256). ``sub`` is the user id; ``role: admin`` marks admins.
+"""Authentication: HS256 bearer JWTs. ``sub`` is the user id; ``role: admin`` marks admins.
+
+:class:`Authenticator` runs in the app's ``before_request`` hook (:mod:`service.api.hooks`), not as
+a middleware: any route middleware makes Litestar wrap every route in a second exception-handling
+layer, and Litestar's JWT middleware wrapped every request (docs/BENCHMARKS.md, "What the profile
+showed"). Guards are not used for it either: Litestar hands each guard call a copy of the route
+handler (``BaseRouteHandler.authorize_connection``, about 19 µs a call here). The one guard,
+:func:`admin_only`, runs before the hook and authenticates the request itself.
 
 Tokens are verified with PyJWT's checks (:mod:`service.api.token_verifier`) under a clock-skew
 allowance (``FLASHSALE_AUTH__LEEWAY_SECONDS``) for ``exp``, ``nbf`` and ``iat`` (RFC 7519 section
@@ -14,18 +21,16 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jwt
 from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from litestar.handlers.base import BaseRouteHandler
-from litestar.middleware import DefineMiddleware
-from litestar.middleware.authentication import AuthenticationResult
-from litestar.security.jwt import JWTAuth, JWTAuthenticationMiddleware, Token
+from litestar.types import Scope
 
-from service.api.token_verifier import ALGORITHM, TokenVerifier
+from service.api.token_verifier import TokenVerifier
 from service.domain.purchase.request_id import USER_ID
 
 REALM = "flashsale"
@@ -39,15 +44,9 @@ PUBLIC_PATHS = ["/schema", "/api/v1/health", "^/api/v1/products/[^/]+$", "^/api/
 product info (not what lies below it: the waiting room's routes are a buyer's) and payment
 notifications (signed by the channel instead). Matched against request paths and route templates."""
 EXCLUDE_OPT = "exclude_from_auth"
-"""``opt`` key of a handler that needs no token (Litestar's ``exclude_opt_key``)."""
+"""``opt`` key of a handler that needs no token (``@get(..., exclude_from_auth=True)``)."""
+REQUIRED_CLAIMS = ("exp", "sub")
 _PUBLIC = re.compile("|".join(PUBLIC_PATHS))
-
-
-@dataclass
-class FlashsaleToken(Token):
-    """The JWT claims: registered ones plus ``role`` (``"admin"`` for admin routes)."""
-
-    role: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +70,10 @@ def _user_from_claims(claims: dict[str, Any]) -> User:
     return User(id=sub, is_admin=role == "admin")
 
 
-class CachingJWTMiddleware(JWTAuthenticationMiddleware):
-    """Litestar's JWT middleware, verifying with :class:`service.api.token_verifier.TokenVerifier`
-    (PyJWT's checks, a first-seen token cheap) under a clock-skew leeway, with a per-process
-    cache of verified tokens.
+class Authenticator:
+    """Authenticates a request from its ``Authorization: Bearer <JWT>`` header: sets the caller
+    (:class:`User`) as ``scope["user"]`` (Litestar's ``request.user``) and the claims as
+    ``scope["auth"]``, or raises a 401.
 
     A buyer in a stampede sends the same token many times; verifying its HS256 signature and
     decoding its claims every time was the largest cost on the reject path. The cache maps the
@@ -88,130 +87,103 @@ class CachingJWTMiddleware(JWTAuthenticationMiddleware):
 
     MAX_ENTRIES = 100_000
 
-    def __init__(self, *args: Any, leeway_seconds: float = 0.0, max_token_length: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        secret: str,
+        *,
+        max_token_length: int,
+        leeway_seconds: float = 5.0,
+        audience: str | Sequence[str] | None = None,
+        issuer: str | Sequence[str] | None = None,
+    ) -> None:
         self.leeway_seconds = leeway_seconds
-        self._verified: dict[str, tuple[float, AuthenticationResult]] = {}
-        self._raw_header = self.auth_header.lower().encode("latin-1")
-        if self.algorithm != ALGORITHM:
-            raise ValueError(f"tokens are {ALGORITHM}, not {self.algorithm}")
+        self._verified: dict[str, tuple[float, User, dict[str, Any]]] = {}
+        # the header's longest value: the scheme, its space and the longest token
+        self._max_header = max_token_length + len(BEARER_PREFIX)
         self._verifier = TokenVerifier(
-            self.token_secret,
+            secret,
             leeway=leeway_seconds,
-            required=list(self.require_claims or ()),
+            required=REQUIRED_CLAIMS,
             max_length=max_token_length,
-            audience=self.token_audience,
-            issuer=self.token_issuer,
+            audience=audience or None,
+            issuer=issuer or None,
         )
 
-    async def authenticate_request(self, connection: ASGIConnection[Any, Any, Any, Any]) -> AuthenticationResult:
-        self._refuse_oversized(connection)
-        scheme, _, encoded_token = connection.headers.get(self.auth_header, "").partition(" ")
-        if not encoded_token:
-            raise NotAuthorizedException(
-                "A bearer token is required (Authorization: Bearer <JWT>)",
-                headers={"WWW-Authenticate": BEARER_CHALLENGE},
-            )
-        return await self.authenticate_token(encoded_token, connection)
+    def authenticate(self, scope: Scope) -> User:
+        """The caller of the request ``scope``, also set as ``scope["user"]``.
 
-    async def authenticate_token(
-        self, encoded_token: str, connection: ASGIConnection[Any, Any, Any, Any]
-    ) -> AuthenticationResult:
+        Raises:
+            NotAuthorizedException: no token (401, ``WWW-Authenticate: Bearer``), or a token that
+                is refused (401, ``error="invalid_token"``).
+        """
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                # the length first, on the raw bytes: nothing longer is decoded, let alone verified
+                if len(value) > self._max_header:
+                    self._refuse_oversized(len(value) - len(BEARER_PREFIX))
+                encoded_token = value.decode("latin-1").partition(" ")[2]
+                if encoded_token:
+                    user, claims = self.authenticate_token(encoded_token)
+                    scope["user"], scope["auth"] = user, claims
+                    return user
+                break
+        raise NotAuthorizedException(
+            "A bearer token is required (Authorization: Bearer <JWT>)",
+            headers={"WWW-Authenticate": BEARER_CHALLENGE},
+        )
+
+    def authenticate_token(self, encoded_token: str) -> tuple[User, dict[str, Any]]:
+        """The user an encoded token proves, and its claims (from the cache while it holds).
+
+        Raises:
+            NotAuthorizedException: the token is refused (401, ``error="invalid_token"``).
+        """
         cached = self._verified.get(encoded_token)
         if cached is not None:
             if time.time() < cached[0]:
-                return cached[1]
+                return cached[1], cached[2]
             del self._verified[encoded_token]
-        claims = self._verify(encoded_token)
-        result = AuthenticationResult(user=_user_from_claims(claims), auth=claims)
+        try:
+            claims = self._verifier.verify(encoded_token)
+        except jwt.InvalidTokenError as exc:
+            raise _refused(f"Invalid token: {exc}") from exc
+        user = _user_from_claims(claims)
         if len(self._verified) >= self.MAX_ENTRIES:
             self._verified.clear()
-        self._verified[encoded_token] = (int(claims["exp"]) + self.leeway_seconds, result)
-        return result
+        self._verified[encoded_token] = (int(claims["exp"]) + self.leeway_seconds, user, claims)
+        return user, claims
 
-    def _refuse_oversized(self, connection: ASGIConnection[Any, Any, Any, Any]) -> None:
-        """Refuse a request whose token header is longer than ``Bearer `` and the longest token,
-        read from the raw headers: ``connection.headers`` decodes every header value first."""
-        for name, value in connection.scope["headers"]:
-            if name == self._raw_header:
-                try:
-                    self._verifier.refuse_oversized(len(value) - len(BEARER_PREFIX))
-                except jwt.InvalidTokenError as exc:
-                    raise _refused(f"Invalid token: {exc}") from exc
-
-    def _verify(self, encoded_token: str) -> dict[str, Any]:
+    def _refuse_oversized(self, length: int) -> None:
         try:
-            return self._verifier.verify(encoded_token)
+            self._verifier.refuse_oversized(length)
         except jwt.InvalidTokenError as exc:
             raise _refused(f"Invalid token: {exc}") from exc
 
 
-@dataclass
-class FlashsaleJWTAuth(JWTAuth[User, FlashsaleToken]):
-    """Litestar's ``JWTAuth`` whose middleware allows ``leeway_seconds`` of clock skew and refuses
-    tokens longer than ``max_token_length`` characters."""
-
-    leeway_seconds: float = field(default=5.0)
-    max_token_length: int = field(kw_only=True)
-
-    @property
-    def middleware(self) -> DefineMiddleware:
-        define = super().middleware
-        define.kwargs["leeway_seconds"] = self.leeway_seconds
-        define.kwargs["max_token_length"] = self.max_token_length
-        return define
-
-
-async def _retrieve_user(token: FlashsaleToken, _: ASGIConnection[Any, Any, Any, Any]) -> User:
-    # Litestar's interface wants it; CachingJWTMiddleware builds the user from the verified claims.
-    return User(id=token.sub, is_admin=token.role == "admin")
+AUTHENTICATOR = "flashsale.authenticator"
+"""Key of the app's :class:`Authenticator` in ``app.state`` (for :func:`admin_only`)."""
 
 
 async def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Guard: only callers whose token has ``role: admin``. Safe on every method: an ``OPTIONS``
-    request (which the JWT middleware lets through without a token) passes to the app's OPTIONS
-    answer; a request that reached the guard without a user is refused, never a 500.
+    """Guard: only callers whose token has ``role: admin``. Guards run before the app's
+    ``before_request`` hook, so this one authenticates the request itself (the hook then finds
+    the user set). An ``OPTIONS`` request passes to the app's OPTIONS answer.
 
     Raises:
         NotAuthorizedException: 401 when no token authenticated the request.
         PermissionDeniedException: 403 for any other caller.
     """
-    if connection.scope.get("method") == "OPTIONS":
+    scope = connection.scope
+    if scope.get("method") == "OPTIONS":
         return
-    user = connection.scope.get("user")
+    user = scope.get("user")
     if not isinstance(user, User):
-        raise NotAuthorizedException("A bearer token is required", headers={"WWW-Authenticate": BEARER_CHALLENGE})
+        user = connection.app.state[AUTHENTICATOR].authenticate(scope)
     if not user.is_admin:
         raise PermissionDeniedException("Admin role required")
 
 
 def requires_token(route_handler: BaseRouteHandler, path: str) -> bool:
-    """Whether the JWT middleware asks a request to ``path`` handled by ``route_handler`` for a token."""
+    """Whether a request to ``path`` handled by ``route_handler`` must bring a token: everything
+    but the routes marked ``exclude_from_auth`` and the :data:`PUBLIC_PATHS`."""
     return not route_handler.opt.get(EXCLUDE_OPT) and _PUBLIC.search(path) is None
-
-
-def make_jwt_auth(
-    secret: str,
-    *,
-    max_token_length: int,
-    leeway_seconds: float = 5.0,
-    audience: str | Sequence[str] | None = None,
-    issuer: str | Sequence[str] | None = None,
-) -> FlashsaleJWTAuth:
-    """Litestar JWT auth; everything but health, product info, the schema and payment
-    notifications (signed by the channel instead) needs a token. ``max_token_length``: a longer
-    token is refused unread; ``leeway_seconds``: clock skew allowed on ``exp``/``nbf``/``iat``;
-    ``audience`` / ``issuer``: when given, a token must carry a matching ``aud`` / ``iss``."""
-    return FlashsaleJWTAuth(
-        token_secret=secret,
-        token_cls=FlashsaleToken,
-        retrieve_user_handler=_retrieve_user,
-        require_claims=["exp", "sub"],
-        authentication_middleware_class=CachingJWTMiddleware,
-        exclude=PUBLIC_PATHS,
-        exclude_opt_key=EXCLUDE_OPT,
-        accepted_audiences=audience,
-        accepted_issuers=issuer,
-        leeway_seconds=leeway_seconds,
-        max_token_length=max_token_length,
-    )

@@ -10,9 +10,7 @@ accepts a non-empty body only with ``Content-Type: application/json`` or
 
 from __future__ import annotations
 
-from typing import Any
-
-from litestar.connection import ASGIConnection
+from litestar.types import Scope
 
 from service.api.problems import Problem
 
@@ -27,22 +25,32 @@ def is_json_media_type(content_type: str) -> bool:
     return kind == "application" and (subtype == "json" or (subtype.endswith("+json") and len(subtype) > 5))
 
 
-def has_body(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
-    """True when the request announces a body (``Transfer-Encoding`` or a non-zero ``Content-Length``)."""
-    headers = connection.headers
-    if "transfer-encoding" in headers:
-        return True
-    length = headers.get("content-length", "0").strip()
-    return length != "0" and length != ""
+def json_body_sent(scope: Scope) -> bool:
+    """Whether the request announces a body (``Transfer-Encoding`` or a non-zero
+    ``Content-Length``), read from the raw headers in one pass (Litestar's ``connection.headers``
+    decodes every header into a new mapping first).
 
-
-def require_json_media_type(connection: ASGIConnection[Any, Any, Any, Any]) -> None:
-    """Raises :class:`Problem` 415 ``unsupported_media_type`` when the body does not say JSON
-    (call it only for a request that has a body, on a route that takes JSON)."""
-    content_type = connection.headers.get("content-type", "")
-    if not is_json_media_type(content_type):
+    Raises:
+        Problem: 415 ``unsupported_media_type`` when it announces one whose ``Content-Type`` does
+            not say JSON (call it only on a route that takes JSON).
+    """
+    length: bytes | None = None
+    content_type: bytes | None = None
+    chunked = False
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            length = value if length is None else length
+        elif name == b"content-type":
+            content_type = value if content_type is None else content_type
+        elif name == b"transfer-encoding":
+            chunked = True
+    if not chunked and (length is None or length.strip() in (b"0", b"")):
+        return False
+    text = (content_type or b"").decode("latin-1")
+    if not is_json_media_type(text):
         raise Problem(
             415,
             "unsupported_media_type",
-            f"The body must be JSON (Content-Type: application/json), not {content_type or 'unlabelled'!r}.",
+            f"The body must be JSON (Content-Type: application/json), not {text or 'unlabelled'!r}.",
         )
+    return True

@@ -34,6 +34,7 @@ from litestar.openapi.spec import (
     Reference,
     RequestBody,
     Schema,
+    SecurityScheme,
 )
 from litestar.routes import HTTPRoute
 
@@ -47,6 +48,13 @@ from service.failures import UNAVAILABLE
 PROBLEMS_OPT = "problems"
 REQUEST_SCHEMA_OPT = "request_schema"
 SECURITY_SCHEME = "BearerToken"
+_BEARER = SecurityScheme(
+    type="http",
+    scheme="Bearer",
+    name="Authorization",
+    bearer_format="JWT",
+    description="An HS256 JWT: sub is the user id, role admin marks admins (service/api/auth.py).",
+)
 
 
 def problems(*codes: str) -> dict[str, tuple[str, ...]]:
@@ -165,6 +173,7 @@ def document_contract(app: Litestar) -> None:
     openapi = app.openapi_schema
     components = openapi.components if isinstance(openapi.components, Components) else Components()
     components.schemas = {**(components.schemas or {}), "Problem": _PROBLEM}
+    components.security_schemes = {**(components.security_schemes or {}), SECURITY_SCHEME: _BEARER}
     openapi.components = components
     openapi.security = None
     for route in app.routes:

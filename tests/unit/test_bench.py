@@ -18,12 +18,21 @@ from toolkit.bench import server
 from toolkit.bench.buyers import TOKEN_TTL_SECONDS, buyers_reached, mint_tokens
 from toolkit.bench.context import Options
 from toolkit.bench.procstat import CpuSample, machine_info
-from toolkit.bench.profile import RUNTIME, summarize
+from toolkit.bench.profile import (
+    FRAMEWORK,
+    LAYERS,
+    OTHER_OURS,
+    RUNTIME,
+    SECOND_EXCEPTION_LAYER,
+    layer_of,
+    summarize,
+)
 from toolkit.bench.report import Report, render
 from toolkit.bench.rows import (
     DRAIN_ROWS,
     HTTP_ROWS,
     PIPELINE_ROWS,
+    SERVERS,
     TARGETS,
     Row,
     accept_ceiling,
@@ -83,7 +92,7 @@ def test_ratios_and_targets_follow_the_references():
     assert (rows[1].per_server_cpu, rows[1].cpu_ratio) == (1600.0, 1.6)  # requests per server CPU second
     verdicts = {v["target"]: v for v in judge(rows)}
     assert len(verdicts) == len(TARGETS)
-    assert verdicts["product no-op >= 0.7 x bare no-op (many buyers)"]["pass"] is True
+    assert verdicts["product no-op >= 0.65 x bare no-op (many buyers)"]["pass"] is True
     assert verdicts["sold-out >= 0.85 x product no-op"]["pass"] is False
     assert verdicts["sold-out p99 <= 2 x product no-op p99"] == {
         "target": "sold-out p99 <= 2 x product no-op p99",
@@ -129,6 +138,27 @@ def test_profile_summary_drops_the_process_trunk(tmp_path):
     assert {"frame": "handler (app/x.py)", "share": 0.5} in summary["inclusive"]
 
 
+def test_each_sample_goes_to_the_innermost_layer_on_its_stack():
+    app = ["serve (granian/server/mp.py:1)", "Litestar.__call__ (litestar/app.py:2)"]
+    outer = "ExceptionHandlerMiddleware.__call__ (litestar/middleware/_internal/exceptions/middleware.py:3)"
+    send = "ExceptionHandlerMiddleware.__call__.<locals>.capture_response_started (litestar/x/middleware.py:4)"
+    auth = "Authenticator.authenticate (service/api/auth.py:5)"
+    observe = "ObserveRequests.__call__.<locals>.send_observed (service/api/request_telemetry.py:6)"
+    route = "HTTPRoute.handle (litestar/routes/http.py:7)"
+    telemetry, authentication = LAYERS[1][0], LAYERS[0][0]
+    assert layer_of([*app, outer, auth, "Headers.from_scope (litestar/datastructures/headers.py:8)"]) == authentication
+    stream = "Request.stream (litestar/connection/request.py:9)"
+    assert layer_of([*app, outer, route, stream]) == FRAMEWORK
+    assert layer_of([*app, outer, auth, observe, route, stream]) == FRAMEWORK  # the route's own work
+    assert layer_of([*app, outer, route, "noop (toolkit/bench/product_app.py:1)", stream]) == OTHER_OURS
+    assert layer_of([*app, outer, outer]) == SECOND_EXCEPTION_LAYER  # the inner one's own time
+    # the send chain: the route's wrapper calls the telemetry's, which calls the app's (granian's send)
+    assert layer_of([*app, outer, outer, route, send]) == SECOND_EXCEPTION_LAYER
+    assert layer_of([*app, outer, outer, route, send, observe]) == telemetry
+    assert layer_of([*app, outer, outer, route, send, observe, send]) == FRAMEWORK
+    assert layer_of(app[:1]) == RUNTIME
+
+
 def test_the_accept_ceiling_is_what_the_publish_hop_leaves_of_a_no_op():
     # per server CPU-s: 8,000 no-ops and 2,000 publishes -> 125 + 500 us; a no-op's share 0.2
     rows = [
@@ -147,7 +177,12 @@ def test_the_report_renders_and_serializes(tmp_path):
         Row("product_noop", "product no-op", "req/s", 800.0, 1, 1.0, "bare_noop", statuses={"202": 1}, rounds=[800.0]),
     ]
     fill_ratios(rows)
-    summary = {"samples": 1, "own": [{"frame": RUNTIME, "share": 1.0}], "inclusive": []}
+    summary = {
+        "samples": 1,
+        "own": [{"frame": RUNTIME, "share": 1.0}],
+        "inclusive": [],
+        "layers": [{"frame": RUNTIME, "share": 1.0}],
+    }
     report = Report(
         "bench_x",
         "2026-11-30T00:00:00+00:00",
@@ -387,3 +422,10 @@ def test_every_target_reads_a_metric_rows_have():
     for target in TARGETS:
         assert target.value(row) == 1.0, target
         assert {target.row, target.reference} <= known, target
+
+
+def test_the_two_worker_row_is_the_accept_load_on_a_server_of_two_workers():
+    row = next(r for r in HTTP_ROWS if r.key == "accept_2w")
+    spec = next(s for s in SERVERS if s.name == row.server)
+    assert (row.target, row.expect, row.reference) == ("accept", 202, "accept")
+    assert (spec.kind, spec.workers, spec.env) == ("api", 2, {})

@@ -53,14 +53,17 @@ def _target(row: HttpRow, port: int) -> tuple[str, bytes]:
     return f"http://127.0.0.1:{port}{PATHS.get(row.target, '/api/v1/orders')}", body
 
 
-async def start_server(ctx: Context, kind: str, name: str, env: dict[str, str]) -> tuple[Child, int]:
+async def start_server(
+    ctx: Context, kind: str, name: str, env: dict[str, str], workers: int | None = None
+) -> tuple[Child, int]:
     port = free_port()
+    workers = workers or ctx.options.workers
     if kind == "bare":
-        argv = granian_argv("toolkit.bench.bare_app:create_app", port, ctx.options.workers)
+        argv = granian_argv("toolkit.bench.bare_app:create_app", port, workers)
         child = Child(name, argv, {**os.environ}, ctx.log_dir)
         await child.wait_ready("POST", f"http://127.0.0.1:{port}/noop", 202, b'{"product_id":1,"quantity":1}')
     else:
-        argv = granian_argv(PRODUCT_APP, port, ctx.options.workers, api=True)  # as flashsale serve, + no-op
+        argv = granian_argv(PRODUCT_APP, port, workers, api=True)  # as flashsale serve, + no-op
         child = Child(name, argv, {**ctx.env, **env}, ctx.log_dir)
         await child.wait_ready("GET", f"http://127.0.0.1:{port}/api/v1/health/ready", 200)
     return child, port
@@ -191,8 +194,8 @@ async def http_rows(ctx: Context, *, products: bool = True) -> list[Row]:
     servers: dict[str, tuple[Child, int]] = {}
     try:
         for spec in specs:
-            ctx.console.print(f"starting {spec.name} ({ctx.options.workers} granian worker(s))")
-            servers[spec.name] = await start_server(ctx, spec.kind, spec.name, spec.env)
+            ctx.console.print(f"starting {spec.name} ({spec.workers or ctx.options.workers} granian worker(s))")
+            servers[spec.name] = await start_server(ctx, spec.kind, spec.name, spec.env, spec.workers)
         api = next((s.name for s in specs if s.kind == "api"), None)
         if api is not None:
             await create_products(ctx, servers[api][1])

@@ -4,7 +4,12 @@ py-spy samples the server's processes (``--subprocesses``, ``--nonblocking``: th
 paused) and writes collapsed stacks (``DIR/<row>.txt``); :func:`summarize` turns them into the
 frames with the most own time (leaf samples) and the most inclusive time, the process trunk
 (fork, granian's server loop, the CLI) left out; a sample with nothing but the trunk is time
-in granian's native runtime. Profiled runs are
+in granian's native runtime. It also splits the samples by layer (:func:`layer_of`): each sample
+goes to the innermost frame on its stack that belongs to one of the API's own per-request
+layers (authentication, request telemetry, the ``before_request`` hook), to Litestar's second
+exception-handling layer (the one it wraps around every route once any route middleware
+exists), to the rest of our code, to the framework (Litestar, granian's Python side, msgspec),
+or else to the native runtime. Profiled runs are
 slower than unprofiled ones: read their rates as a profile's, not as the benchmark's.
 """
 
@@ -40,11 +45,65 @@ class FrameShare(TypedDict):
 
 
 class ProfileSummary(TypedDict):
-    """One row's profile: all ``samples``, the top frames by ``own`` and by ``inclusive`` time."""
+    """One row's profile: all ``samples``, the top frames by ``own`` and by ``inclusive`` time,
+    and every layer's share (:func:`layer_of`), largest first."""
 
     samples: int
     own: list[FrameShare]
     inclusive: list[FrameShare]
+    layers: list[FrameShare]
+
+
+LAYERS = (
+    (
+        "authentication (ours; Litestar's auth middleware while it was one)",
+        ("service/api/auth.py", "service/api/token_verifier.py", "litestar/middleware/authentication.py"),
+    ),
+    ("request telemetry (ours)", ("service/api/request_telemetry.py", "service/metrics.py")),
+    ("before_request hook: OPTIONS, media type (ours)", ("service/api/hooks.py", "service/api/media.py")),
+)
+"""The API's own per-request layers, by the files their frames are in."""
+SECOND_EXCEPTION_LAYER = "Litestar's second exception layer (around each route, with route middleware)"
+OTHER_OURS = "handler, body and domain (ours), and what they call"
+FRAMEWORK = "framework (Litestar, granian's Python side, msgspec)"
+_EXCEPTION_MIDDLEWARE = "ExceptionHandlerMiddleware.__call__ ("
+_ITS_SEND = "ExceptionHandlerMiddleware.__call__.<locals>.capture_response_started ("
+_ROUTE = "HTTPRoute.handle ("
+_FRAMEWORK_FILES = ("litestar/", "granian/", "msgspec/")
+
+
+def layer_of(frames: list[str]) -> str:
+    """The layer of one sample (raw ``func (path:line)`` frames, outermost first). Below the route
+    (``HTTPRoute.handle``: the hook, the handler, the response and its ``send`` chain), or on
+    the whole stack when the route is not on it (the middleware around the route), the innermost
+    frame, leaf upwards, that is in one of :data:`LAYERS`, is Litestar's exception middleware
+    below another one (or the ``send`` wrapper of that inner one: a response passes the
+    innermost one's first), or is other code of ours, names the layer: a framework frame counts
+    for the layer that called it, except below the app's own ``send`` wrapper (granian's send,
+    the framework's). None: the framework's (the route's own work), or the native runtime when
+    no Python frame is on the stack."""
+    calls = [i for i, f in enumerate(frames) if f.startswith(_EXCEPTION_MIDDLEWARE)]
+    sends = [i for i, f in enumerate(frames) if f.startswith(_ITS_SEND)]
+    route = next((i for i, f in enumerate(frames) if f.startswith(_ROUTE)), -1)
+    framework = False
+    for index in range(len(frames) - 1, route, -1):
+        match = _FRAME.match(frames[index].strip())
+        if match is None or any(t in _frame(frames[index]) for t in _TRUNK):
+            continue
+        file = match["file"]
+        if index in calls and calls[0] < index:
+            return SECOND_EXCEPTION_LAYER
+        if index in sends:  # a response goes through the innermost middleware's wrapper first
+            return SECOND_EXCEPTION_LAYER if sends.index(index) < len(calls) - 1 else FRAMEWORK
+        for name, files in LAYERS:
+            if file.startswith(files):
+                return name
+        if file.startswith(("service/", "toolkit/bench/product_app.py")) and not file.startswith(
+            "service/api/serving.py"
+        ):
+            return OTHER_OURS
+        framework = framework or file.startswith(_FRAMEWORK_FILES)
+    return FRAMEWORK if framework or route >= 0 else RUNTIME
 
 
 class ProfilerMissing(RuntimeError):
@@ -92,12 +151,15 @@ def summarize(stacks: Path, top: int = 10) -> ProfileSummary:
     """Top ``top`` frames by own samples and by inclusive samples, as shares of all samples."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
+    layers: Counter[str] = Counter()
     total = 0
     for line in stacks.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        frames = [_frame(f) for f in stack.split(";") if not f.startswith(("process ", "thread "))]
+        raw = [f for f in stack.split(";") if not f.startswith(("process ", "thread "))]
+        layers[layer_of(raw)] += int(count)
+        frames = [_frame(f) for f in raw]
         # The process's trunk (fork, granian's server loop, the CLI) is in every sample: drop it.
         frames = [f for f in frames if not any(t in f for t in _TRUNK) and not f.startswith("<module>")] or [RUNTIME]
         n = int(count)
@@ -106,10 +168,11 @@ def summarize(stacks: Path, top: int = 10) -> ProfileSummary:
         for frame in set(frames):
             inclusive[frame] += n
 
-    def shares(counter: Counter[str]) -> list[FrameShare]:
-        return [FrameShare(frame=f, share=round(n / total, 3)) for f, n in counter.most_common(top)] if total else []
+    def shares(counter: Counter[str], most: int = top) -> list[FrameShare]:
+        return [FrameShare(frame=f, share=round(n / total, 3)) for f, n in counter.most_common(most)] if total else []
 
-    return ProfileSummary(samples=total, own=shares(own), inclusive=shares(inclusive))
+    every_layer = shares(layers, len(layers))
+    return ProfileSummary(samples=total, own=shares(own), inclusive=shares(inclusive), layers=every_layer)
 
 
 def render(name: str, summary: ProfileSummary) -> str:
@@ -118,4 +181,6 @@ def render(name: str, summary: ProfileSummary) -> str:
     for kind, frames in (("own", summary["own"]), ("inclusive", summary["inclusive"])):
         lines.append(f"  top by {kind} time:")
         lines += [f"    {e['share']:6.1%}  {e['frame']}" for e in frames]
+    lines.append("  by layer (innermost layer frame of each sample):")
+    lines += [f"    {e['share']:6.1%}  {e['frame']}" for e in summary["layers"]]
     return "\n".join(lines)

@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import cast
+from typing import Any, cast
 
 from service import metrics
 from service.adapters.redis.batcher import CommandBatcher
@@ -24,6 +24,7 @@ from service.adapters.redis.keys import ProductKeys, order_key
 from service.adapters.redis.replies import format_queued_order, parse_queued_order, parse_reservation
 from service.adapters.redis.restock_channel import RestockChannel
 from service.adapters.redis.scripts import Scripts
+from service.model.order_message import OrderMessage
 from service.model.stock import (
     ClaimOutcome,
     QueuedOrder,
@@ -179,23 +180,18 @@ class Reservations:
         return outcome
 
     @translated
-    async def mark_queued(
-        self, product_id: int, request_id: str, order_no: str, user_id: str, quantity: int, *, bucket: int = 0
-    ) -> None:
-        """Once the broker confirmed: the replay record's state becomes ``queued`` and the
-        order's view (read while only Redis knows the order) is written; both live
-        ``replay_ttl_seconds``. One round trip, shared with concurrent calls (:class:`CommandBatcher`).
-        ``bucket``: the buyer's stock bucket."""
-        await self._batcher.call_many(
-            ("HSET", ProductKeys(self._prefix, product_id, bucket).replay(request_id), "state", "queued"),
-            (
-                "SET",
-                order_key(self._prefix, order_no),
-                format_queued_order(user_id, product_id, request_id, quantity),
-                "EX",
-                self._replay_ttl,
-            ),
-        )
+    async def mark_queued(self, orders: Sequence[OrderMessage]) -> None:
+        """Once the broker confirmed them: each order's replay record's state becomes ``queued``
+        and the order's view (read while only Redis knows the order) is written; both live
+        ``replay_ttl_seconds``. One round trip for all of them, shared with concurrent calls
+        (:class:`CommandBatcher`). Each key is in the slot of the order's stock bucket."""
+        commands: list[tuple[Any, ...]] = []
+        for order in orders:
+            replay = ProductKeys(self._prefix, order.product_id, order.bucket).replay(order.request_id)
+            view = format_queued_order(order.user_id, order.product_id, order.request_id, order.quantity)
+            commands.append(("HSET", replay, "state", "queued"))
+            commands.append(("SET", order_key(self._prefix, order.order_no), view, "EX", self._replay_ttl))
+        await self._batcher.call_many(*commands)
 
     @translated
     async def queued_order(self, order_no: str) -> QueuedOrder | None:

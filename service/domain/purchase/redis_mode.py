@@ -6,7 +6,10 @@
    bucket count, a stock mode or a product Redis does not know sends the purchase on);
 3. queue: publish the order with confirm (publish mode ``confirm``) or hand it to the background
    publisher (``async``), a failed publish giving the reservation back;
-4. mark queued: the replay record and the order's Redis view say ``queued``.
+4. mark queued: the replay record and the order's Redis view say ``queued``. In publish mode
+   ``confirm`` the publisher runs this step once the broker confirmed, for every order of the
+   confirmed group in one Redis call, before the purchase's wait for the confirm ends: one wait
+   (and one resumption of the request) for both, and the answer still follows both.
 """
 
 from __future__ import annotations
@@ -190,29 +193,26 @@ class RedisMode:
             self._background.submit(message)
             return accepted
         try:
-            await self._publisher.publish(message)
+            await self._publisher.publish(message, after=self._mark_all_queued)
         except PublishFailed as exc:
             if await self._give_back(purchase, reserved.attempt) is not ReleaseOutcome.CLAIMED:
                 raise rejected(Down.QUEUE) from exc
             # A consumer already holds the message: the confirm was lost, the order was not.
-        await self._mark_queued(message)
+            await self._mark_queued(message)
         return accepted
 
     async def _mark_queued(self, message: OrderMessage) -> None:
-        """Replay record -> ``queued`` and the order's Redis view; a Redis failure is logged only."""
+        await self._mark_all_queued([message])
+
+    async def _mark_all_queued(self, messages: list[OrderMessage]) -> None:
+        """Replay records -> ``queued`` and the orders' Redis views; a Redis failure is logged only."""
         try:
-            await self._store.reservations.mark_queued(
-                message.product_id,
-                message.request_id,
-                message.order_no,
-                message.user_id,
-                message.quantity,
-                bucket=message.bucket,
-            )
+            await self._store.reservations.mark_queued(messages)
         except StoreFailure as exc:
-            # The order is queued all the same; a replay answers 409 until realignment resolves
+            # The orders are queued all the same; a replay answers 409 until realignment resolves
             # its journal entry, then it is answered as a replay (reserve.lua).
-            log.warning("mark_queued_failed", request_id=message.request_id, error=repr(exc))
+            for message in messages:
+                log.warning("mark_queued_failed", request_id=message.request_id, error=repr(exc))
 
     async def _redis_failed(self, purchase: Purchase, moved: bool, exc: Exception) -> TryNext:
         """Redis failed for a purchase routed to it: the product may have been switched to

@@ -52,6 +52,27 @@ async def test_the_api_exposes_requests_and_purchase_outcomes(client, token, put
     assert not re.search(r'route="[^"]*FS\d', text) and "m1" not in text
 
 
+async def test_every_answer_of_a_route_is_observed_refusals_included(client, token, product_id):
+    """The hooks observe what no handler answered: a missing token (the before_request hook), a
+    buyer on an admin route (the guard, before the hook) and a body that is not JSON."""
+    body = {"product_id": product_id, "quantity": 1}
+    answers = [
+        await client.post("/api/v1/orders", json=body),
+        await client.get("/api/v1/admin/ops", headers=token("not-an-admin")),
+        await client.post("/api/v1/orders", content=b"x=1", headers={**token("m3"), "Content-Type": "text/plain"}),
+    ]
+    assert [answer.status_code for answer in answers] == [401, 403, 415]
+    assert all(re.fullmatch(r"[0-9a-f]{17,32}", answer.headers["x-request-id"]) for answer in answers)
+    text = (await client.get("/metrics")).text
+    for method, route, status in (
+        ("POST", "/api/v1/orders", 401),
+        ("GET", "/api/v1/admin/ops", 403),
+        ("POST", "/api/v1/orders", 415),
+    ):
+        sample = f'flashsale_http_request_duration_seconds_count{{method="{method}",route="{route}",status="{status}"}}'
+        assert _value(text, sample) >= 1
+
+
 async def _scrape(url: str) -> str | None:
     try:
         async with httpx.AsyncClient(trust_env=False) as http:
