@@ -81,7 +81,8 @@ _DEAD_OUTCOMES = {Outcome.UNKNOWN_PRODUCT: "unknown_product", Outcome.CONFLICT: 
 class OrderConsumer:
     """Handles the deliveries of one channel in batches, one batch transaction at a time;
     tracks the ones not yet settled for a clean shutdown. ``batch_size``: orders in one
-    transaction at most (a batch never holds more than the prefetch window). Without a
+    transaction at most (a batch never holds more than the prefetch window); ``writers``: batch
+    transactions at once at most, while a backlog waits (:meth:`_write_batches`). Without a
     :class:`RetryRouter` (:meth:`route_with`; :func:`consumers.consume.consuming` gives it one) a retry is a
     requeue and a dead letter a reject."""
 
@@ -93,15 +94,17 @@ class OrderConsumer:
         *,
         batch_size: int = 100,
         linger_seconds: float = BATCH_LINGER_SECONDS,
+        writers: int = 1,
     ) -> None:
         self._writer = OrderWriter(engine, store, replay_window_seconds)
         self._batch_size = batch_size
         self._linger = linger_seconds
+        self._max_writers = writers
         self._router: RetryRouter | None = None
         self._waiting: list[list[Waiting]] = []  # per delivery, the orders it carries
         self._waiting_orders = 0
         self._batch_full = asyncio.Event()
-        self._writing: asyncio.Task[None] | None = None
+        self._writers: set[asyncio.Task[None]] = set()  # batch transactions being written
         self._alone: set[asyncio.Task[None]] = set()  # settling one delivery outside a batch
         self._unsettled: set[Delivery] = set()  # taken, not yet acked, nacked nor rejected
         self._frames = asyncio.Lock()  # one settling frame (batch) at a time: see _ack
@@ -148,8 +151,8 @@ class OrderConsumer:
         self._waiting_orders += len(orders)
         if self._waiting_orders >= self._batch_size:
             self._batch_full.set()
-        if self._writing is None or self._writing.done():
-            self._writing = asyncio.create_task(self._write_batches())
+        if not self._writers or (self._batch_full.is_set() and len(self._writers) < self._max_writers):
+            self._writers.add(asyncio.create_task(self._write_batches()))
 
     def _aside(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` (settling one delivery outside a batch) in a task :meth:`drain` waits for."""
@@ -170,11 +173,26 @@ class OrderConsumer:
         """Write what waits, one batch at a time, until nothing waits. A short batch lingers
         (not while stopping) so deliveries arriving together share a transaction; deliveries
         arriving while a batch is written wait for the next one. A batch takes whole
-        deliveries until it holds ``batch_size`` orders (so it may hold up to one group more)."""
+        deliveries until it holds ``batch_size`` orders (so it may hold up to one group more).
+
+        Up to ``writers`` of these run at once, each its own transaction, but only while full
+        batches wait (a backlog: the transactions' round trips overlap, as the raw writer's
+        connections do); a writer beside another leaves a short batch to the one still writing,
+        so a steady trickle keeps one writer and its batches as large as arrivals make them."""
+        try:
+            await self._write_while_waiting()
+        finally:  # at once, not in a done callback: handle() must never count a writer that left
+            self._writers.discard(asyncio.current_task())
+
+    async def _write_while_waiting(self) -> None:
         while self._waiting:
             if self._waiting_orders < self._batch_size and not self._stopping.is_set():
+                if len(self._writers) > 1:
+                    return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._batch_full.wait(), self._linger)
+                if not self._waiting:
+                    return  # another writer took it meanwhile
             taken = count = 0
             for orders in self._waiting:
                 if taken >= self._batch_size:
@@ -351,7 +369,6 @@ class OrderConsumer:
         """Wait until every delivery taken is settled (used on SIGTERM, after the subscription
         stopped): the batches in hand are written, committed and settled."""
         self._stopping.set()
-        while self._waiting or self._alone or (self._writing is not None and not self._writing.done()):
-            pending = [*self._alone, *([self._writing] if self._writing is not None else [])]
-            await asyncio.gather(*pending, return_exceptions=True)
+        while self._waiting or self._alone or self._writers:
+            await asyncio.gather(*self._alone, *self._writers, return_exceptions=True)
             await asyncio.sleep(0)  # deliveries read before the subscription stopped

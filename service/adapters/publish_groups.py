@@ -2,11 +2,15 @@
 AMQP message (the broker's group commit; docs/ARCHITECTURE.md, "Order messages and groups").
 
 :class:`Grouper` holds one open group per order queue. The first order opens it and starts the
-linger (``FLASHSALE_AMQP__GROUP_LINGER_MS``); the group is sent when the linger is up or at once
-when it is full (``FLASHSALE_AMQP__GROUP_MAX``), and every order of it gets the outcome of that
-one message: each caller's wait ends when the broker confirmed it, or raises the same
-:class:`PublishFailed` when it was nacked, returned or not confirmed in time, so each caller
-releases its own reservation exactly as for a message of its own.
+linger; the group is sent when the linger is up or at once when it is full
+(``FLASHSALE_AMQP__GROUP_MAX``). The linger adapts to the queue's pace (:class:`Pace`,
+``FLASHSALE_AMQP__GROUP_LINGER_ADAPTIVE``): while orders come further apart than
+``FLASHSALE_AMQP__GROUP_LINGER_MS``, a group waits for nothing but the orders of the same
+event-loop turn (a quiet sale pays no linger); as they come closer, it waits the time the group
+takes to fill at that pace, never more than the setting (a stampede fills groups). Every order
+of a group gets the outcome of that one message: each caller's wait ends when the broker
+confirmed it, or raises the same :class:`PublishFailed` when it was nacked, returned or not
+confirmed in time, so each caller releases its own reservation exactly as for a message of its own.
 
 An order may come with an action to run once its message is confirmed (:data:`AfterConfirm`,
 the purchase path's mark-queued writes): the group's task runs it for all its orders at once,
@@ -48,16 +52,51 @@ failures (an exception from it is logged, and the orders count as published all 
 Send = Callable[[Group], Awaitable[None]]
 """Publishes one group and returns once the broker confirmed it (raises :class:`PublishFailed`)."""
 
+PACE_WEIGHT = 0.1
+"""Weight of the latest gap between two orders in :class:`Pace`'s moving average."""
+
+
+class Pace:
+    """How far apart one queue's orders come: an exponentially weighted moving average of the
+    gaps between arrivals (each gap counted as at most twice ``cap``: a quiet hour and a quiet
+    second both say "quiet", and a stampede is recognised within a few orders), and the linger
+    a new group should wait: 0 while the average gap is ``cap`` or more (fewer than one more order
+    expected within it), else the time ``max_size`` orders take at that pace, at most ``cap``."""
+
+    __slots__ = ("_cap", "_fill", "_gap", "_last")
+
+    def __init__(self, cap: float, max_size: int) -> None:
+        self._cap = cap
+        self._fill = max(max_size - 1, 1)
+        self._gap = 2 * cap  # quiet until orders show otherwise
+        self._last: float | None = None
+
+    def arrived(self, now: float) -> None:
+        """An order arrived at ``now`` (seconds, monotonic)."""
+        if self._last is not None:
+            gap = min(now - self._last, 2 * self._cap)
+            self._gap += PACE_WEIGHT * (gap - self._gap)
+        self._last = now
+
+    def linger(self) -> float:
+        """Seconds a group opened now waits for more orders."""
+        if self._gap >= self._cap:
+            return 0.0
+        return min(self._cap, self._gap * self._fill)
+
 
 class Grouper:
     """Collects orders into groups per order queue and sends each with ``send``: at most
     ``max_size`` orders, the first waiting at most ``linger_seconds`` (0: the orders added in
-    the same turn of the event loop)."""
+    the same turn of the event loop); with ``adaptive``, as long as the queue's :class:`Pace`
+    says, else always that long."""
 
-    def __init__(self, send: Send, max_size: int, linger_seconds: float) -> None:
+    def __init__(self, send: Send, max_size: int, linger_seconds: float, *, adaptive: bool = False) -> None:
         self._send = send
         self._max = max_size
         self._linger = linger_seconds
+        self._adaptive = adaptive and linger_seconds > 0
+        self._paces: dict[str, Pace] = {}
         self._open: dict[str, Group] = {}
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -71,16 +110,21 @@ class Grouper:
             PublishFailed: the group's message was nacked, returned, not confirmed in time, or
                 the publisher closed before sending it.
         """
+        loop = asyncio.get_running_loop()
+        linger = self._linger
+        if self._adaptive:
+            pace = self._paces.get(queue)
+            if pace is None:
+                pace = self._paces[queue] = Pace(self._linger, self._max)
+            pace.arrived(loop.time())
+            linger = pace.linger()
         group = self._open.get(queue)
         if group is None:
             group = self._open[queue] = Group(queue)
-            loop = asyncio.get_running_loop()
             group.timer = (
-                loop.call_later(self._linger, self._flush, group)
-                if self._linger > 0
-                else loop.call_soon(self._flush, group)
+                loop.call_later(linger, self._flush, group) if linger > 0 else loop.call_soon(self._flush, group)
             )
-        waiter = asyncio.get_running_loop().create_future()
+        waiter = loop.create_future()
         group.orders.append(order)
         group.http_request_ids.append(http_request_id)
         group.waiters.append(waiter)
