@@ -4,8 +4,9 @@ Deliveries come through :class:`service.adapters.subscription.Subscription` (aio
 without aio-pika's message objects); each is decoded as it arrives and waits in the batch being
 gathered; a delivery carries one order or a group of them (docs/ARCHITECTURE.md, "Order
 messages and groups"), and a group is never split between batches. One writer task per consumer
-takes waiting deliveries until it holds ``batch_size`` orders (whatever arrived, lingering
-``linger_seconds`` for more while fewer wait; the last group taken may go beyond it) and hands their
+takes waiting deliveries until it holds ``batch_size`` orders (whatever arrived, lingering for
+more while fewer wait and they keep coming, ``linger_seconds`` at most; the last group taken may
+go beyond it) and hands their
 orders to :class:`service.domain.fulfilment.order_writer.OrderWriter`: one Redis claim round trip,
 one MySQL transaction. Each order then gets one :class:`Settlement`, and
 :meth:`OrderConsumer._settle` is the one place where settlements become broker actions, delivery
@@ -63,10 +64,13 @@ from service.adapters.subscription import Delivery
 from service.domain.fulfilment.incoming import InvalidOrder, parse_body
 from service.domain.fulfilment.order_writer import OrderWriter, Outcome
 from service.failures import is_transient
+from service.pace import Pace
 
 log = structlog.get_logger(__name__)
 
-BATCH_LINGER_SECONDS = 0.005  # how long a short batch waits for more deliveries
+BATCH_LINGER_SECONDS = 0.020
+"""The most a short batch waits for more deliveries (:class:`service.pace.Pace`: nothing while
+they come further apart than that)."""
 FALLBACK_SECONDS = 1.0
 """How long a delivery whose retry or dead-letter copy could not be published waits before it
 is requeued (the broker is failing: no hot loop of redeliveries)."""
@@ -98,7 +102,7 @@ class OrderConsumer:
     ) -> None:
         self._writer = OrderWriter(engine, store, replay_window_seconds)
         self._batch_size = batch_size
-        self._linger = linger_seconds
+        self._pace = Pace(linger_seconds, batch_size)
         self._max_writers = writers
         self._router: RetryRouter | None = None
         self._waiting: list[list[Waiting]] = []  # per delivery, the orders it carries
@@ -149,6 +153,7 @@ class OrderConsumer:
             orders.append(Waiting(message, order, http_request_id, group, invalid))
         self._waiting.append(orders)
         self._waiting_orders += len(orders)
+        self._pace.arrived(asyncio.get_running_loop().time(), len(orders))
         if self._waiting_orders >= self._batch_size:
             self._batch_full.set()
         if not self._writers or (self._batch_full.is_set() and len(self._writers) < self._max_writers):
@@ -171,8 +176,10 @@ class OrderConsumer:
 
     async def _write_batches(self) -> None:
         """Write what waits, one batch at a time, until nothing waits. A short batch lingers
-        (not while stopping) so deliveries arriving together share a transaction; deliveries
-        arriving while a batch is written wait for the next one. A batch takes whole
+        (not while stopping) so deliveries arriving together share a transaction, as long as
+        their pace makes worthwhile (:class:`service.pace.Pace`: not at all while they come
+        further apart than ``linger_seconds``, never longer than that); deliveries arriving
+        while a batch is written wait for the next one. A batch takes whole
         deliveries until it holds ``batch_size`` orders (so it may hold up to one group more).
 
         Up to ``writers`` of these run at once, each its own transaction, but only while full
@@ -189,8 +196,9 @@ class OrderConsumer:
             if self._waiting_orders < self._batch_size and not self._stopping.is_set():
                 if len(self._writers) > 1:
                     return
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._batch_full.wait(), self._linger)
+                if linger := self._pace.linger():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._batch_full.wait(), linger)
                 if not self._waiting:
                     return  # another writer took it meanwhile
             taken = count = 0

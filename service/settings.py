@@ -136,6 +136,10 @@ class AMQPSettings(QueueTopology, BaseModel):  # the queue names derived from th
     (a delivery is a message: with groups, up to ``group_max`` orders)."""
     batch_size: int = Field(100, ge=1)
     """Orders one consumer writes in one MySQL transaction, at most."""
+    batch_linger_ms: float = Field(20.0, ge=0, le=200)
+    """Milliseconds a consumer's short batch waits for more orders, at most; it waits only while
+    they come closer together than that (a stampede: larger batches, fewer transactions), not at
+    all when they come further apart (a quiet sale: each written at once). 0: never waits."""
     batch_writers: int = Field(3, ge=1, le=16)
     """MySQL transactions one consumer writes at the same time, at most: more than one only while
     full batches wait (a backlog), so that their round trips overlap; a steady trickle is written

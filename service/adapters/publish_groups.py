@@ -3,7 +3,7 @@ AMQP message (the broker's group commit; docs/ARCHITECTURE.md, "Order messages a
 
 :class:`Grouper` holds one open group per order queue. The first order opens it and starts the
 linger; the group is sent when the linger is up or at once when it is full
-(``FLASHSALE_AMQP__GROUP_MAX``). The linger adapts to the queue's pace (:class:`Pace`,
+(``FLASHSALE_AMQP__GROUP_MAX``). The linger adapts to the queue's pace (:class:`service.pace.Pace`,
 ``FLASHSALE_AMQP__GROUP_LINGER_ADAPTIVE``): while orders come further apart than
 ``FLASHSALE_AMQP__GROUP_LINGER_MS``, a group waits for nothing but the orders of the same
 event-loop turn (a quiet sale pays no linger); as they come closer, it waits the time the group
@@ -28,6 +28,7 @@ import structlog
 
 from service.failures import PublishFailed
 from service.model.order_message import OrderMessage
+from service.pace import Pace
 
 log = structlog.get_logger(__name__)
 
@@ -52,43 +53,12 @@ failures (an exception from it is logged, and the orders count as published all 
 Send = Callable[[Group], Awaitable[None]]
 """Publishes one group and returns once the broker confirmed it (raises :class:`PublishFailed`)."""
 
-PACE_WEIGHT = 0.1
-"""Weight of the latest gap between two orders in :class:`Pace`'s moving average."""
-
-
-class Pace:
-    """How far apart one queue's orders come: an exponentially weighted moving average of the
-    gaps between arrivals (each gap counted as at most twice ``cap``: a quiet hour and a quiet
-    second both say "quiet", and a stampede is recognised within a few orders), and the linger
-    a new group should wait: 0 while the average gap is ``cap`` or more (fewer than one more order
-    expected within it), else the time ``max_size`` orders take at that pace, at most ``cap``."""
-
-    __slots__ = ("_cap", "_fill", "_gap", "_last")
-
-    def __init__(self, cap: float, max_size: int) -> None:
-        self._cap = cap
-        self._fill = max(max_size - 1, 1)
-        self._gap = 2 * cap  # quiet until orders show otherwise
-        self._last: float | None = None
-
-    def arrived(self, now: float) -> None:
-        """An order arrived at ``now`` (seconds, monotonic)."""
-        if self._last is not None:
-            gap = min(now - self._last, 2 * self._cap)
-            self._gap += PACE_WEIGHT * (gap - self._gap)
-        self._last = now
-
-    def linger(self) -> float:
-        """Seconds a group opened now waits for more orders."""
-        if self._gap >= self._cap:
-            return 0.0
-        return min(self._cap, self._gap * self._fill)
-
 
 class Grouper:
     """Collects orders into groups per order queue and sends each with ``send``: at most
     ``max_size`` orders, the first waiting at most ``linger_seconds`` (0: the orders added in
-    the same turn of the event loop); with ``adaptive``, as long as the queue's :class:`Pace`
+    the same turn of the event loop); with ``adaptive``, as long as the queue's
+    :class:`~service.pace.Pace`
     says, else always that long."""
 
     def __init__(self, send: Send, max_size: int, linger_seconds: float, *, adaptive: bool = False) -> None:

@@ -69,6 +69,7 @@ def _unlike_the_defaults() -> Settings:
             group_linger_adaptive=False,
             batch_size=13,
             batch_writers=2,
+            batch_linger_ms=7.5,
             retry_delays=[0.25, 3.0],
             partitions=3,
             failover_urls=["amqp://u:p@rabbit-2:5673/v", "amqps://u:p@rabbit-3:5671/v"],

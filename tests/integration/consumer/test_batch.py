@@ -212,3 +212,18 @@ class _AtOnce:
 async def _handled(consumers, count: int) -> bool:
     done = sum(c.counts.get(what, 0) for c in consumers for what in ("applied", "rejected", "duplicate"))
     return done >= count
+
+
+async def test_a_lone_order_is_written_at_once_whatever_the_linger(settings, engine, store, put_product, product_id):
+    await put_product(product_id, stock=10, limit=1)
+    lingering = OrderConsumer(engine, store, linger_seconds=3600.0)  # the most a batch may wait: an hour
+    async with own_queues(settings, "lone") as mine, consuming(mine.amqp, lingering, prefetch=8):
+        connection = await aio_pika.connect(mine.amqp.url)
+        try:
+            channel = await connection.channel()
+            await publish_raw(channel, mine, encode_order(message_for(product_id, "lone", 620)))
+            # Orders come far apart (this is the first): the batch waits for nothing.
+            await eventually(lambda: rows_are(engine, product_id, 1))
+        finally:
+            await connection.close()
+    assert lingering.counts == {"applied": 1}

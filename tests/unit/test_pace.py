@@ -1,13 +1,14 @@
-"""The publisher's adaptive linger (service/adapters/publish_groups.py): no wait while orders come
-far apart, groups that grow as they come close together."""
+"""The adaptive linger (service/pace.py) and the publisher's groups that follow it: no wait while
+orders come far apart, groups that grow as they come close together."""
 
 from __future__ import annotations
 
 import asyncio
 
-from service.adapters.publish_groups import Group, Grouper, Pace
+from service.adapters.publish_groups import Group, Grouper
 from service.domain.order_numbers.format import compose_order_no
 from service.model.order_message import OrderMessage
+from service.pace import Pace
 
 CAP = 0.010
 
@@ -38,6 +39,16 @@ def test_the_pace_follows_the_load_both_ways_within_a_few_orders() -> None:
     assert pace.linger() == 0.0
     _paced(0.001, 15, pace, start=1e6)
     assert pace.linger() == CAP
+
+
+def test_an_arrival_of_many_items_counts_the_gap_per_item() -> None:
+    groups = Pace(CAP, 64)
+    for i in range(30):  # a group of 20 orders every 20 ms: one order a millisecond
+        groups.arrived(100.0 + i * 0.020, items=20)
+    assert groups.linger() == CAP
+    for i in range(30):  # one order every 20 ms
+        groups.arrived(200.0 + i * 0.020)
+    assert groups.linger() == 0.0
 
 
 def _order(i: int) -> OrderMessage:
