@@ -3,15 +3,15 @@
 Deliveries come through :class:`service.adapters.subscription.Subscription` (aiormq's layer,
 without aio-pika's message objects); each is decoded as it arrives and waits in the batch being
 gathered; a delivery carries one order or a group of them (docs/ARCHITECTURE.md, "Order
-messages and groups"), and a group is never split between batches. One writer task per consumer
+messages and groups"), and a group is never split between batches. A writer task of the consumer
 takes waiting deliveries until it holds ``batch_size`` orders (whatever arrived, lingering for
 more while fewer wait and they keep coming, ``linger_seconds`` at most; the last group taken may
-go beyond it) and hands their
-orders to :class:`service.domain.fulfilment.order_writer.OrderWriter`: one Redis claim round trip,
-one MySQL transaction. Each order then gets one :class:`Settlement`, and
-:meth:`OrderConsumer._settle` is the one place where settlements become broker actions, delivery
-by delivery (:mod:`consumers.settlements`: an order of a group is dead-lettered alone, the
-orders retried go to the retry queue together):
+go beyond it) and hands their orders to
+:class:`service.domain.fulfilment.order_writer.OrderWriter`: one Redis claim round trip, one
+MySQL transaction; while full batches wait, up to ``writers`` such tasks write at once. Each
+order then gets one :class:`Settlement`, and :meth:`OrderConsumer._settle` is the one place where
+settlements become broker actions, delivery by delivery (:mod:`consumers.settlements`: an order
+of a group is dead-lettered alone, the orders retried go to the retry queue together):
 
 - ``ACK``: written (applied or rejected), a duplicate, or released by the API: acked (one
   ``multiple`` ack where the window allows).
@@ -83,10 +83,10 @@ _DEAD_OUTCOMES = {Outcome.UNKNOWN_PRODUCT: "unknown_product", Outcome.CONFLICT: 
 
 
 class OrderConsumer:
-    """Handles the deliveries of one channel in batches, one batch transaction at a time;
-    tracks the ones not yet settled for a clean shutdown. ``batch_size``: orders in one
-    transaction at most (a batch never holds more than the prefetch window); ``writers``: batch
-    transactions at once at most, while a backlog waits (:meth:`_write_batches`). Without a
+    """Handles the deliveries of one channel in batches; tracks the ones not yet settled for a
+    clean shutdown. ``batch_size``: orders in one transaction at most (a batch never holds more
+    than the prefetch window); ``writers``: batch transactions at once at most, more than one only
+    while full batches wait (:meth:`_write_batches`). Without a
     :class:`RetryRouter` (:meth:`route_with`; :func:`consumers.consume.consuming` gives it one) a retry is a
     requeue and a dead letter a reject."""
 

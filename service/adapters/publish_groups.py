@@ -58,8 +58,7 @@ class Grouper:
     """Collects orders into groups per order queue and sends each with ``send``: at most
     ``max_size`` orders, the first waiting at most ``linger_seconds`` (0: the orders added in
     the same turn of the event loop); with ``adaptive``, as long as the queue's
-    :class:`~service.pace.Pace`
-    says, else always that long."""
+    :class:`~service.pace.Pace` says, else always that long."""
 
     def __init__(self, send: Send, max_size: int, linger_seconds: float, *, adaptive: bool = False) -> None:
         self._send = send
