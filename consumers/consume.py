@@ -68,7 +68,12 @@ async def run_consumer(
     taken (every partition when None)."""
     settings = resources.settings
     consumer = OrderConsumer(
-        resources.engine, resources.store, settings.orders.replay_ttl_seconds, batch_size=settings.amqp.batch_size
+        resources.engine,
+        resources.store,
+        settings.orders.replay_ttl_seconds,
+        batch_size=settings.amqp.batch_size,
+        linger_seconds=settings.amqp.batch_linger_ms / 1000,
+        writers=settings.amqp.batch_writers,
     )
     queues = [settings.amqp.partition_queue(p) for p in settings.amqp.chosen_partitions(partitions)]
     try:

@@ -3,14 +3,15 @@
 Deliveries come through :class:`service.adapters.subscription.Subscription` (aiormq's layer,
 without aio-pika's message objects); each is decoded as it arrives and waits in the batch being
 gathered; a delivery carries one order or a group of them (docs/ARCHITECTURE.md, "Order
-messages and groups"), and a group is never split between batches. One writer task per consumer
-takes waiting deliveries until it holds ``batch_size`` orders (whatever arrived, lingering
-``linger_seconds`` for more while fewer wait; the last group taken may go beyond it) and hands their
-orders to :class:`service.domain.fulfilment.order_writer.OrderWriter`: one Redis claim round trip,
-one MySQL transaction. Each order then gets one :class:`Settlement`, and
-:meth:`OrderConsumer._settle` is the one place where settlements become broker actions, delivery
-by delivery (:mod:`consumers.settlements`: an order of a group is dead-lettered alone, the
-orders retried go to the retry queue together):
+messages and groups"), and a group is never split between batches. A writer task of the consumer
+takes waiting deliveries until it holds ``batch_size`` orders (whatever arrived, lingering for
+more while fewer wait and they keep coming, ``linger_seconds`` at most; the last group taken may
+go beyond it) and hands their orders to
+:class:`service.domain.fulfilment.order_writer.OrderWriter`: one Redis claim round trip, one
+MySQL transaction; while full batches wait, up to ``writers`` such tasks write at once. Each
+order then gets one :class:`Settlement`, and :meth:`OrderConsumer._settle` is the one place where
+settlements become broker actions, delivery by delivery (:mod:`consumers.settlements`: an order
+of a group is dead-lettered alone, the orders retried go to the retry queue together):
 
 - ``ACK``: written (applied or rejected), a duplicate, or released by the API: acked (one
   ``multiple`` ack where the window allows).
@@ -63,10 +64,13 @@ from service.adapters.subscription import Delivery
 from service.domain.fulfilment.incoming import InvalidOrder, parse_body
 from service.domain.fulfilment.order_writer import OrderWriter, Outcome
 from service.failures import is_transient
+from service.pace import Pace
 
 log = structlog.get_logger(__name__)
 
-BATCH_LINGER_SECONDS = 0.005  # how long a short batch waits for more deliveries
+BATCH_LINGER_SECONDS = 0.020
+"""The most a short batch waits for more deliveries (:class:`service.pace.Pace`: nothing while
+they come further apart than that)."""
 FALLBACK_SECONDS = 1.0
 """How long a delivery whose retry or dead-letter copy could not be published waits before it
 is requeued (the broker is failing: no hot loop of redeliveries)."""
@@ -79,9 +83,10 @@ _DEAD_OUTCOMES = {Outcome.UNKNOWN_PRODUCT: "unknown_product", Outcome.CONFLICT: 
 
 
 class OrderConsumer:
-    """Handles the deliveries of one channel in batches, one batch transaction at a time;
-    tracks the ones not yet settled for a clean shutdown. ``batch_size``: orders in one
-    transaction at most (a batch never holds more than the prefetch window). Without a
+    """Handles the deliveries of one channel in batches; tracks the ones not yet settled for a
+    clean shutdown. ``batch_size``: orders in one transaction at most (a batch never holds more
+    than the prefetch window); ``writers``: batch transactions at once at most, more than one only
+    while full batches wait (:meth:`_write_batches`). Without a
     :class:`RetryRouter` (:meth:`route_with`; :func:`consumers.consume.consuming` gives it one) a retry is a
     requeue and a dead letter a reject."""
 
@@ -93,15 +98,17 @@ class OrderConsumer:
         *,
         batch_size: int = 100,
         linger_seconds: float = BATCH_LINGER_SECONDS,
+        writers: int = 1,
     ) -> None:
         self._writer = OrderWriter(engine, store, replay_window_seconds)
         self._batch_size = batch_size
-        self._linger = linger_seconds
+        self._pace = Pace(linger_seconds, batch_size)
+        self._max_writers = writers
         self._router: RetryRouter | None = None
         self._waiting: list[list[Waiting]] = []  # per delivery, the orders it carries
         self._waiting_orders = 0
         self._batch_full = asyncio.Event()
-        self._writing: asyncio.Task[None] | None = None
+        self._writers: set[asyncio.Task[None]] = set()  # batch transactions being written
         self._alone: set[asyncio.Task[None]] = set()  # settling one delivery outside a batch
         self._unsettled: set[Delivery] = set()  # taken, not yet acked, nacked nor rejected
         self._frames = asyncio.Lock()  # one settling frame (batch) at a time: see _ack
@@ -146,10 +153,11 @@ class OrderConsumer:
             orders.append(Waiting(message, order, http_request_id, group, invalid))
         self._waiting.append(orders)
         self._waiting_orders += len(orders)
+        self._pace.arrived(asyncio.get_running_loop().time(), len(orders))
         if self._waiting_orders >= self._batch_size:
             self._batch_full.set()
-        if self._writing is None or self._writing.done():
-            self._writing = asyncio.create_task(self._write_batches())
+        if not self._writers or (self._batch_full.is_set() and len(self._writers) < self._max_writers):
+            self._writers.add(asyncio.create_task(self._write_batches()))
 
     def _aside(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` (settling one delivery outside a batch) in a task :meth:`drain` waits for."""
@@ -168,13 +176,31 @@ class OrderConsumer:
 
     async def _write_batches(self) -> None:
         """Write what waits, one batch at a time, until nothing waits. A short batch lingers
-        (not while stopping) so deliveries arriving together share a transaction; deliveries
-        arriving while a batch is written wait for the next one. A batch takes whole
-        deliveries until it holds ``batch_size`` orders (so it may hold up to one group more)."""
+        (not while stopping) so deliveries arriving together share a transaction, as long as
+        their pace makes worthwhile (:class:`service.pace.Pace`: not at all while they come
+        further apart than ``linger_seconds``, never longer than that); deliveries arriving
+        while a batch is written wait for the next one. A batch takes whole
+        deliveries until it holds ``batch_size`` orders (so it may hold up to one group more).
+
+        Up to ``writers`` of these run at once, each its own transaction, but only while full
+        batches wait (a backlog: the transactions' round trips overlap, as the raw writer's
+        connections do); a writer beside another leaves a short batch to the one still writing,
+        so a steady trickle keeps one writer and its batches as large as arrivals make them."""
+        try:
+            await self._write_while_waiting()
+        finally:  # at once, not in a done callback: handle() must never count a writer that left
+            self._writers.discard(asyncio.current_task())
+
+    async def _write_while_waiting(self) -> None:
         while self._waiting:
             if self._waiting_orders < self._batch_size and not self._stopping.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._batch_full.wait(), self._linger)
+                if len(self._writers) > 1:
+                    return
+                if linger := self._pace.linger():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._batch_full.wait(), linger)
+                if not self._waiting:
+                    return  # another writer took it meanwhile
             taken = count = 0
             for orders in self._waiting:
                 if taken >= self._batch_size:
@@ -351,7 +377,6 @@ class OrderConsumer:
         """Wait until every delivery taken is settled (used on SIGTERM, after the subscription
         stopped): the batches in hand are written, committed and settled."""
         self._stopping.set()
-        while self._waiting or self._alone or (self._writing is not None and not self._writing.done()):
-            pending = [*self._alone, *([self._writing] if self._writing is not None else [])]
-            await asyncio.gather(*pending, return_exceptions=True)
+        while self._waiting or self._alone or self._writers:
+            await asyncio.gather(*self._alone, *self._writers, return_exceptions=True)
             await asyncio.sleep(0)  # deliveries read before the subscription stopped

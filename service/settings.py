@@ -136,6 +136,14 @@ class AMQPSettings(QueueTopology, BaseModel):  # the queue names derived from th
     (a delivery is a message: with groups, up to ``group_max`` orders)."""
     batch_size: int = Field(100, ge=1)
     """Orders one consumer writes in one MySQL transaction, at most."""
+    batch_linger_ms: float = Field(20.0, ge=0, le=200)
+    """Milliseconds a consumer's short batch waits for more orders, at most; it waits only while
+    they come closer together than that (a stampede: larger batches, fewer transactions), not at
+    all when they come further apart (a quiet sale: each written at once). 0: never waits."""
+    batch_writers: int = Field(3, ge=1, le=16)
+    """MySQL transactions one consumer writes at the same time, at most: more than one only while
+    full batches wait (a backlog), so that their round trips overlap; a steady trickle is written
+    by one, in batches as large as arrivals make them."""
     publish_channels: int = Field(4, ge=1, le=64)
     """Confirming channels of the API's publisher (used in turn)."""
     group_max: int = Field(64, ge=1, le=1000)
@@ -143,10 +151,16 @@ class AMQPSettings(QueueTopology, BaseModel):  # the queue names derived from th
     order queue reserved within ``group_linger_ms`` into one message (docs/ARCHITECTURE.md,
     "Order messages and groups"), sent at once when full. 1: one order per message, in the
     single-order format."""
-    group_linger_ms: float = Field(2.0, ge=0, le=50)
-    """Milliseconds a group waits for more orders after its first (0: only the orders that
-    arrive in the same turn of the event loop); every order of it waits that long more for its
-    confirm."""
+    group_linger_ms: float = Field(10.0, ge=0, le=50)
+    """Milliseconds a group waits for more orders after its first, at most (0: only the orders
+    that arrive in the same turn of the event loop); every order of it waits that long more for
+    its confirm. With ``group_linger_adaptive`` a group waits only as long as the queue's pace
+    makes worthwhile."""
+    group_linger_adaptive: bool = True
+    """The linger follows the pace of each order queue's orders: none while they come further
+    apart than ``group_linger_ms`` (a quiet sale: no wait), the time a group takes to fill at
+    their pace as they come closer, ``group_linger_ms`` at most (a stampede: groups grow).
+    False: every group waits ``group_linger_ms``."""
     retry_delays: list[Annotated[float, Field(gt=0, le=3600)]] = Field([1.0, 2.0, 5.0, 10.0, 30.0], min_length=1)
     """Seconds an order the consumer could not write for a transient reason (MySQL unreachable,
     deadlocks or lock waits past their retries) waits in a retry queue before it is delivered

@@ -50,7 +50,8 @@ class Publisher:
 
     ``publish`` returns only after the broker confirmed the message that carries the order
     (persistent, mandatory): with ``group_max`` > 1 the orders of one order queue published
-    within ``group_linger_ms`` share one message (:mod:`service.adapters.publish_groups`).
+    within one linger (at most ``group_linger_ms``) share one message
+    (:mod:`service.adapters.publish_groups`).
 
     A channel the broker closed (e.g. 404 NOT_FOUND after the exchange was deleted; aio-pika's
     robust channels come back only after a *connection* loss, and not at all when restoring
@@ -70,7 +71,12 @@ class Publisher:
         self._reading: AbstractChannel | None = None
         self._replacing: set[AbstractChannel] = set()  # nacked channels being closed
         self._grouper = (
-            Grouper(self._send_group, settings.group_max, settings.group_linger_ms / 1000)
+            Grouper(
+                self._send_group,
+                settings.group_max,
+                settings.group_linger_ms / 1000,
+                adaptive=settings.group_linger_adaptive,
+            )
             if settings.group_max > 1
             else None
         )

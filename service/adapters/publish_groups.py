@@ -2,11 +2,15 @@
 AMQP message (the broker's group commit; docs/ARCHITECTURE.md, "Order messages and groups").
 
 :class:`Grouper` holds one open group per order queue. The first order opens it and starts the
-linger (``FLASHSALE_AMQP__GROUP_LINGER_MS``); the group is sent when the linger is up or at once
-when it is full (``FLASHSALE_AMQP__GROUP_MAX``), and every order of it gets the outcome of that
-one message: each caller's wait ends when the broker confirmed it, or raises the same
-:class:`PublishFailed` when it was nacked, returned or not confirmed in time, so each caller
-releases its own reservation exactly as for a message of its own.
+linger; the group is sent when the linger is up or at once when it is full
+(``FLASHSALE_AMQP__GROUP_MAX``). The linger adapts to the queue's pace (:class:`service.pace.Pace`,
+``FLASHSALE_AMQP__GROUP_LINGER_ADAPTIVE``): while orders come further apart than
+``FLASHSALE_AMQP__GROUP_LINGER_MS``, a group waits for nothing but the orders of the same
+event-loop turn (a quiet sale pays no linger); as they come closer, it waits the time the group
+takes to fill at that pace, never more than the setting (a stampede fills groups). Every order
+of a group gets the outcome of that one message: each caller's wait ends when the broker
+confirmed it, or raises the same :class:`PublishFailed` when it was nacked, returned or not
+confirmed in time, so each caller releases its own reservation exactly as for a message of its own.
 
 An order may come with an action to run once its message is confirmed (:data:`AfterConfirm`,
 the purchase path's mark-queued writes): the group's task runs it for all its orders at once,
@@ -24,6 +28,7 @@ import structlog
 
 from service.failures import PublishFailed
 from service.model.order_message import OrderMessage
+from service.pace import Pace
 
 log = structlog.get_logger(__name__)
 
@@ -52,12 +57,15 @@ Send = Callable[[Group], Awaitable[None]]
 class Grouper:
     """Collects orders into groups per order queue and sends each with ``send``: at most
     ``max_size`` orders, the first waiting at most ``linger_seconds`` (0: the orders added in
-    the same turn of the event loop)."""
+    the same turn of the event loop); with ``adaptive``, as long as the queue's
+    :class:`~service.pace.Pace` says, else always that long."""
 
-    def __init__(self, send: Send, max_size: int, linger_seconds: float) -> None:
+    def __init__(self, send: Send, max_size: int, linger_seconds: float, *, adaptive: bool = False) -> None:
         self._send = send
         self._max = max_size
         self._linger = linger_seconds
+        self._adaptive = adaptive and linger_seconds > 0
+        self._paces: dict[str, Pace] = {}
         self._open: dict[str, Group] = {}
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -71,16 +79,21 @@ class Grouper:
             PublishFailed: the group's message was nacked, returned, not confirmed in time, or
                 the publisher closed before sending it.
         """
+        loop = asyncio.get_running_loop()
+        linger = self._linger
+        if self._adaptive:
+            pace = self._paces.get(queue)
+            if pace is None:
+                pace = self._paces[queue] = Pace(self._linger, self._max)
+            pace.arrived(loop.time())
+            linger = pace.linger()
         group = self._open.get(queue)
         if group is None:
             group = self._open[queue] = Group(queue)
-            loop = asyncio.get_running_loop()
             group.timer = (
-                loop.call_later(self._linger, self._flush, group)
-                if self._linger > 0
-                else loop.call_soon(self._flush, group)
+                loop.call_later(linger, self._flush, group) if linger > 0 else loop.call_soon(self._flush, group)
             )
-        waiter = asyncio.get_running_loop().create_future()
+        waiter = loop.create_future()
         group.orders.append(order)
         group.http_request_ids.append(http_request_id)
         group.waiters.append(waiter)

@@ -268,7 +268,8 @@ def _bench_rows(ctx: click.Context, param: click.Parameter, value: str) -> tuple
     "profile_dir",
     default=None,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Run py-spy on the server under each HTTP row; stacks and summaries in DIR.",
+    help="Run py-spy on the server under each HTTP row and on the consumers draining the backlog (first round); "
+    "stacks and summaries in DIR.",
 )
 @click.option(
     "--only",

@@ -341,7 +341,16 @@ def test_the_pipeline_rows_cost_cpu_seconds_per_durable_order():
         "ratio": 1.1,
         "pass": True,
     }
-    assert all(verdicts[label]["pass"] for label in verdicts if label.startswith("pipeline"))
+    absolute, against_floor = (
+        "pipeline machine CPU-ms per durable order, groups <= 0.6",
+        "pipeline machine CPU per durable order, groups <= 3 x the floor",
+    )
+    assert verdicts[absolute] == {"target": absolute, "ratio": 0.8, "pass": False}  # in ms, no reference
+    assert verdicts[against_floor]["pass"] is None  # no floor measured
+    assert all(verdicts[label]["pass"] for label in verdicts if label.startswith("pipeline") and "x GROUP" in label)
+    floor = Row("floor", "floor: the hops alone", "orders/CPU-s", 2500.0, 0, 0.0, cpu_per_order={"service": 0.0004})
+    verdicts = {v["target"]: v for v in judge([*rows, floor])}
+    assert verdicts[against_floor] == {"target": against_floor, "ratio": 2.0, "pass": True}  # machine / floor's service
 
 
 def test_the_floor_adds_the_hops_by_the_process_that_does_them_in_the_pipeline():
@@ -420,8 +429,8 @@ def test_every_target_reads_a_metric_rows_have():
     )
     known = {r.key for r in HTTP_ROWS} | {key for key, _, _ in DRAIN_ROWS} | {p.key for p in PIPELINE_ROWS}
     for target in TARGETS:
-        assert target.value(row) == 1.0, target
-        assert {target.row, target.reference} <= known, target
+        assert target.value(row, target.reference_metric) == 1.0, target
+        assert {target.row, target.reference} <= known | {"floor", None}, target
 
 
 def test_the_two_worker_row_is_the_accept_load_on_a_server_of_two_workers():

@@ -12,10 +12,13 @@ read from ``/proc`` over the same window.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import aio_pika
 from sqlalchemy import text
@@ -29,6 +32,7 @@ from service.adapters.redis.stores import make_stores
 from service.model.order_message import OrderMessage
 from service.model.stock import ReserveOutcome, ReserveRequest
 from service.settings import Settings
+from toolkit.bench import profile
 from toolkit.bench.context import (
     DRAIN,
     PRICE,
@@ -155,13 +159,15 @@ async def time_drain(
     *,
     start: tuple[float, CpuSample] | None = None,
     quiet: float = 0.0,
+    on_first: Callable[[], None] | None = None,
 ) -> DrainResult:
     """Poll the product's order rows every :data:`POLL_SECONDS` until ``expected`` (and then
     until none was added for ``quiet`` seconds: orders of requests still in flight), or until
     no row was added for :data:`STALL_SECONDS` (a message retried past the delivery limit is
     dead-lettered and never arrives): then the rate counts the rows written until the last one.
     The window starts at the first poll that saw a row, or at ``start`` (a time and a CPU
-    sample taken then, e.g. the load's first request) when given.
+    sample taken then, e.g. the load's first request) when given. ``on_first`` is called at the
+    first poll that saw a row.
 
     Raises:
         RuntimeError: a consumer exited, nothing was written, or the drain passed :data:`DRAIN_TIMEOUT` s.
@@ -179,6 +185,8 @@ async def time_drain(
             now = time.perf_counter()
             if rows > 0 and (last is None or rows > last[1]):
                 last = (now, rows, CpuSample.take(cpu_groups))
+                if first is None and on_first is not None:
+                    on_first()
                 first = first or last
             if first is not None and last is not None:
                 stalled = now - last[0] > STALL_SECONDS
@@ -212,6 +220,12 @@ def _drain_note(drained: DrainResult, consumers: list[Child], rejected: int) -> 
     return note
 
 
+def _profile(consumers: list[Child], directory: Path, spies: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Start py-spy on each of ``consumers`` (``consumer-<n>`` in ``spies``), until stopped."""
+    for n, consumer in enumerate(consumers):
+        spies[f"consumer-{n}"] = profile.start(consumer.process.pid, directory / f"consumer-{n}.txt", None)
+
+
 async def drain_rows(ctx: Context, engine: AsyncEngine) -> list[Row]:
     """Per round: the consumer on a published backlog, then the raw writers on the same
     database, each on products of their own (``backlog`` units each)."""
@@ -227,10 +241,18 @@ async def drain_rows(ctx: Context, engine: AsyncEngine) -> list[Row]:
         consumers = [
             Child(f"consumer-{n}", flashsale_argv("consume"), ctx.env, ctx.log_dir) for n in range(opts.consumers)
         ]
+        spies: dict[str, subprocess.Popen[bytes]] = {}
+        on_first = None
+        if r == 0 and opts.profile_dir is not None:  # from their first order row on: start-up left out
+            on_first = functools.partial(_profile, consumers, opts.profile_dir, spies)
         try:
             groups = {"server": [consumer.process.pid for consumer in consumers], **ctx.stores}
-            drained = await time_drain(engine, DRAIN + r, opts.backlog, consumers, groups)
+            drained = await time_drain(engine, DRAIN + r, opts.backlog, consumers, groups, on_first=on_first)
         finally:
+            for name, spy in spies.items():
+                await asyncio.to_thread(profile.stop, spy)
+                if opts.profile_dir is not None:
+                    ctx.profiles[name] = profile.summarize(opts.profile_dir / f"{name}.txt")
             await asyncio.gather(*(consumer.stop() for consumer in consumers))
         rate = round(drained.orders / drained.seconds, 1)
         measured[consumer_key].append(

@@ -1,4 +1,5 @@
-"""``flashsale bench --profile DIR``: py-spy on the server under each HTTP row's load.
+"""``flashsale bench --profile DIR``: py-spy on the server under each HTTP row's load, and on the
+consumers while they drain the backlog (first round).
 
 py-spy samples the server's processes (``--subprocesses``, ``--nonblocking``: the server is not
 paused) and writes collapsed stacks (``DIR/<row>.txt``); :func:`summarize` turns them into the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -110,8 +112,9 @@ class ProfilerMissing(RuntimeError):
     """py-spy is not installed (neither on PATH nor next to this interpreter)."""
 
 
-def start(pid: int, output: Path, seconds: float) -> subprocess.Popen[bytes]:
-    """Sample ``pid`` and its children for ``seconds`` into ``output`` (collapsed stacks).
+def start(pid: int, output: Path, seconds: float | None) -> subprocess.Popen[bytes]:
+    """Sample ``pid`` and its children for ``seconds`` (None: until :func:`stop`) into ``output``
+    (collapsed stacks).
 
     Raises:
         ProfilerMissing: no py-spy on PATH.
@@ -130,12 +133,17 @@ def start(pid: int, output: Path, seconds: float) -> subprocess.Popen[bytes]:
         "raw",
         "--rate",
         str(RATE),
-        "--duration",
-        str(max(1, int(seconds))),
+        *(["--duration", str(max(1, int(seconds)))] if seconds is not None else []),
         "--output",
         str(output),
     ]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+
+
+def stop(spy: subprocess.Popen[bytes]) -> None:
+    """End a py-spy started without a duration: on SIGINT it writes what it sampled and exits."""
+    spy.send_signal(signal.SIGINT)
+    spy.wait()
 
 
 def _frame(raw: str) -> str:

@@ -215,23 +215,27 @@ def merge_rounds(rounds: list[Row]) -> Row:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """``row``'s ``metric`` divided by ``reference``'s: at least ``minimum`` or at most
-    ``maximum``. Metrics: ``rate``, ``p99_ms``, ``per_server_cpu`` (successes per CPU second of
+    """``row``'s ``metric`` divided by ``reference``'s (its ``reference_metric`` when given): at
+    least ``minimum`` or at most ``maximum``; without a ``reference``, ``row``'s metric times
+    ``scale`` itself. Metrics: ``rate``, ``p99_ms``, ``per_server_cpu`` (successes per CPU second of
     the server, the cost of a request) or ``per_order:<group>`` (CPU-seconds per durable order of
     that group, :attr:`Row.cpu_per_order`)."""
 
     label: str
     row: str
-    reference: str
+    reference: str | None
     metric: str = "rate"
     minimum: float | None = None
     maximum: float | None = None
+    reference_metric: str | None = None
+    scale: float = 1.0
 
-    def value(self, row: Row) -> float | None:
-        """``row``'s measured :attr:`metric`."""
-        if self.metric.startswith("per_order:"):
-            return row.cpu_per_order.get(self.metric.partition(":")[2])
-        return {"rate": row.rate, "p99_ms": row.p99_ms, "per_server_cpu": row.per_server_cpu}[self.metric]
+    def value(self, row: Row, metric: str | None = None) -> float | None:
+        """``row``'s measured :attr:`metric` (or ``metric``)."""
+        metric = metric or self.metric
+        if metric.startswith("per_order:"):
+            return row.cpu_per_order.get(metric.partition(":")[2])
+        return {"rate": row.rate, "p99_ms": row.p99_ms, "per_server_cpu": row.per_server_cpu}[metric]
 
 
 TARGETS = [
@@ -258,6 +262,22 @@ TARGETS = [
         maximum=0.2,
     ),
     Target("pipeline accept p99, groups <= 1.2 x GROUP_MAX=1", "pipeline", "pipeline_single", "p99_ms", maximum=1.2),
+    Target(
+        "pipeline machine CPU-ms per durable order, groups <= 0.6",
+        "pipeline",
+        None,
+        "per_order:machine",
+        maximum=0.6,
+        scale=1000,
+    ),
+    Target(
+        "pipeline machine CPU per durable order, groups <= 3 x the floor",
+        "pipeline",
+        "floor",
+        "per_order:machine",
+        maximum=3.0,
+        reference_metric="per_order:service",
+    ),
     # What observing costs a request, in server CPU (requests per CPU second, on / off); the rate
     # ratio of the pair, measured at the same time, is in the throughput table.
     Target(
@@ -364,12 +384,15 @@ def judge(rows: list[Row]) -> list[Verdict]:
     by_key = {r.key: r for r in rows}
     verdicts: list[Verdict] = []
     for target in TARGETS:
-        row, ref = by_key.get(target.row), by_key.get(target.reference)
+        row = by_key.get(target.row)
         value: float | None = None
-        ref_value: float | None = None
-        if row is not None and ref is not None:
-            value, ref_value = target.value(row), target.value(ref)
-        ratio = round(value / ref_value, 3) if value is not None and ref_value else None
+        ratio: float | None = None
+        if target.reference is None:
+            value = target.value(row) if row is not None else None
+            ratio = round(value * target.scale, 3) if value is not None else None
+        elif row is not None and (ref := by_key.get(target.reference)) is not None:
+            value, ref_value = target.value(row), target.value(ref, target.reference_metric)
+            ratio = round(value / ref_value, 3) if value is not None and ref_value else None
         passed = None
         if ratio is not None:
             passed = (target.minimum is None or ratio >= target.minimum) and (

@@ -74,4 +74,7 @@ def test_the_pipeline_rows_time_the_orders_until_mysql_holds_them():
     assert rows["pipeline"]["reference"] == "pipeline_single" and rows["pipeline"]["ratio"] > 0
     verdicts = {t["target"]: t for t in report["targets"]}
     pipeline = [t for label, t in verdicts.items() if label.startswith("pipeline")]
-    assert len(pipeline) == 3 and all(t["ratio"] is not None for t in pipeline)
+    assert len(pipeline) == 5
+    floor = "pipeline machine CPU per durable order, groups <= 3 x the floor"
+    assert all(t["ratio"] is not None for t in pipeline if t["target"] != floor)
+    assert verdicts[floor]["ratio"] is None  # the floor's hops were not measured

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import aio_pika
+import pytest
 from sqlalchemy import text
 
 from consumers.consume import consuming
@@ -143,12 +144,17 @@ async def _depth_is(channel, queue, expected):
     return await queue_depth(channel, queue) == expected
 
 
-async def test_two_consumers_drain_more_demand_than_stock_exactly(settings, engine, store, put_product, product_id):
+@pytest.mark.parametrize("writers", [1, 3])
+async def test_two_consumers_drain_more_demand_than_stock_exactly(
+    settings, engine, store, put_product, product_id, monkeypatch, writers
+):
     stock, messages, repeated = 700, 2400, 300
     await put_product(product_id, stock=stock, limit=1)
-    orders = [message_for(product_id, f"c{i}", 10_000 + i) for i in range(messages)]
+    orders = [message_for(product_id, f"c{i}", 600_000 + 10_000 * writers + i) for i in range(messages)]
     bodies = [encode_order(order) for order in orders] + [encode_order(order) for order in orders[:repeated]]
-    consumers = [OrderConsumer(engine, store, batch_size=100) for _ in range(2)]
+    consumers = [OrderConsumer(engine, store, batch_size=100, writers=writers) for _ in range(2)]
+    at_once = _AtOnce()
+    monkeypatch.setattr(OrderWriter, "write", at_once.wrap(OrderWriter.write))
     async with own_queues(settings, "two") as mine:
         connection = await aio_pika.connect(mine.amqp.url)
         try:
@@ -175,8 +181,49 @@ async def test_two_consumers_drain_more_demand_than_stock_exactly(settings, engi
     totals = {what: sum(c.counts.get(what, 0) for c in consumers) for what in kinds}
     assert totals == {"applied": stock, "rejected": messages - stock, "duplicate": repeated}
     assert left == 0
+    # A backlog of full batches waited: with writers > 1 a consumer's transactions overlapped,
+    # never more of them than allowed.
+    assert len(at_once.peak) == 2
+    assert all(peak <= writers for peak in at_once.peak.values())
+    assert max(at_once.peak.values()) > 1 if writers > 1 else max(at_once.peak.values()) == 1
+
+
+class _AtOnce:
+    """Counts the batch transactions each consumer (by its writer) has in flight at once."""
+
+    def __init__(self) -> None:
+        self.now: dict[int, int] = {}
+        self.peak: dict[int, int] = {}
+        self._ids: dict[int, int] = {}
+
+    def wrap(self, write):
+        async def counted(writer, batch):
+            key = self._ids.setdefault(id(writer), len(self._ids))
+            self.now[key] = self.now.get(key, 0) + 1
+            self.peak[key] = max(self.peak.get(key, 0), self.now[key])
+            try:
+                return await write(writer, batch)
+            finally:
+                self.now[key] -= 1
+
+        return counted
 
 
 async def _handled(consumers, count: int) -> bool:
     done = sum(c.counts.get(what, 0) for c in consumers for what in ("applied", "rejected", "duplicate"))
     return done >= count
+
+
+async def test_a_lone_order_is_written_at_once_whatever_the_linger(settings, engine, store, put_product, product_id):
+    await put_product(product_id, stock=10, limit=1)
+    lingering = OrderConsumer(engine, store, linger_seconds=3600.0)  # the most a batch may wait: an hour
+    async with own_queues(settings, "lone") as mine, consuming(mine.amqp, lingering, prefetch=8):
+        connection = await aio_pika.connect(mine.amqp.url)
+        try:
+            channel = await connection.channel()
+            await publish_raw(channel, mine, encode_order(message_for(product_id, "lone", 620)))
+            # Orders come far apart (this is the first): the batch waits for nothing.
+            await eventually(lambda: rows_are(engine, product_id, 1))
+        finally:
+            await connection.close()
+    assert lingering.counts == {"applied": 1}

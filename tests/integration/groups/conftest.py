@@ -14,14 +14,17 @@ from service.settings import Settings
 from tests.support import own_queues
 
 LINGER_MS = 50.0
-"""The tests' linger: long enough that the orders of one burst of requests share a group on a
-busy box (the default of 2 ms is for production throughput, not for a test's determinism)."""
+"""The tests' linger, fixed (not adaptive): long enough that the orders of one burst of requests
+share a group on a busy box (the default is for production throughput, not for a test's
+determinism; the adaptive linger has tests of its own)."""
 
 
 @pytest.fixture
 async def own(settings: Settings, product_id: int) -> AsyncIterator[Settings]:
     """Settings with queues of their own and groups of up to 64 orders lingering ``LINGER_MS``."""
-    async with own_queues(settings, f"groups-{product_id}", group_max=64, group_linger_ms=LINGER_MS) as mine:
+    async with own_queues(
+        settings, f"groups-{product_id}", group_max=64, group_linger_ms=LINGER_MS, group_linger_adaptive=False
+    ) as mine:
         yield mine
 
 
