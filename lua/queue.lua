@@ -11,8 +11,8 @@
 --   4. a join puts the buyer in line once: before the opening at its lottery place, after it in
 --      arrival order behind the whole pre-queue, arrival counted in windows of ARGV[9] ms with a
 --      random order within a window (the fastest of many parallel joins gains little; 0: exact);
---   5. while units are left and the sale is open, the next in line are admitted while admitted
---      buyers who have not bought stay under ceil(units left x factor). With factor 1 each
+--   5. while units are left and the sale is open, the next in line whose place is final are
+--      admitted while admitted buyers who have not bought stay under ceil(units left x factor). With factor 1 each
 --      admission holds one unit, taken from the stock in this very call (the grant ends in '+'):
 --      lua/reserve.lua sells it to its holder only; it comes back at expiry or withdrawal;
 --   6. the buyer's state. News of an admission is told only at a call at or after the buyer's due
@@ -67,10 +67,11 @@ local held = tonumber(room[3] or '0')
 local function fraction(what)
   return tonumber(string.sub(redis.sha1hex(ARGV[5] .. ':' .. what), 1, 8), 16) / 4294967296
 end
+local outstanding -- admissions not used, once known (else asked at the answer)
 local function answer(state, position, ahead, token, expires, opened, admitted, expired, waits, poll, holds)
-  local reply = {state, position, ahead, stock + held, token, expires, redis.call('ZCOUNT', KEYS[11], now_ms + 1, '+inf'),
-    redis.call('ZCARD', KEYS[6]), opened, admitted, expired, tonumber(sale[3]), left_ms, now_ms, starts_ms,
-    poll or high, holds and 1 or 0, held}
+  local reply = {state, position, ahead, stock + held, token, expires, redis.call('ZCARD', KEYS[11]),
+    outstanding or redis.call('ZCARD', KEYS[6]), opened, admitted, expired, tonumber(sale[3]), left_ms, now_ms,
+    starts_ms, poll or high, holds and 1 or 0, held}
   for i = 1, #waits do reply[#reply + 1] = waits[i] end
   return reply
 end
@@ -146,7 +147,7 @@ if #lapsed > 0 then
 end
 local gone = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', now_ms, 'LIMIT', 0, BATCH)
 if #gone > 0 then departed(gone) end
-local outstanding = redis.call('ZCARD', KEYS[6])
+outstanding = redis.call('ZCARD', KEYS[6])
 local excess = math.max(outstanding - math.ceil(math.max(stock + held, 0) * factor), -stock)
 if excess > 0 and outstanding > 0 then
   local latest = redis.call('ZRANGE', KEYS[6], -math.min(excess, BATCH), -1)
@@ -192,7 +193,20 @@ if open and stock > 0 then
   local free = math.ceil((stock + held) * factor) - outstanding
   if hold then free = math.min(free, stock) end
   if free > 0 then
-    local popped = redis.call('ZPOPMIN', KEYS[5], math.min(free, BATCH))
+    -- Only places that are final: a later joiner of an arrival window still open may yet be
+    -- placed before one of its buyers.
+    local popped
+    if width == 0 then
+      popped = redis.call('ZPOPMIN', KEYS[5], math.min(free, BATCH))
+    else
+      local closed = '(' .. (1 + math.floor((now_ms - tonumber(room[1])) / width))
+      popped = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', closed, 'WITHSCORES', 'LIMIT', 0, math.min(free, BATCH))
+      if #popped > 0 then
+        local who = {}
+        for i = 1, #popped, 2 do who[#who + 1] = popped[i] end
+        redis.call('ZREM', KEYS[5], unpack(who))
+      end
+    end
     local until_ms = now_ms + tonumber(ARGV[4])
     local mark = hold and '+' or ''
     local late = {}
@@ -216,6 +230,7 @@ if open and stock > 0 then
       end
     end
     if #late > 0 then departed(late) end
+    outstanding = outstanding + admitted
     if admitted > 0 then
       redis.call('HINCRBY', KEYS[3], 'admitted', admitted)
       redis.call('HSET', KEYS[3], 'factor', ARGV[3])
