@@ -45,12 +45,12 @@ from toolkit.sale.isolation import free_port
 PREFIX = "bench"
 PRODUCT = 1
 
+
 def pace(factor: float) -> RoomPace:
     """Buyers told to come back within 0.1 s: the polls below come later, so each one is a full
     poll (an early one would be answered 429 before the positions are read); they come back later
     than three such intervals too, so none counts as departed (a departed buyer's poll is cheaper)."""
     return RoomPace(factor, 120_000, 100, 100, 20, 1000, depart_after_polls=1000.0)
-
 
 
 async def _evalsha(redis: Redis) -> tuple[int, int]:
