@@ -5,8 +5,8 @@
 --      answer its buyers 'closed', the old room's held units go back to the stock);
 --   2. the first call that finds the sale open fixes the pre-queue's drawn order (opened_ms);
 --   3. admissions past their expiry are dropped, and waiting buyers past their departure
---      deadline (no call within ARGV[10] x the longest poll interval they were told) leave the
---      line; then, should the units left no longer cover them (a realignment lowered the stock),
+--      deadline (no call within ARGV[10] x the longest poll interval they were told, at least
+--      poll max) leave the line; then, should the units left no longer cover them (a realignment lowered the stock),
 --      the latest admissions are withdrawn until admitted-but-unused <= ceil(units left x factor);
 --   4. a join puts the buyer in line once: before the opening at its lottery place, after it in
 --      arrival order behind the whole pre-queue, arrival counted in windows of ARGV[9] ms with a
@@ -259,10 +259,12 @@ if due_entry then
 end
 local early = now_ms < due
 waiting_score = not me and waiting_score
--- A poll by a waiting buyer keeps the place: the departure deadline moves on.
+-- A poll by a waiting buyer keeps the place: the departure deadline moves on, by the multiple
+-- of the longest interval told and never less than of poll_max (at an arrival window's end a
+-- buyer is told a few ms: 3 x that would drop it while its next call is on the wire).
 local function seen(poll)
   longest = math.max(longest, poll)
-  redis.call('ZADD', KEYS[11], now_ms + tonumber(ARGV[10]) * longest, user)
+  redis.call('ZADD', KEYS[11], now_ms + tonumber(ARGV[10]) * math.max(longest, high), user)
   return longest
 end
 if early and ARGV[2] ~= '1' then

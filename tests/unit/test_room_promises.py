@@ -24,7 +24,7 @@ def _trail(number: int, joins: list[Told], polls: list[Told], purchases: list[Pu
 
 
 def _run(*trails: Trail) -> CrowdRun:
-    return CrowdRun(True, 0.0, 15.0, 5, list(trails), 30.0, 0, 3.0)
+    return CrowdRun(True, 0.0, 15.0, 5, list(trails), 30.0, 0, 3.0, 1000)
 
 
 def _purchase(sent: float, token: str, code: str) -> Purchase:
@@ -36,7 +36,11 @@ def test_a_held_turn_answered_sold_out_in_time_breaks_the_promise_and_one_after_
     admitted = _told(10.0, "admitted", 3, None, "tok", 20_000, holds=True)
     kept = _trail(1, [_told(1.0, "waiting")], [admitted], [_purchase(11.0, "tok", ACCEPTED)])
     late = _trail(2, [_told(1.0, "waiting")], [admitted], [_purchase(21.0, "tok", "sold_out")])
-    assert check_turns(_run(kept, late)).ok
+    # A second unit asked on the spent admission is no turn.
+    again = _trail(
+        5, [_told(1.0, "waiting")], [admitted], [_purchase(11.0, "tok", ACCEPTED), _purchase(11.005, "tok", "sold_out")]
+    )
+    assert check_turns(_run(kept, late, again)).ok
     broken = _trail(3, [_told(1.0, "waiting")], [admitted], [_purchase(12.0, "tok", "sold_out")])
     check = check_turns(_run(kept, broken))
     assert (check.ok, check.numbers["answered_sold_out"], check.numbers["purchases_with_them_in_time"]) == (

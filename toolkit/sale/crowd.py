@@ -139,7 +139,8 @@ class CrowdRun:
     date an admission from its expiry); ``trails`` one per buyer; ``seconds`` from the first
     arrival to the last buyer done; ``timed_out`` buyers still busy at the deadline;
     ``stock``: the units on sale; ``depart_after_polls``: the room's departure bound (a waiting
-    buyer silent this many times the longest interval it was told loses its place). Every time
+    buyer silent this many times the longest interval it was told, at least ``poll_max_ms``,
+    loses its place). Every time
     is epoch seconds, the server's clock as the buyers' (the hosts of a rehearsal keep their
     clocks in sync)."""
 
@@ -151,3 +152,4 @@ class CrowdRun:
     seconds: float
     timed_out: int
     depart_after_polls: float = 3.0
+    poll_max_ms: int = 5000

@@ -11,11 +11,13 @@ from collections.abc import Iterator
 
 from toolkit.sale.crowd import CrowdRun, Told, Trail
 from toolkit.sale.invariants import Check
+from toolkit.sale.plan import ACCEPTED
 
 
 def check_turns(run: CrowdRun) -> Check:
-    """No purchase with an admission that holds a unit, sent before that admission expired, was
-    answered ``sold_out``."""
+    """No purchase with an admission that holds a unit, answered before that admission expired
+    and before a purchase with it was accepted (a second unit on a spent admission is no turn),
+    was answered ``sold_out``."""
     held = checked = sold_out = refused = 0
     for trail in run.trails:
         expiry = {
@@ -24,10 +26,14 @@ def check_turns(run: CrowdRun) -> Check:
             if t.state == "admitted" and t.holds_unit and t.admission_token and t.admission_expires_at
         }
         held += len(expiry)
-        for purchase in trail.purchases:
-            until = expiry.get(purchase.admission or "")
-            if until is None or purchase.sent >= until:
+        bought: set[str] = set()
+        for purchase in sorted(trail.purchases, key=lambda p: p.sent):
+            token = purchase.admission or ""
+            until = expiry.get(token)
+            if until is None or purchase.answer.finished >= until or token in bought:
                 continue
+            if purchase.answer.code == ACCEPTED:
+                bought.add(token)
             checked += 1
             sold_out += purchase.answer.code == "sold_out"
             refused += purchase.answer.code == "admission_required"
@@ -41,16 +47,15 @@ def check_turns(run: CrowdRun) -> Check:
 
 
 def _stints(trail: Trail) -> Iterator[list[Told]]:
-    """The buyer's answers per place held: a join after a poll is a return after losing the
-    place (an admission used or lapsed, a departure), with a new place at the back."""
+    """The buyer's answers per place held: a join sent after an answer arrived is a return after
+    losing the place (an admission used or lapsed, a departure: answered ``404``), with a new
+    place at the back; parallel joins sent before any answer share one."""
     joins = {id(told) for told in trail.joins}
     stint: list[Told] = []
-    polled = False
     for told in trail.told():
-        if id(told) in joins and polled and stint:
+        if id(told) in joins and stint and told.sent > stint[0].at:
             yield stint
-            stint, polled = [], False
-        polled = polled or id(told) not in joins
+            stint = []
         stint.append(told)
     if stint:
         yield stint
@@ -88,14 +93,15 @@ def check_places(run: CrowdRun) -> Check:
 
 def check_departures(run: CrowdRun) -> Check:
     """A poll sent longer after the buyer's last waiting answer than its departure bound (the
-    room's multiple of the longest interval it was told in that place) is never answered
+    room's multiple of the longest interval it was told in that place, at least of the longest
+    any buyer is told, ``poll_max_ms``) is never answered
     ``admitted`` (the server saw at least that gap: it answered before the client heard, and the
     client sent before the server read)."""
     silent = admitted = kept = 0
     for trail in run.trails:
         joins = {id(told) for told in trail.joins}
         for stint in _stints(trail):
-            longest = 0
+            longest = run.poll_max_ms
             for previous, told in zip(stint, stint[1:], strict=False):
                 longest = max(longest, previous.poll_after_ms or 0)
                 if previous.state != "waiting" or id(told) in joins or not told.sent:
