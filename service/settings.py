@@ -257,8 +257,8 @@ class WaitingRoomSettings(BaseModel):
     an admission no sooner than its end (plus up to ``poll_min_ms``): the fastest of many parallel joins
     gains little. 0: exact arrival order, an admission told at the join."""
     depart_after_polls: float = Field(3.0, ge=1.0, le=1000.0)
-    """A waiting buyer who has not polled within this many times the longest interval they were told has departed:
-    the place is lost (never admitted, not counted); coming back joins at the back."""
+    """A waiting buyer who has not polled within this many times the longest interval they were told (at least
+    ``poll_max_ms``) has departed: the place is lost (never admitted, not counted); coming back joins at the back."""
 
 
 class RealignSettings(BaseModel):

@@ -60,7 +60,8 @@ class RoomPace:
     ``ceil(units left x admit_factor)``, each admission lasting ``admission_ttl_ms``; a waiting
     buyer asks again after ``poll_per_ahead_ms`` per buyer ahead, within ``poll_min_ms`` ..
     ``poll_max_ms``; arrivals after the opening count in windows of ``arrival_window_ms``. A waiting buyer who
-    has not called within ``depart_after_polls`` x the longest interval they were told has departed
+    has not called within ``depart_after_polls`` x the longest interval they were told (at least
+    ``poll_max_ms``) has departed
     (the place is lost)."""
 
     admit_factor: float
