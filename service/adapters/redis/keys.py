@@ -39,8 +39,8 @@ class ProductKeys:
     who waits), ``room_admitted`` (zset user -> admission expiry ms), ``room_grants`` (hash user ->
     admission token), ``room_joined`` (hash user -> ms joined, until admitted), ``room_pre`` (zset
     user -> lottery score: the pre-queue as drawn, kept for the record), ``room_due`` (hash user ->
-    ``ms before which a call learns no admission:longest poll ms told``), ``room_seen`` (zset
-    waiting user -> departure deadline ms), ``room_closed`` (zset: the previous window's line).
+    ``due ms:longest poll ms told:departure bucket[:final position]``), ``room_seen`` (hash
+    departure bucket -> waiting buyers in it), ``room_closed`` (zset: the previous window's line).
 
     The ``sale`` hash also holds ``room`` (``1``: a purchase needs an admission), ``token``
     (``1``: a purchase needs an order token), ``buckets``

@@ -124,11 +124,12 @@ class WaitingRooms:
 
     @translated
     async def counters(self, product_id: int) -> dict[str, int]:
-        """The room's counters (``admitted``, ``expired``, ``used``, ``entrants``, ``departed``,
-        ``withdrawn``), sizes (``waiting``: in line, departed or not; ``outstanding``) and the
-        units ``held`` for admitted buyers now: what operators read. One round trip."""
+        """The room's counters (``admitted``, ``expired``, ``used``, ``entrants``, ``departed``
+        found, ``withdrawn``), sizes (``waiting``: in line and not departed, as of the last call;
+        ``outstanding``) and the units ``held`` for admitted buyers now: what operators read. One
+        round trip."""
         keys = ProductKeys(self._prefix, product_id)
-        names = ["admitted", "expired", "used", "entrants", "departed", "withdrawn", "held"]
+        names = ["admitted", "expired", "used", "entrants", "departed", "withdrawn", "held", "gone"]
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hmget(keys.room, names)
             pipe.zcard(keys.room_waiting)
@@ -136,6 +137,6 @@ class WaitingRooms:
             counters, waiting, outstanding = await pipe.execute()
         return {
             **{name: int(value or 0) for name, value in zip(names, counters, strict=True)},
-            "waiting": int(waiting),
+            "waiting": int(waiting) - int(counters[-1] or 0),
             "outstanding": int(outstanding),
         }

@@ -230,18 +230,22 @@ async def test_a_buyer_who_stopped_polling_departs_is_never_admitted_and_rejoins
     gone = await room.visit("d-gone", pace(depart=depart), join=True)
     stay = await room.visit("d-stay", pace(depart=depart), join=True)
     # The deadline: the call's time plus 3 x the longest interval the buyer was told, at least
-    # 3 x poll_max (200 ms here).
-    deadline = await room.stores.redis.zscore(room.keys.room_seen, "d-gone")
-    assert deadline == gone.now_ms + depart * max(gone.poll_after_ms, 200)
+    # 3 x poll_max (200 ms here), counted in its bucket of a quarter of that (150 ms).
+    redis = room.stores.redis
+    due, longest, bucket = (await redis.hget(room.keys.room_due, "d-gone")).split(":")[:3]
+    assert int(bucket) == math.ceil((gone.now_ms + depart * max(gone.poll_after_ms, 200)) / 150)
+    assert await redis.hget(room.keys.room_seen, bucket) in ("1", "2")  # the two joined within 150 ms, or not
     assert (gone.waiting, stay.waiting) == (1, 2)
-    # What the buyer's silence does later, now: its deadline passes (the other keeps polling).
-    await room.stores.redis.zadd(room.keys.room_seen, {"d-gone": 1})
+    # What the buyer's silence does later, now: its bucket passes (the other keeps polling).
+    await redis.hincrby(room.keys.room_seen, bucket, -1)
+    await redis.hincrby(room.keys.room, "gone", 1)
+    await redis.hset(room.keys.room_due, "d-gone", f"{due}:{longest}:1")
     await room.stores.redis.zadd(room.keys.room_admitted, {"d-holder": 1})  # the unit comes back
     await told(stay)
     nxt = await room.visit("d-stay", pace(depart=depart))
     assert (nxt.state, nxt.waiting, nxt.outstanding, nxt.held) == (RoomState.ADMITTED, 0, 1, 1)
     counters = await room.stores.rooms.counters(room.product_id)
-    assert (counters["departed"], counters["waiting"], counters["admitted"]) == (1, 0, 2)
+    assert (counters["departed"], counters["waiting"], counters["admitted"], counters["gone"]) == (1, 0, 2, 0)
     assert (await room.visit("d-gone", pace(depart=depart))).state is RoomState.NONE
     back = await room.visit("d-gone", pace(depart=depart), join=True)
     # Behind everyone who ever held a place (its old one stays taken): 4th of 4.
