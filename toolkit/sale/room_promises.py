@@ -6,6 +6,7 @@ admitted when it comes back."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -94,10 +95,12 @@ def check_places(run: CrowdRun) -> Check:
 def check_departures(run: CrowdRun) -> Check:
     """A poll sent longer after the buyer's last waiting answer than its departure bound (the
     room's multiple of the longest interval it was told in that place, at least of the longest
-    any buyer is told, ``poll_max_ms``) is never answered
+    any buyer is told, ``poll_max_ms``, plus the width of the room's departure buckets, a quarter
+    of the shortest bound) is never answered
     ``admitted`` (the server saw at least that gap: it answered before the client heard, and the
     client sent before the server read)."""
     silent = admitted = kept = 0
+    bucket = math.ceil(run.depart_after_polls * run.poll_max_ms / 4)
     for trail in run.trails:
         joins = {id(told) for told in trail.joins}
         for stint in _stints(trail):
@@ -106,7 +109,7 @@ def check_departures(run: CrowdRun) -> Check:
                 longest = max(longest, previous.poll_after_ms or 0)
                 if previous.state != "waiting" or id(told) in joins or not told.sent:
                     continue
-                if told.sent - previous.at <= run.depart_after_polls * longest / 1000:
+                if told.sent - previous.at <= (run.depart_after_polls * longest + bucket) / 1000:
                     continue
                 silent += 1
                 admitted += told.state == "admitted"
