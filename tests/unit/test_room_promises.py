@@ -62,6 +62,16 @@ def test_a_place_that_moves_back_or_is_shown_to_two_buyers_breaks_the_promise():
     twin = _trail(4, [_told(1.0, "waiting")], [_told(2.0, "waiting", 4, 3)])
     check = check_places(_run(steady, twin))
     assert (check.ok, check.numbers["places_shown_to_two_buyers"]) == (False, 1)
+    # Parallel joins reach Redis in an order the client does not see: no order among them.
+    parallel = _trail(
+        6,
+        [
+            Told(1.0, "waiting", "t", 9, 5, 5, None, None, 1000, False, 0.5),
+            Told(1.01, "waiting", "t", 9, 7, 5, None, None, 1000, False, 0.5),
+        ],
+        [],
+    )
+    assert check_places(_run(parallel)).ok
     # A return after losing the place (a join after polls) is a new place, at the back.
     again = _trail(
         5,

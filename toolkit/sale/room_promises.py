@@ -64,23 +64,24 @@ def _stints(trail: Trail) -> Iterator[list[Told]]:
 
 def check_places(run: CrowdRun) -> Check:
     """Within one place held, the position shown never changes for the worse and ``ahead`` never
-    grows; a position is shown to one buyer only."""
+    grows, against every answer that arrived before the call was sent (calls in flight together,
+    a script's parallel joins, reach Redis in an order the client does not see); a position is
+    shown to one buyer only."""
     moved_back = grew = 0
     holders: dict[int, set[str]] = defaultdict(set)
     shown = 0
     for trail in run.trails:
         for stint in _stints(trail):
-            best: int | None = None
-            fewest: int | None = None
             for told in stint:
+                before = [earlier for earlier in stint if earlier.at < told.sent]
                 if told.position is not None:
                     shown += 1
                     holders[told.position].add(trail.buyer.user)
+                    best = min((e.position for e in before if e.position is not None), default=None)
                     moved_back += best is not None and told.position > best
-                    best = told.position if best is None else min(best, told.position)
                 if told.ahead is not None:
+                    fewest = min((e.ahead for e in before if e.ahead is not None), default=None)
                     grew += fewest is not None and told.ahead > fewest
-                    fewest = told.ahead if fewest is None else min(fewest, told.ahead)
     shared = sum(1 for users in holders.values() if len(users) > 1)
     numbers = {
         "places_shown": shown,
