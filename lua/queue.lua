@@ -42,6 +42,8 @@
 -- join, and the nonce the admission tokens, an arrival's place within its window and the poll
 -- spread of this call derive from   ARGV[6] poll min ms   ARGV[7] poll max ms
 -- ARGV[8] poll ms per buyer ahead   ARGV[9] arrival window ms   ARGV[10] departure multiple
+-- ARGV[11] polls per second the whole line is paced to (0: none): the back of a long line is
+-- told to ask again after as many ms as keep the line's polls near it, past poll max ms if need be
 -- Returns {state, position, ahead, units left, token, expires_ms, waiting, outstanding, opened,
 -- admitted now, expired now, per-user limit, ms left in the sale (-1: no end), now_ms, starts_ms,
 -- poll after ms, 1 when the buyer's admission holds a unit, units held, wait ms of each buyer
@@ -343,7 +345,9 @@ if not early then
   -- Before the opening: at the opening, spread over poll_min so a pre-queue does not ask in one
   -- instant (asking first gains nothing: the order is drawn); in line, sooner nearer the front.
   if open then
-    poll = math.min(math.max(math.max(ahead, 0) * tonumber(ARGV[8]), low), high)
+    local ceiling, budget = high, tonumber(ARGV[11])
+    if budget > 0 then ceiling = math.max(high, math.ceil(redis.call('ZCARD', KEYS[5]) * 1000 / budget)) end
+    poll = math.min(math.max(math.max(ahead, 0) * tonumber(ARGV[8]), low), ceiling)
   else
     poll = math.min(math.max(starts_ms - now_ms, low), high) + math.floor(fraction('spread') * low)
   end

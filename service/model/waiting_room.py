@@ -59,7 +59,9 @@ class RoomPace:
     """How a room admits and paces its buyers (``lua/queue.lua``): admitted-but-not-bought under
     ``ceil(units left x admit_factor)``, each admission lasting ``admission_ttl_ms``; a waiting
     buyer asks again after ``poll_per_ahead_ms`` per buyer ahead, within ``poll_min_ms`` ..
-    ``poll_max_ms``; arrivals after the opening count in windows of ``arrival_window_ms``. A waiting buyer who
+    ``poll_max_ms`` (past the max for the back of a line too long for ``poll_budget_per_second``
+    polls a second, 0: no budget); arrivals after the opening count in windows of
+    ``arrival_window_ms``. A waiting buyer who
     has not called within ``depart_after_polls`` x the longest interval they were told (at least
     ``poll_max_ms``) has departed
     (the place is lost)."""
@@ -71,6 +73,7 @@ class RoomPace:
     poll_per_ahead_ms: int
     arrival_window_ms: int
     depart_after_polls: float = 3.0
+    poll_budget_per_second: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,6 +104,7 @@ class WaitingRooms:
                 pace.poll_per_ahead_ms,
                 pace.arrival_window_ms,
                 repr(pace.depart_after_polls),
+                pace.poll_budget_per_second,
             ],
         )
         return parse_visit(reply)

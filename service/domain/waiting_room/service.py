@@ -105,6 +105,7 @@ class WaitingRoomService:
             AHEAD_POLL_MS,
             settings.arrival_window_ms,
             settings.depart_after_polls,
+            settings.poll_budget_per_second,
         )
         self._waits: dict[int, metrics.LocalHistogram] = {}
         self._recording: set[asyncio.Task[object]] = set()
