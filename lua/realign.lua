@@ -1,6 +1,8 @@
 -- Make Redis = MySQL for one product, atomically against the journal as it is now (entries added
 -- since the caller's read count as unresolved):
 --   stock = MySQL stock - units of journal entries not resolved in the caller's snapshot
+--           - units the waiting room holds for admitted buyers (not sold: lua/queue.lua; below
+--           0 when MySQL no longer covers them, and queue.lua then withdraws admissions)
 --   sale  = the sale terms in the snapshot (window, per-user limit, price)
 -- Two forms:
 -- * incremental (ARGV[15] = -1; the caller already dropped the resolved entries with
@@ -12,7 +14,7 @@
 --   per-user quota (units held in MySQL + units still in the journal) and sets the counter.
 --   For a product whose Redis state is missing or predates the counter.
 -- KEYS[1] stock   KEYS[2] journal   KEYS[3] quota   KEYS[4] versions   KEYS[5] sale
--- KEYS[6] journal units   KEYS[7] re-publish times
+-- KEYS[6] journal units   KEYS[7] re-publish times   KEYS[8] the waiting room's counters ('held')
 -- ARGV[1] MySQL stock in the snapshot   ARGV[2] '0' dry run, else write: the run id of the
 -- server the caller read the journal on (journal_size.lua); a server restarted since answers {'full'}
 -- ARGV[3] inventory version of the snapshot
@@ -39,7 +41,8 @@
 -- The sale hash records the run id of the server it was written on ('server'): reserve.lua
 -- sells only on that server's life, so a Redis restarted from older data sells nothing until a
 -- full pass (after the caller gave the replay records back from MySQL) writes it again.
--- Returns {stock_before or '', stock_after, in_flight_count, in_flight_units, resolved_dropped, stale}.
+-- Returns {stock_before or '', stock_after, in_flight_count, in_flight_units, resolved_dropped, stale,
+-- units held by the waiting room}.
 -- stale = 1: Redis already reflects a newer MySQL state (another pass, or a restock); nothing
 -- was written (the next pass, with a newer snapshot, writes).
 local n = tonumber(ARGV[15])
@@ -105,7 +108,8 @@ end
 
 -- More units in flight than MySQL holds: some will be rejected by the consumer; sell nothing more.
 -- A drained bucket sells nothing until its share is filled in.
-local after = pass > 0 and 0 or math.max(tonumber(ARGV[1]) - units, 0)
+local held = tonumber(redis.call('HGET', KEYS[8], 'held') or '0')
+local after = pass > 0 and 0 or math.max(tonumber(ARGV[1]) - units, 0) - held
 if write then
   local terms = redis.call('HMGET', KEYS[5], 'starts_ms', 'ends_ms', 'limit', 'price', 'token', 'buckets', 'room')
   if after > 0 or terms[1] ~= ARGV[4] or terms[2] ~= ARGV[5] or terms[3] ~= ARGV[6] or terms[4] ~= ARGV[7]
@@ -124,4 +128,4 @@ if write then
   redis.call('HSET', KEYS[4], 'synced', version)
   if pass > 0 then redis.call('HSET', KEYS[4], 'pass', pass, 'filling', pass) end
 end
-return {before, after, in_flight, units, dropped, stale and 1 or 0}
+return {before, after, in_flight, units, dropped, stale and 1 or 0, held}

@@ -5,7 +5,8 @@
 -- KEYS[8] order token (user id; the anti-duplicate token, deleted
 -- atomically on submit)   KEYS[9] units of the journal's entries (realignment reads it)
 -- KEYS[10] waiting room admissions (zset user -> expiry ms)   KEYS[11] admission tokens (hash
--- user -> token)   KEYS[12] the waiting room's counters (lua/queue.lua)
+-- user -> token, '+' appended when the admission holds a unit)   KEYS[12] the waiting room's
+-- counters (lua/queue.lua: 'held' units kept for admitted buyers, the admit 'factor')
 -- ARGV[1] request id   ARGV[2] user id   ARGV[3] quantity   ARGV[4] order number to use
 -- ARGV[5] replay record ttl (seconds)   ARGV[6] attempt token (unique to this HTTP attempt)
 -- ARGV[7] user emission interval (ms, 0: no user limit)   ARGV[8] user burst (requests)
@@ -15,8 +16,9 @@
 -- bucket among K: service/domain/stock/buckets.py)
 -- ARGV[13] the Admission-Token ('' without one): needed when the sale's room is '1', consumed by
 -- the reservation it makes
--- Returns {outcome, order_no[, reserved_at_ms, unit price]}, or for sold_out
--- {'sold_out', '', stock, per-user limit, ms left in the sale or -1}, or for rate_limited
+-- Returns {outcome, order_no[, reserved_at_ms, unit price[, admissions outstanding, units held
+-- (a sale with a waiting room)]]}, or for sold_out
+-- {'sold_out', '', units left, per-user limit, ms left in the sale or -1}, or for rate_limited
 -- {'rate_limited', '', ms until a request is allowed}, or for rebucket {'rebucket', '', K} (the
 -- product has K buckets, not ARGV[12]: the caller asks the buyer's bucket among K). outcome: reserved | replay | in_flight |
 -- key_reused | abandoned | rebucket | moved | not_loaded | sale_not_active | over_limit | sold_out |
@@ -94,13 +96,19 @@ end
 
 local limit = tonumber(sale[3])
 if quantity > limit then return {'over_limit', ''} end
+-- Units kept for the buyers a waiting room admitted (lua/queue.lua) are not sold: units left =
+-- stock + held; only their holders buy them.
+local room = sale[7] == '1' and redis.call('HMGET', KEYS[12], 'held', 'factor') or {}
+local room_held = tonumber(room[1] or '0')
 -- Stock before the user's quota: a sold-out product answers sold_out whoever asks, so an API
 -- process can answer it from its sold-out flag (service/domain/purchase/sold_out.py) without the quota.
--- The reply carries what the flag needs: the stock left, the limit, the ms left in the sale
+-- The reply carries what the flag needs: the units left, the limit, the ms left in the sale
 -- (-1: no end).
-if tonumber(stock) < quantity then
-  return {'sold_out', '', tonumber(stock), limit, ends_ms > 0 and ends_ms - now_ms or -1}
+stock = tonumber(stock)
+local function sold_out()
+  return {'sold_out', '', stock + room_held, limit, ends_ms > 0 and ends_ms - now_ms or -1}
 end
+if stock + room_held < quantity then return sold_out() end
 -- An order token is checked only on a first attempt: a retry after a release ('released'
 -- record above) already consumed it under this very request id (the token is its key).
 local needs_token = sale[5] == '1' and not record[1]
@@ -109,18 +117,23 @@ if needs_token then
   if redis.call('GET', KEYS[8]) ~= ARGV[2] then return {'token_invalid', ''} end
 end
 -- The waiting room's admission, likewise only on a first attempt: the admitted buyer's own token,
--- not expired (lua/queue.lua hands it out and drops it at its expiry).
+-- not expired (lua/queue.lua hands it out and drops it at its expiry). One that holds a unit
+-- buys it: it needs one unit fewer from the stock.
 local needs_admission = sale[7] == '1' and not record[1]
+local holds = 0
 if needs_admission then
   local expires = tonumber(redis.call('ZSCORE', KEYS[10], ARGV[2]) or '0')
-  if ARGV[13] == '' or expires <= now_ms or redis.call('HGET', KEYS[11], ARGV[2]) ~= ARGV[13] then
+  local grant = redis.call('HGET', KEYS[11], ARGV[2]) or ''
+  if ARGV[13] == '' or expires <= now_ms or string.sub(grant, 1, 32) ~= ARGV[13] then
     return {'admission_required', ''}
   end
+  if string.sub(grant, 33) == '+' then holds = 1 end
 end
+if stock + holds < quantity then return sold_out() end
 local held = tonumber(redis.call('HGET', KEYS[4], ARGV[2]) or '0')
 if held + quantity > limit then return {'limit_exceeded', ''} end
 
-redis.call('DECRBY', KEYS[1], quantity)
+redis.call('DECRBY', KEYS[1], quantity - holds)
 redis.call('HINCRBY', KEYS[4], ARGV[2], quantity)
 -- The unit price is fixed here (minor units, the string Redis holds: Lua numbers are doubles),
 -- so a re-publish by realignment charges what this reservation was accepted at.
@@ -137,5 +150,29 @@ if needs_admission then
   redis.call('ZREM', KEYS[10], ARGV[2])
   redis.call('HDEL', KEYS[11], ARGV[2])
   redis.call('HINCRBY', KEYS[12], 'used', 1)
+  if holds > 0 then room_held = redis.call('HINCRBY', KEYS[12], 'held', -1) end
 end
-return {'reserved', order_no, now_ms, sale[4]}
+if sale[7] ~= '1' then return {'reserved', order_no, now_ms, sale[4]} end
+-- The bound at every moment: admitted-but-unused <= ceil(units left x factor). A purchase took
+-- units; the latest admissions the units left no longer cover are withdrawn (their held units,
+-- if any, go back to the stock).
+stock = stock - quantity + holds
+local outstanding = redis.call('ZCARD', KEYS[10])
+local excess = outstanding - math.ceil(math.max(stock + room_held, 0) * tonumber(room[2] or '1'))
+if excess > 0 then
+  local latest = redis.call('ZRANGE', KEYS[10], -excess, -1)
+  local grants = redis.call('HMGET', KEYS[11], unpack(latest))
+  local back = 0
+  for i = 1, #grants do
+    if grants[i] and string.sub(grants[i], 33) == '+' then back = back + 1 end
+  end
+  redis.call('ZREM', KEYS[10], unpack(latest))
+  redis.call('HDEL', KEYS[11], unpack(latest))
+  redis.call('HINCRBY', KEYS[12], 'withdrawn', #latest)
+  if back > 0 then
+    redis.call('INCRBY', KEYS[1], back)
+    room_held = redis.call('HINCRBY', KEYS[12], 'held', -back)
+  end
+  outstanding = outstanding - #latest
+end
+return {'reserved', order_no, now_ms, sale[4], outstanding, room_held}

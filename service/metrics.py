@@ -116,13 +116,19 @@ QUEUE_DEPTH = Gauge(
 # -- waiting rooms (API processes; docs/ARCHITECTURE.md, "Waiting room") --------------------------
 WAITING_ROOM_WAITING = Gauge(
     "flashsale_waiting_room_waiting_buyers",
-    "Buyers in a product's waiting-room line, as the latest join or poll saw it.",
+    "Buyers in a product's waiting-room line who have not departed, as the latest join or poll saw it.",
     ["product_id"],
     multiprocess_mode="mostrecent",
 )
 WAITING_ROOM_OUTSTANDING = Gauge(
     "flashsale_waiting_room_admissions_outstanding",
-    "Admission tokens handed out and neither used nor expired, as the latest join or poll saw it.",
+    "Admission tokens handed out and neither used nor expired, as the latest join, poll or purchase saw it.",
+    ["product_id"],
+    multiprocess_mode="mostrecent",
+)
+WAITING_ROOM_HELD = Gauge(
+    "flashsale_waiting_room_units_held",
+    "Units kept for admitted buyers (not sold), as the latest join, poll or purchase saw it.",
     ["product_id"],
     multiprocess_mode="mostrecent",
 )
@@ -331,13 +337,14 @@ def purchase_totals() -> dict[str, float]:
 _ROOM_FAMILIES = {
     "flashsale_waiting_room_waiting_buyers": "waiting",
     "flashsale_waiting_room_admissions_outstanding": "outstanding",
+    "flashsale_waiting_room_units_held": "held",
     "flashsale_waiting_room_admissions_total": "admitted",
     "flashsale_waiting_room_admissions_expired_total": "expired",
 }
 
 
 def waiting_rooms() -> dict[str, dict[str, float | None]]:
-    """Per product id (a string): ``waiting``, ``outstanding``, ``admitted`` and ``expired`` so
+    """Per product id (a string): ``waiting``, ``outstanding``, ``held``, ``admitted`` and ``expired`` so
     far, and the wait until admitted, ``wait_p50_seconds`` / ``wait_p99_seconds`` (None before
     the first admission), estimated from the histogram's buckets as Prometheus'
     ``histogram_quantile`` does, over :func:`registry` (reads files in multiprocess mode: call it

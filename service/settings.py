@@ -236,8 +236,10 @@ class WaitingRoomSettings(BaseModel):
     """The waiting room of a product with ``waiting_room`` on (docs/ARCHITECTURE.md, "Waiting room"):
     how many buyers hold an admission at once, how long one lasts, how often clients poll."""
 
-    admit_factor: float = Field(1.5, ge=1.0, le=100.0)
-    """Buyers admitted but not yet bought are kept under the units left times this (people abandon)."""
+    admit_factor: float = Field(1.0, ge=1.0, le=100.0)
+    """Buyers admitted but not yet bought are kept under the units left times this. 1: each admission holds a unit
+    for its buyer until it is used or expires; above 1 (for products whose admitted buyers often do not buy) no
+    admission holds a unit, and the latest ones are withdrawn when the units left no longer cover them."""
     admission_ttl_seconds: int = Field(120, ge=5, le=3600)
     """How long an admission token lasts; then its holder's place goes to the next in line."""
     poll_min_ms: int = Field(1000, ge=100, le=60_000)
@@ -254,6 +256,9 @@ class WaitingRoomSettings(BaseModel):
     """After the opening, buyers who join within one such window share it, in random order, and hear of
     an admission no sooner than its end (plus up to ``poll_min_ms``): the fastest of many parallel joins
     gains little. 0: exact arrival order, an admission told at the join."""
+    depart_after_polls: float = Field(3.0, ge=1.0, le=1000.0)
+    """A waiting buyer who has not polled within this many times the longest interval they were told (at least
+    ``poll_max_ms``) has departed: the place is lost (never admitted, not counted); coming back joins at the back."""
 
 
 class RealignSettings(BaseModel):

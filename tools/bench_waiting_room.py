@@ -8,14 +8,17 @@ batcher, as the API calls it), ``--concurrency`` calls in flight:
 1. ``--buyers`` joins before the opening (the pre-queue: a lottery score each);
 2. the opening: one call that draws and admits the first ``ceil(stock x factor)`` (at most 256 a call);
 3. ``--polls`` polls by random buyers of a line ``--buyers`` long (ZRANKs);
-4. the same polls once the stock is 0 (what a sold-out room costs when no flag answers).
+4. the same polls once the stock is 0 (what a sold-out room costs when no flag answers; the
+   units held for admitted buyers are zeroed as well, so the room is sold out).
+
+``--factor`` is the admit factor (1: each admission holds a unit).
 
 Per phase: calls/s seen by the client and, from ``INFO commandstats`` before and after, the
 script's own time per call inside Redis (``usec``/``calls``, without I/O): the figure that does
 not depend on the client's machine.
 
     .venv/bin/python tools/bench_waiting_room.py [--buyers 50000] [--polls 20000] [--stock 1000]
-        [--concurrency 256] [--json]
+        [--concurrency 256] [--factor 1.0] [--json]
 """
 
 from __future__ import annotations
@@ -41,10 +44,13 @@ from toolkit.sale.isolation import free_port
 
 PREFIX = "bench"
 PRODUCT = 1
-FACTOR = 1.5
-PACE = RoomPace(FACTOR, 120_000, 100, 100, 20, 1000)
-"""Buyers told to come back within 0.1 s: the polls below come later, so each one is a full poll
-(an early one would be answered 429 before the positions are read)."""
+
+
+def pace(factor: float) -> RoomPace:
+    """Buyers told to come back within 0.1 s: the polls below come later, so each one is a full
+    poll (an early one would be answered 429 before the positions are read); they come back later
+    than three such intervals too, so none counts as departed (a departed buyer's poll is cheaper)."""
+    return RoomPace(factor, 120_000, 100, 100, 20, 1000, depart_after_polls=1000.0)
 
 
 async def _evalsha(redis: Redis) -> tuple[int, int]:
@@ -69,7 +75,9 @@ async def _phase(redis: Redis, name: str, calls: list, concurrency: int) -> dict
     }
 
 
-async def measure(url: str, buyers: int, polls: int, stock: int, concurrency: int) -> list[dict[str, float | str]]:
+async def measure(
+    url: str, buyers: int, polls: int, stock: int, concurrency: int, factor: float
+) -> list[dict[str, float | str]]:
     redis = Redis.from_url(url, decode_responses=True)
     store = open_stores(redis, PREFIX)
     keys = ProductKeys(PREFIX, PRODUCT)
@@ -82,7 +90,7 @@ async def measure(url: str, buyers: int, polls: int, stock: int, concurrency: in
     users = [f"u{i}" for i in range(buyers)]
 
     def visit(user: str, join: bool):
-        return lambda: rooms.visit(PRODUCT, user, join=join, pace=PACE)
+        return lambda: rooms.visit(PRODUCT, user, join=join, pace=pace(factor))
 
     results = [await _phase(redis, "pre-queue joins", [visit(user, True) for user in users], concurrency)]
     await redis.hset(keys.sale, "starts_ms", now_ms - 1000)
@@ -90,6 +98,7 @@ async def measure(url: str, buyers: int, polls: int, stock: int, concurrency: in
     looks = [visit(random.choice(users), False) for _ in range(polls)]
     results.append(await _phase(redis, f"polls, line of {buyers}", looks, concurrency))
     await redis.set(keys.stock, 0)
+    await redis.hset(keys.room, "held", 0)
     results.append(await _phase(redis, "polls, sold out", looks, concurrency))
     await store.aclose()
     return results
@@ -101,6 +110,7 @@ def main() -> None:
     parser.add_argument("--polls", type=int, default=20_000)
     parser.add_argument("--stock", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--factor", type=float, default=1.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if shutil.which("redis-server") is None:
@@ -113,7 +123,7 @@ def main() -> None:
     try:
         time.sleep(0.5)
         url = f"redis://127.0.0.1:{port}/0"
-        results = asyncio.run(measure(url, args.buyers, args.polls, args.stock, args.concurrency))
+        results = asyncio.run(measure(url, args.buyers, args.polls, args.stock, args.concurrency, args.factor))
     finally:
         server.terminate()
         server.wait(timeout=10)

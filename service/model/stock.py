@@ -93,7 +93,8 @@ class Reservation:
     ``outcome`` is ``RESERVED``, 0 otherwise. For ``SOLD_OUT`` only: ``stock`` (units left, fewer
     than asked for), ``per_user_limit`` (units) and ``sale_left_ms`` (milliseconds until the sale
     ends by Redis's clock; None: no end). For ``RATE_LIMITED`` only: ``retry_after_ms``. For
-    ``REBUCKET`` only: ``buckets``, the product's stock buckets K.
+    ``REBUCKET`` only: ``buckets``, the product's stock buckets K. ``room``: for ``RESERVED`` on a
+    sale with a waiting room, the room's admissions outstanding and units held after it.
     """
 
     outcome: ReserveOutcome
@@ -105,6 +106,7 @@ class Reservation:
     sale_left_ms: int | None = None
     retry_after_ms: int = 0
     buckets: int = 0
+    room: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +144,8 @@ class SaleTerms(NamedTuple):
 class RealignResult:
     """The answer of one ``realign.lua`` call. Stock and units in units; ``stock_before`` is None
     when the product was not loaded; ``stale``: Redis already reflected a newer MySQL state, so
-    nothing was written."""
+    nothing was written. ``held``: units the waiting room keeps for admitted buyers, not in
+    ``stock_after`` (not sold either)."""
 
     stock_before: int | None
     stock_after: int
@@ -150,6 +153,7 @@ class RealignResult:
     in_flight_units: int
     resolved_dropped: int
     stale: bool
+    held: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ class RoomState(StrEnum):
     WAITING = "waiting"  # in line (position unknown until the sale opens and the pre-queue is drawn)
     ADMITTED = "admitted"  # holds an admission token: may buy until it expires
     SOLD_OUT = "sold_out"  # no units left (units that come back reopen admission)
-    CLOSED = "closed"  # the sale ended
+    CLOSED = "closed"  # the sale ended, or a new sale window started a new room
     NONE = "none"  # a look by a buyer who holds no place (never joined, admission expired or used)
     EARLY = "early"  # a look before the time the buyer's last answer said to ask again
     OFF = "off"  # the product has no waiting room
@@ -29,7 +29,9 @@ class Visit:
     line and admissions not yet used, after this call. ``opened``: this call found the sale open
     first and fixed the pre-queue's order. ``admitted`` / ``expired``: admissions this call made
     and dropped at their expiry; ``waits_ms`` how long each one admitted now waited (from the
-    opening for the pre-queue). ``sale_left_ms``: None for a sale without end."""
+    opening for the pre-queue). ``sale_left_ms``: None for a sale without end. ``holds_unit``: the
+    buyer's admission keeps a unit for them; ``held``: units the room keeps for admitted buyers
+    (``units_left`` counts them: they are not sold)."""
 
     state: RoomState
     position: int | None = None
@@ -47,6 +49,8 @@ class Visit:
     now_ms: int = 0
     starts_ms: int = 0
     poll_after_ms: int = 0
+    holds_unit: bool = False
+    held: int = 0
     waits_ms: tuple[int, ...] = ()
 
 
@@ -57,7 +61,10 @@ class RoomPace:
     buyer asks again after ``poll_per_ahead_ms`` per buyer ahead, within ``poll_min_ms`` ..
     ``poll_max_ms`` (past the max for the back of a line too long for ``poll_budget_per_second``
     polls a second, 0: no budget); arrivals after the opening count in windows of
-    ``arrival_window_ms``."""
+    ``arrival_window_ms``. A waiting buyer who
+    has not called within ``depart_after_polls`` x the longest interval they were told (at least
+    ``poll_max_ms``) has departed
+    (the place is lost)."""
 
     admit_factor: float
     admission_ttl_ms: int
@@ -65,6 +72,7 @@ class RoomPace:
     poll_max_ms: int
     poll_per_ahead_ms: int
     arrival_window_ms: int
+    depart_after_polls: float = 3.0
     poll_budget_per_second: int = 0
 
 

@@ -106,8 +106,8 @@ def test_malformed_journal_entries_are_refused(value):
 
 
 def test_realign_replies_parse_not_loaded_and_stale():
-    assert parse_realign_reply(["", 7, 1, 2, 3, 0]) == RealignResult(None, 7, 1, 2, 3, False)
-    assert parse_realign_reply(["5", 4, 0, 0, 0, 1]) == RealignResult(5, 4, 0, 0, 0, True)
+    assert parse_realign_reply(["", 7, 1, 2, 3, 0, 0]) == RealignResult(None, 7, 1, 2, 3, False)
+    assert parse_realign_reply(["5", 4, 0, 0, 0, 1, 2]) == RealignResult(5, 4, 0, 0, 0, True, held=2)
 
 
 def test_queued_order_view_round_trips():

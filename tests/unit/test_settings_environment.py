@@ -100,6 +100,7 @@ def _unlike_the_defaults() -> Settings:
             poll_min_ms=500,
             poll_max_ms=9000,
             arrival_window_ms=250,
+            depart_after_polls=4.5,
             poll_budget_per_second=250,
         ),
         payment=PaymentSettings(

@@ -26,7 +26,7 @@ def test_the_lottery_orders_by_the_first_13_hex_digits_of_sha1_then_by_user_id()
 
 
 def test_a_reply_reads_minus_one_and_empty_as_unknown():
-    waiting = parse_visit(["waiting", -1, -1, 5, "", 0, 10, 2, 0, 0, 0, 1, -1, 1000, 900, 1500])
+    waiting = parse_visit(["waiting", -1, -1, 5, "", 0, 10, 2, 0, 0, 0, 1, -1, 1000, 900, 1500, 0, 2])
     assert (waiting.state, waiting.position, waiting.ahead, waiting.token, waiting.sale_left_ms) == (
         RoomState.WAITING,
         None,
@@ -34,10 +34,13 @@ def test_a_reply_reads_minus_one_and_empty_as_unknown():
         None,
         None,
     )
-    admitted = parse_visit(["admitted", 3, -1, 5, "t" * 32, 5000, 10, 3, 1, 2, 1, 1, 60_000, 1000, 900, 5000, 40, 70])
+    admitted = parse_visit(
+        ["admitted", 3, -1, 5, "t" * 32, 5000, 10, 3, 1, 2, 1, 1, 60_000, 1000, 900, 5000, 1, 3, 40, 70]
+    )
     assert (admitted.position, admitted.token, admitted.expires_ms, admitted.opened) == (3, "t" * 32, 5000, True)
     assert (admitted.admitted, admitted.expired, admitted.waits_ms, admitted.sale_left_ms) == (2, 1, (40, 70), 60_000)
     assert (waiting.poll_after_ms, admitted.poll_after_ms) == (1500, 5000)
+    assert (waiting.holds_unit, waiting.held, admitted.holds_unit, admitted.held) == (False, 2, True, 3)
     assert parse_visit(["off"]).state is RoomState.OFF
     with pytest.raises(ValueError):
         parse_visit(["gone"])

@@ -80,7 +80,8 @@ def build_crowd(buyers: int, seed: str) -> list[Buyer]:
 @dataclass(frozen=True, slots=True)
 class Told:
     """One answer of the queue routes as a buyer saw it: ``at`` (``time.time()``) and the
-    ticket's fields (``admission_expires_at`` in epoch ms, ``poll_after_ms`` in ms)."""
+    ticket's fields (``admission_expires_at`` in epoch ms, ``poll_after_ms`` in ms); ``sent``:
+    when the call was sent (``time.time()``, 0 unknown)."""
 
     at: float
     state: str
@@ -91,6 +92,8 @@ class Told:
     admission_token: str | None
     admission_expires_at: int | None
     poll_after_ms: int | None
+    holds_unit: bool = False
+    sent: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +138,11 @@ class CrowdRun:
     opening (``time.time()``); ``token_seconds`` the admission tokens' lifetime (to
     date an admission from its expiry); ``trails`` one per buyer; ``seconds`` from the first
     arrival to the last buyer done; ``timed_out`` buyers still busy at the deadline;
-    ``stock``: the units on sale. Every time is epoch seconds, the server's clock as the
-    buyers' (the hosts of a rehearsal keep their clocks in sync)."""
+    ``stock``: the units on sale; ``depart_after_polls``: the room's departure bound (a waiting
+    buyer silent this many times the longest interval it was told, at least ``poll_max_ms``,
+    loses its place). Every time
+    is epoch seconds, the server's clock as the buyers' (the hosts of a rehearsal keep their
+    clocks in sync)."""
 
     room: bool
     opened: float
@@ -145,3 +151,5 @@ class CrowdRun:
     trails: list[Trail]
     seconds: float
     timed_out: int
+    depart_after_polls: float = 3.0
+    poll_max_ms: int = 5000

@@ -41,10 +41,13 @@ def as_wave(run: CrowdRun) -> Wave:
     return Wave(jobs, [p.answer for p, _ in purchases], run.seconds)
 
 
-async def crowd_wave(send: Sender, buyers: int, seed: str, token_seconds: float) -> tuple[Wave, CrowdRun]:
+async def crowd_wave(
+    send: Sender, buyers: int, seed: str, token_seconds: float, depart: tuple[float, int] = (3.0, 5000)
+) -> tuple[Wave, CrowdRun]:
     """Draw ``buyers`` buyers from ``seed``, let them at the sale (through the waiting room when
     the sale has one) over up to :data:`CROWD_CONNECTIONS`; the purchases as a wave, and everything the
-    buyers saw. ``token_seconds``: the admissions' lifetime."""
+    buyers saw. ``token_seconds``: the admissions' lifetime; ``depart``: the room's departure
+    bound (the multiple, and ``poll_max_ms``)."""
     sale = send.sale
     crowd = build_crowd(buyers, seed)
     tokens = bearer_tokens(sale, {buyer.user for buyer in crowd})
@@ -65,5 +68,6 @@ async def crowd_wave(send: Sender, buyers: int, seed: str, token_seconds: float)
     swarm = await send.swarm(SwarmPlan("crowd", sale.url, connections, crowd=plan), opening, buyers)
     trails = sorted(swarm.trails, key=lambda trail: int(trail.buyer.user.rsplit("-", 1)[1]))
     timed_out = sum(1 for trail in trails if trail.timed_out)
-    run = CrowdRun(sale.waiting_room, opened[0], token_seconds, sale.stock, trails, send.loads[-1].seconds, timed_out)
+    seconds = send.loads[-1].seconds
+    run = CrowdRun(sale.waiting_room, opened[0], token_seconds, sale.stock, trails, seconds, timed_out, *depart)
     return as_wave(run), run

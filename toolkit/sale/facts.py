@@ -61,7 +61,8 @@ class UnpaidOrder:
 @dataclass(frozen=True, slots=True)
 class StoreFacts:
     """The stores after drain and realignment. Stock in units; ``redis_stock`` None when the key
-    is missing; ``quota`` user -> units Redis counts as held; ``dead_letters`` and
+    is missing (units free to sell), ``redis_held`` units the waiting room keeps for admitted
+    buyers (not sold either); ``quota`` user -> units Redis counts as held; ``dead_letters`` and
     ``queue_messages`` are messages added to the dead-letter queue by this sale and messages
     still ready in the order queue."""
 
@@ -74,6 +75,7 @@ class StoreFacts:
     quota: dict[str, int]
     dead_letters: int
     queue_messages: int
+    redis_held: int = 0
 
 
 @dataclass(frozen=True, slots=True)

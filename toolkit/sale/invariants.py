@@ -2,7 +2,7 @@
 one order per accepted request, the per-user limit, Redis realigned with MySQL, rejections leave
 no trace: :func:`check_invariants`, docs/ARCHITECTURE.md) and three more for the order lifecycle
 (:func:`check_lifecycle`), each a :class:`Check` with the numbers behind it; :func:`check_all`
-picks what applies to a run. :data:`INVARIANT_TITLES` also names the four of a sale through the
+picks what applies to a run. :data:`INVARIANT_TITLES` also names the seven of a sale through the
 waiting room, checked by :mod:`toolkit.sale.room_checks`.
 """
 
@@ -38,7 +38,10 @@ INVARIANT_TITLES = {
     ),
     "one_order_per_accepted_request": "2. every 202 has exactly one order row; no request id or order number twice",
     "per_user_limit": "3. no user holds more than the per-user limit (nor was granted more)",
-    "realigned": "4. after the final realignment Redis stock = MySQL stock, journal empty, stock + sold = initial",
+    "realigned": (
+        "4. after the final realignment Redis stock + units the waiting room holds = MySQL stock, journal empty,"
+        " stock + sold = initial"
+    ),
     "rejections_leave_no_trace": (
         "5. rejected requests left no trace (MySQL, RabbitMQ); Redis quotas = units each user holds"
         " (orders not cancelled/rejected)"
@@ -66,6 +69,17 @@ INVARIANT_TITLES = {
     "scripted_no_larger_share": (
         "12. waiting room: scripted buyers' share of units <= their share of the buyers who stayed (+ 3 standard"
         " deviations of a fair draw)"
+    ),
+    "turn_is_a_unit": (
+        "13. waiting room: no buyer told it is its turn with a unit held failed to buy for lack of stock within"
+        " its time"
+    ),
+    "place_never_moved_back": (
+        "14. waiting room: no place shown to a buyer ever moved back (position or ahead), no place shown to two buyers"
+    ),
+    "departed_never_admitted": (
+        "15. waiting room: no buyer silent longer than its departure bound (3 x the longest interval told) was"
+        " admitted on its return"
     ),
 }
 
@@ -159,7 +173,8 @@ def _check_realigned(facts: StoreFacts, stock: int) -> Check:
     request_ids = {row.request_id for row in facts.orders}
     resolved_in_journal = sum(1 for request_id in facts.journal_ids if request_id in request_ids)
     ok = (
-        facts.redis_stock == facts.mysql_stock
+        facts.redis_stock is not None
+        and facts.redis_stock + facts.redis_held == facts.mysql_stock
         and resolved_in_journal == 0
         and not facts.journal_ids
         and facts.mysql_stock + facts.mysql_sold == stock
@@ -168,6 +183,7 @@ def _check_realigned(facts: StoreFacts, stock: int) -> Check:
         ok,
         {
             "redis_stock": facts.redis_stock,
+            "redis_held_for_admitted": facts.redis_held,
             "mysql_stock": facts.mysql_stock,
             "mysql_sold": facts.mysql_sold,
             "initial_stock": stock,

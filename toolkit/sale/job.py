@@ -143,7 +143,9 @@ async def _measure(
             else:
                 noop, token_seconds = None, 0.0
                 admission = sale.settings.waiting_room.admission_ttl_seconds
-                purchase, crowd = await crowd_wave(send, load.users, load.crowd_seed, admission)
+                room = sale.settings.waiting_room
+                depart = (room.depart_after_polls, room.poll_max_ms)
+                purchase, crowd = await crowd_wave(send, load.users, load.crowd_seed, admission, depart)
             orders = accepted_orders(purchase)
             drain_seconds = await drain(stores, sale, orders, processes, console)
             lifecycle = None

@@ -32,7 +32,7 @@ def build_report(
     None without payments. ``crowd``: what each wave cost the Locust crowd and the server, and
     whether the run was server- or client-bound (:mod:`toolkit.sale.verdict`). ``fairness`` (a
     crowd sale only, else None): the figures of
-    :func:`toolkit.sale.fairness.fairness`. The invariants span every wave, with the four of the
+    :func:`toolkit.sale.fairness.fairness`. The invariants span every wave, with the seven of the
     waiting room when the crowd went through it. ``ok`` is True when every invariant holds;
     ``logs`` is filled in by the caller.
     """

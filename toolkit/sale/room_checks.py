@@ -1,8 +1,9 @@
 """The invariants of a sale through the waiting room (``flashsale sale --waiting-room``), checked
 on what every buyer saw, beside the eight of :mod:`toolkit.sale.invariants`: no purchase without
 an admission, no buyer admitted twice at once, every waiting buyer told ``sold_out`` within a
-stated bound of the last unit, and scripted buyers no larger a share of units than of buyers
-(docs/ARCHITECTURE.md, "Waiting room")."""
+stated bound of the last unit, scripted buyers no larger a share of units than of buyers, and
+the room's promises to each buyer (:mod:`toolkit.sale.room_promises`: a held turn is a unit, a
+place never moves back, a departed buyer is never admitted) (docs/ARCHITECTURE.md, "Waiting room")."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from toolkit.sale.crowd import CrowdRun, Trail
 from toolkit.sale.fairness import fairness
 from toolkit.sale.invariants import Check
 from toolkit.sale.plan import ACCEPTED
+from toolkit.sale.room_promises import check_departures, check_places, check_turns
 
 OVERLAP_SLACK = 0.1
 """Seconds two admissions of one buyer may seem to overlap by: the server's expiry (epoch ms)
@@ -99,7 +101,7 @@ def _check_share(figures: dict[str, Any]) -> Check:
 
 
 def check_room(run: CrowdRun, figures: dict[str, Any] | None = None) -> dict[str, Check]:
-    """The four waiting-room invariants (the last keys of
+    """The seven waiting-room invariants (the last keys of
     :data:`~toolkit.sale.invariants.INVARIANT_TITLES`); ``figures`` the run's
     :func:`~toolkit.sale.fairness.fairness` when already computed."""
     figures = figures if figures is not None else fairness(run)
@@ -108,4 +110,7 @@ def check_room(run: CrowdRun, figures: dict[str, Any] | None = None) -> dict[str
         "admitted_once_at_a_time": _check_admitted_once(run),
         "sold_out_told_in_time": _check_told(figures),
         "scripted_no_larger_share": _check_share(figures),
+        "turn_is_a_unit": check_turns(run),
+        "place_never_moved_back": check_places(run),
+        "departed_never_admitted": check_departures(run),
     }

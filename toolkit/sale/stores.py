@@ -170,6 +170,7 @@ class Stores:
             quota=await self.store.stock.quota(product_id, buckets=buckets),
             dead_letters=await self.queue_depth(amqp.dead_letter_queue) - dead_letters_before,
             queue_messages=await self.order_queue_depth(),
+            redis_held=(await self.store.rooms.counters(product_id))["held"],
         )
 
 

@@ -40,6 +40,7 @@ class Body(msgspec.Struct):
     admission_token: str | None = None
     admission_expires_at: int | None = None
     poll_after_ms: int | None = None
+    holds_unit: bool = False
 
 
 _decode_body = msgspec.json.Decoder(Body).decode

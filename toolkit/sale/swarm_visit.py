@@ -82,7 +82,7 @@ class Visit:
     def _ticket(self, method: str, path: str, into: list[Told], due: float) -> Told | None:
         """One queue call; the ticket it answered (None: no ticket, counted in ``errors``; a
         ``Retry-After`` of such an answer is slept here)."""
-        status, content, headers, _, finished = self._call(method, path, f"{method} queue", self.headers, None, due)
+        status, content, headers, sent, finished = self._call(method, path, f"{method} queue", self.headers, None, due)
         if status == 0:
             self._error((content or b"").decode())
             return None
@@ -91,7 +91,7 @@ class Visit:
             code = body.code or f"http_{status}"
             self._error(code)
             if code == NOT_IN_QUEUE:  # no place (an admission lapsed or was used): the buyer may join again
-                return Told(finished, NOT_IN_QUEUE, None, None, None, None, None, None, None)
+                return Told(finished, NOT_IN_QUEUE, None, None, None, None, None, None, None, sent=sent)
             if code == TOO_SOON:  # asked sooner than told: _wait_of decides how long this buyer waits
                 retry_ms = int(headers.get("Retry-After") or FALLBACK_POLL) * 1000
                 return Told(finished, TOO_SOON, None, None, None, None, None, None, retry_ms)
@@ -107,6 +107,8 @@ class Visit:
             body.admission_token,
             body.admission_expires_at,
             body.poll_after_ms,
+            body.holds_unit,
+            sent,
         )
         into.append(told)
         return told

@@ -32,12 +32,15 @@ class ProductKeys:
     - ``order_token(token)``: string, the user id an order token was issued to (expires).
 
     Waiting room (``lua/queue.lua``; docs/ARCHITECTURE.md, "Waiting room"): ``room`` (hash
-    ``seed``, ``seq``, ``opened_ms``, ``entrants``, ``admitted``, ``expired``, ``used``),
+    ``seed``, ``seq``, ``opened_ms``, ``entrants``, ``admitted``, ``expired``, ``used``, ``held``
+    units kept for admitted buyers, ``factor``, ``starts_ms`` of its window, ``departed``,
+    ``withdrawn``, ``vacated``),
     ``room_line`` (zset user -> place score: positions), ``room_waiting`` (zset, the same scores:
     who waits), ``room_admitted`` (zset user -> admission expiry ms), ``room_grants`` (hash user ->
     admission token), ``room_joined`` (hash user -> ms joined, until admitted), ``room_pre`` (zset
     user -> lottery score: the pre-queue as drawn, kept for the record), ``room_due`` (hash user ->
-    ms before which a call learns no admission).
+    ``due ms:longest poll ms told:departure bucket[:final position]``), ``room_seen`` (hash
+    departure bucket -> waiting buyers in it), ``room_closed`` (zset: the previous window's line).
 
     The ``sale`` hash also holds ``room`` (``1``: a purchase needs an admission), ``token``
     (``1``: a purchase needs an order token), ``buckets``
@@ -115,6 +118,14 @@ class ProductKeys:
     @property
     def room_due(self) -> str:
         return f"{self.tag}:wr:due"
+
+    @property
+    def room_seen(self) -> str:
+        return f"{self.tag}:wr:seen"
+
+    @property
+    def room_closed(self) -> str:
+        return f"{self.tag}:wr:closed"
 
     def replay(self, request_id: str) -> str:
         return f"{self.tag}:req:{request_id}"

@@ -20,7 +20,7 @@ from service.model.stock import (
 
 
 def parse_reservation(reply: Sequence[Any]) -> Reservation:
-    """``{outcome, order_no[, reserved_at_ms, unit_price]}``, ``{'sold_out', '', stock, limit,
+    """``{outcome, order_no[, reserved_at_ms, unit_price[, outstanding, held]]}``, ``{'sold_out', '', stock, limit,
     sale_left_ms or -1}``, ``{'rate_limited', '', wait_ms}`` or ``{'rebucket', '', K}`` from ``reserve.lua`` to a
     :class:`Reservation`.
 
@@ -49,6 +49,10 @@ def parse_reservation(reply: Sequence[Any]) -> Reservation:
     if len(reply) == 4:
         outcome, order_no, reserved_at_ms, unit_price = reply
         return Reservation(ReserveOutcome(outcome), str(order_no), int(reserved_at_ms), int(unit_price))
+    if len(reply) == 6:
+        outcome, order_no, reserved_at_ms, unit_price, outstanding, held = reply
+        room = (int(outstanding), int(held))
+        return Reservation(ReserveOutcome(outcome), str(order_no), int(reserved_at_ms), int(unit_price), room=room)
     outcome, order_no = reply
     return Reservation(ReserveOutcome(outcome), str(order_no))
 
@@ -81,13 +85,13 @@ def parse_journal_entry(request_id: str, value: str) -> JournalEntry:
 
 
 def parse_realign_reply(reply: Sequence[Any]) -> RealignResult:
-    """``{stock_before or '', stock_after, in_flight, in_flight_units, resolved_dropped, stale}``
+    """``{stock_before or '', stock_after, in_flight, in_flight_units, resolved_dropped, stale, held}``
     from ``realign.lua`` to a :class:`RealignResult`.
 
     Raises:
         ValueError: a malformed reply.
     """
-    before, after, in_flight, units, dropped, stale = reply
+    before, after, in_flight, units, dropped, stale, held = reply
     return RealignResult(
         stock_before=None if before == "" else int(before),
         stock_after=int(after),
@@ -95,6 +99,7 @@ def parse_realign_reply(reply: Sequence[Any]) -> RealignResult:
         in_flight_units=int(units),
         resolved_dropped=int(dropped),
         stale=bool(int(stale)),
+        held=int(held),
     )
 
 

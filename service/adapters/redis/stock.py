@@ -209,7 +209,16 @@ class Stock(KeyspaceStore):
             tail = [len(resolved), *resolved, len(kept), *kept, *pairs]
         reply = await self._scripts.run(
             "realign",
-            keys=[keys.stock, keys.journal, keys.quota, keys.versions, keys.sale, keys.units, keys.republished],
+            keys=[
+                keys.stock,
+                keys.journal,
+                keys.quota,
+                keys.versions,
+                keys.sale,
+                keys.units,
+                keys.republished,
+                keys.room,
+            ],
             args=[
                 mysql_stock,
                 "0" if dry_run else server,

@@ -36,7 +36,7 @@ def parse_visit(reply: Sequence[Any]) -> Visit:
     if len(reply) == 1:
         return Visit(state)
     position, ahead, units, token, expires, waiting, outstanding, opened, admitted, expired = reply[1:11]
-    limit, left_ms, now_ms, starts_ms, poll_after_ms = reply[11:16]
+    limit, left_ms, now_ms, starts_ms, poll_after_ms, holds, held = reply[11:18]
     return Visit(
         state,
         position=None if int(position) < 0 else int(position),
@@ -54,7 +54,9 @@ def parse_visit(reply: Sequence[Any]) -> Visit:
         now_ms=int(now_ms),
         starts_ms=int(starts_ms),
         poll_after_ms=int(poll_after_ms),
-        waits_ms=tuple(int(wait) for wait in reply[16:]),
+        holds_unit=bool(int(holds)),
+        held=int(held),
+        waits_ms=tuple(int(wait) for wait in reply[18:]),
     )
 
 
@@ -69,9 +71,10 @@ class WaitingRooms:
 
     async def visit(self, product_id: int, user_id: str, *, join: bool, pace: RoomPace) -> Visit:
         """``lua/queue.lua``: ``user_id`` joins (``join``) or looks at the product's room, which
-        moves on in the same call (the opening's draw, expired admissions dropped, the next in
-        line admitted while admitted buyers who have not bought stay under ``ceil(units left x
-        admit_factor)``); an admission is told no sooner than the buyer's due time (``pace``)."""
+        moves on in the same call (a new window's new room, the opening's draw, expired admissions
+        and departed buyers dropped, the next in line admitted while admitted buyers who have not
+        bought stay under ``ceil(units left x admit_factor)``, each holding a unit with factor 1);
+        an admission is told no sooner than the buyer's due time (``pace``)."""
         keys = ProductKeys(self._prefix, product_id)
         reply = await self._scripts.run_batched(
             self._batcher,
@@ -87,6 +90,8 @@ class WaitingRooms:
                 keys.room_joined,
                 keys.room_pre,
                 keys.room_due,
+                keys.room_seen,
+                keys.room_closed,
             ],
             args=[
                 user_id,
@@ -98,6 +103,7 @@ class WaitingRooms:
                 pace.poll_max_ms,
                 pace.poll_per_ahead_ms,
                 pace.arrival_window_ms,
+                repr(pace.depart_after_polls),
                 pace.poll_budget_per_second,
             ],
         )
@@ -119,19 +125,19 @@ class WaitingRooms:
 
     @translated
     async def counters(self, product_id: int) -> dict[str, int]:
-        """The room's counters (``admitted``, ``expired``, ``used``, ``entrants``) and sizes
-        (``waiting``, ``outstanding``) now: what operators read. One round trip."""
+        """The room's counters (``admitted``, ``expired``, ``used``, ``entrants``, ``departed``
+        found, ``withdrawn``), sizes (``waiting``: in line and not departed, as of the last call;
+        ``outstanding``) and the units ``held`` for admitted buyers now: what operators read. One
+        round trip."""
         keys = ProductKeys(self._prefix, product_id)
+        names = ["admitted", "expired", "used", "entrants", "departed", "withdrawn", "held", "gone"]
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.room, ["admitted", "expired", "used", "entrants"])
+            pipe.hmget(keys.room, names)
             pipe.zcard(keys.room_waiting)
             pipe.zcard(keys.room_admitted)
-            (admitted, expired, used, entrants), waiting, outstanding = await pipe.execute()
+            counters, waiting, outstanding = await pipe.execute()
         return {
-            "admitted": int(admitted or 0),
-            "expired": int(expired or 0),
-            "used": int(used or 0),
-            "entrants": int(entrants or 0),
-            "waiting": int(waiting),
+            **{name: int(value or 0) for name, value in zip(names, counters, strict=True)},
+            "waiting": int(waiting) - int(counters[-1] or 0),
             "outstanding": int(outstanding),
         }

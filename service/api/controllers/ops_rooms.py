@@ -24,8 +24,9 @@ class OpsRoomsController(Controller):
         summary="Per product with a waiting room: line, admissions, tokens, waits (polled by the ops page)",
     )
     async def rooms(self, settings: NamedDependency[Settings]) -> dict[str, dict[str, float | None]] | None:
-        """Per product id that has had a waiting room: ``waiting`` buyers in line and admission
-        tokens ``outstanding`` (as the latest join or poll saw them), ``admitted`` and ``expired``
+        """Per product id that has had a waiting room: ``waiting`` buyers in line (not departed),
+        admission tokens ``outstanding`` and units ``held`` for admitted buyers, apart from sold
+        ones (as the latest join, poll or purchase answered them), ``admitted`` and ``expired``
         so far (every worker summed; the page turns ``admitted`` into a rate), the wait until
         admitted ``wait_p50_seconds`` / ``wait_p99_seconds``. None with metrics off."""
         if not settings.metrics.enabled:

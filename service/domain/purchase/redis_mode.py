@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from db.models import StockMode
+from service import metrics
 from service.adapters.background_publisher import BackgroundPublisher
 from service.adapters.broker import Publisher
 from service.adapters.redis.reservations import new_attempt
@@ -158,6 +159,11 @@ class RedisMode:
                 return elsewhere
         if outcome is not ReserveOutcome.RESERVED:
             raise rejected(outcome)
+        if reservation.room is not None:
+            # A purchase changes what the room's gauges show: they follow Redis's answer here too.
+            label = str(purchase.product_id)
+            metrics.WAITING_ROOM_OUTSTANDING.labels(label).set(reservation.room[0])
+            metrics.WAITING_ROOM_HELD.labels(label).set(reservation.room[1])
         return None
 
     async def _not_here(self, product_id: int, outcome: ReserveOutcome, moved: bool) -> TryNext | None:

@@ -289,6 +289,7 @@ class Realigner:
             republished=republished,
             dry_run=dry_run,
             skipped_stale=stale,
+            redis_held=sum(result.held for result in results),
         )
         # a dry run is a read (the stock report, the ops page polling it): not worth an info line
         (log.debug if dry_run else log.info)("realigned", **msgspec.structs.asdict(report))

@@ -18,7 +18,9 @@ class RealignReport(msgspec.Struct, frozen=True):
     (another pass, or units returned by a later cancellation), so it wrote nothing.
     ``redis_unreachable``: no pass ran, Redis did not answer
     (:func:`without_redis`: MySQL's numbers only,
-    ``in_flight`` and ``in_flight_units`` -1 for unknown)."""
+    ``in_flight`` and ``in_flight_units`` -1 for unknown). ``redis_held``: units the waiting room
+    keeps for admitted buyers (docs/ARCHITECTURE.md, "Waiting room"), neither in the Redis stock
+    nor sold."""
 
     product_id: int
     mysql_stock: int
@@ -33,6 +35,7 @@ class RealignReport(msgspec.Struct, frozen=True):
     dry_run: bool
     skipped_stale: bool = False
     redis_unreachable: bool = False
+    redis_held: int = 0
 
 
 def observe(report: RealignReport) -> None:

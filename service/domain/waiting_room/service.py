@@ -53,10 +53,14 @@ class PollTooSoon(DomainError):
 
 class Ticket(msgspec.Struct, frozen=True):
     """A buyer's one ticket in a product's waiting room (the body of the queue routes).
-    ``state``: ``waiting`` (``position`` in the line and ``ahead`` of you, null before the sale
-    opens and the pre-queue is drawn), ``admitted`` (buy with header ``Admission-Token:
-    <admission_token>`` before ``admission_expires_at``, Unix ms), ``sold_out`` or ``closed``.
-    ``units_left``: units still on sale. ``poll_after_ms``: when to ask again."""
+    ``state``: ``waiting`` (``position`` in the line and ``ahead`` of you, null until the place is
+    final: the sale open and the buyer's arrival window closed; a final place never moves back),
+    ``admitted`` (buy with header ``Admission-Token: <admission_token>`` before
+    ``admission_expires_at``, Unix ms; ``holds_unit``: a unit is kept for you until then),
+    ``sold_out`` or ``closed`` (the sale ended, or a new sale window started a new room).
+    ``units_left``: units not sold (those kept for admitted buyers included). ``admitted``:
+    admissions outstanding (buyers admitted who have not bought yet). ``opens_at``: the sale's
+    opening (Unix ms) while it is ahead, else null. ``poll_after_ms``: when to ask again."""
 
     ticket: str
     product_id: int
@@ -67,6 +71,9 @@ class Ticket(msgspec.Struct, frozen=True):
     admission_token: str | None
     admission_expires_at: int | None
     poll_after_ms: int
+    holds_unit: bool = False
+    admitted: int = 0
+    opens_at: int | None = None
 
 
 def ticket_of(product_id: int, user_id: str) -> str:
@@ -97,6 +104,7 @@ class WaitingRoomService:
             settings.poll_max_ms,
             AHEAD_POLL_MS,
             settings.arrival_window_ms,
+            settings.depart_after_polls,
             settings.poll_budget_per_second,
         )
         self._waits: dict[int, metrics.LocalHistogram] = {}
@@ -166,6 +174,9 @@ class WaitingRoomService:
             visit.token,
             visit.expires_ms,
             self._poll_after_ms(visit),
+            visit.holds_unit,
+            visit.outstanding,
+            visit.starts_ms if visit.now_ms and visit.now_ms < visit.starts_ms else None,
         )
 
     def _poll_after_ms(self, visit: Visit) -> int:
@@ -181,6 +192,7 @@ class WaitingRoomService:
         label = str(product_id)
         metrics.WAITING_ROOM_WAITING.labels(label).set(visit.waiting)
         metrics.WAITING_ROOM_OUTSTANDING.labels(label).set(visit.outstanding)
+        metrics.WAITING_ROOM_HELD.labels(label).set(visit.held)
         if visit.admitted:
             metrics.local_counter(metrics.WAITING_ROOM_ADMISSIONS, label).inc(visit.admitted)
             waits = self._waits.get(product_id)

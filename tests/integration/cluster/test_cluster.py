@@ -19,6 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from db.models import OrderStatus as S
+from service import metrics
 from service.adapters.redis.client import _Tuned
 from service.adapters.redis.eviction import EvictionPolicy
 from service.adapters.redis.stores import RedisStores, make_stores
@@ -32,6 +33,7 @@ from service.failures import StoreUnavailable
 from service.model.stock import ReserveRequest
 from service.settings import Settings
 from service.startup import DependencyUnreachable, check_dependencies
+from tests.integration.waiting_room.test_room_metrics import _samples
 from tests.support import buy, eventually, flashsale_process, inventory, notify, order_rows, status_of
 from toolkit.sale.isolation import environment, free_port, isolated_settings
 from toolkit.sale.stores import tear_down
@@ -168,6 +170,14 @@ async def test_waiting_rooms_on_three_masters_admit_sell_exactly_the_stock_and_a
     assert sold == dict.fromkeys(products, 10)
     tickets = await asyncio.gather(*(visit(pid, user, False) for pid, user in buyers))
     assert {ticket["state"] for ticket in tickets} == {"sold_out"} and len(tickets) == 3 * 50
+    # The gauges equal Redis after the last purchase (its answer set them): nothing admitted or held.
+    metrics.flush()
+    text = (await cluster_client.get("/metrics")).text
+    for product_id in products:
+        counters = await cluster_store.rooms.counters(product_id)
+        found = _samples(text, product_id)
+        gauges = (found["flashsale_waiting_room_admissions_outstanding"], found["flashsale_waiting_room_units_held"])
+        assert gauges == (counters["outstanding"], counters["held"]) == (0, 0)
     refused = await buy(cluster_client, _headers(cluster_settings, "wr-none"), products[0])
     assert (refused.status_code, refused.json()["code"]) == (409, "sold_out")
 

@@ -157,7 +157,8 @@ async def test_units_that_come_back_and_expired_admissions_reopen_admission_in_l
     assert (gone.status_code, gone.json()["code"]) == (404, "not_in_queue")
     assert (await store.rooms.counters(product_id))["expired"] == 1
     rejoined = (await join(client, token(holder), product_id)).json()
-    assert (rejoined["state"], rejoined["position"]) == ("waiting", len(users))  # a new place, at the back
+    # A new place at the back; the one left stays taken (no other buyer's place moves).
+    assert (rejoined["state"], rejoined["position"]) == ("waiting", len(users) + 1)
 
 
 async def test_a_sold_out_room_answers_from_the_processs_flag_without_redis(

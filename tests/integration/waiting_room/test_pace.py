@@ -75,7 +75,7 @@ async def test_a_long_line_is_paced_to_the_poll_budget(product_id, put_product, 
     without a budget the back of the line asks every 200 ms (200 polls/s from 40 buyers); with
     a budget of 10 polls/s the back is told waiting / budget = 4 s, past the 200 ms ceiling, so
     the line's polls stay near the budget however long it grows."""
-    pace = RoomPace(1.0, 60_000, 100, 200, 1_000, 0, budget)
+    pace = RoomPace(1.0, 60_000, 100, 200, 1_000, 0, poll_budget_per_second=budget)
     await put_product(product_id, stock=1, limit=1, waiting_room=True)
     holder = await store.rooms.visit(product_id, "paced-holder", join=True, pace=pace)
     assert holder.state is RoomState.ADMITTED

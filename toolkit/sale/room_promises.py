@@ -1,0 +1,124 @@
+"""What the waiting room promises each buyer, checked on what every buyer saw in a sale through
+the room (``flashsale sale --waiting-room``; docs/ARCHITECTURE.md, "Waiting room"): a turn with
+a unit held is a unit the buyer gets within its time; a place shown is final (it never moves
+back, and no two buyers are shown the same); a buyer silent past its departure bound is never
+admitted when it comes back."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+
+from toolkit.sale.crowd import CrowdRun, Told, Trail
+from toolkit.sale.invariants import Check
+from toolkit.sale.plan import ACCEPTED
+
+
+def check_turns(run: CrowdRun) -> Check:
+    """No purchase with an admission that holds a unit, answered before that admission expired
+    and before a purchase with it was accepted (a second unit on a spent admission is no turn),
+    was answered ``sold_out``."""
+    held = checked = sold_out = refused = 0
+    for trail in run.trails:
+        expiry = {
+            t.admission_token: t.admission_expires_at / 1000
+            for t in trail.told()
+            if t.state == "admitted" and t.holds_unit and t.admission_token and t.admission_expires_at
+        }
+        held += len(expiry)
+        bought: set[str] = set()
+        for purchase in sorted(trail.purchases, key=lambda p: p.sent):
+            token = purchase.admission or ""
+            until = expiry.get(token)
+            if until is None or purchase.answer.finished >= until or token in bought:
+                continue
+            if purchase.answer.code == ACCEPTED:
+                bought.add(token)
+            checked += 1
+            sold_out += purchase.answer.code == "sold_out"
+            refused += purchase.answer.code == "admission_required"
+    numbers = {
+        "admissions_with_a_unit_held": held,
+        "purchases_with_them_in_time": checked,
+        "answered_sold_out": sold_out,
+        "answered_admission_required": refused,
+    }
+    return Check(sold_out == 0, numbers)
+
+
+def _stints(trail: Trail) -> Iterator[list[Told]]:
+    """The buyer's answers per place held: a join sent after an answer arrived is a return after
+    losing the place (an admission used or lapsed, a departure: answered ``404``), with a new
+    place at the back; parallel joins sent before any answer share one."""
+    joins = {id(told) for told in trail.joins}
+    stint: list[Told] = []
+    for told in trail.told():
+        if id(told) in joins and stint and told.sent > stint[0].at:
+            yield stint
+            stint = []
+        stint.append(told)
+    if stint:
+        yield stint
+
+
+def check_places(run: CrowdRun) -> Check:
+    """Within one place held, the position shown never changes for the worse and ``ahead`` never
+    grows, against every answer that arrived before the call was sent (calls in flight together,
+    a script's parallel joins, reach Redis in an order the client does not see); a position is
+    shown to one buyer only."""
+    moved_back = grew = 0
+    holders: dict[int, set[str]] = defaultdict(set)
+    shown = 0
+    for trail in run.trails:
+        for stint in _stints(trail):
+            for told in stint:
+                before = [earlier for earlier in stint if earlier.at < told.sent]
+                if told.position is not None:
+                    shown += 1
+                    holders[told.position].add(trail.buyer.user)
+                    best = min((e.position for e in before if e.position is not None), default=None)
+                    moved_back += best is not None and told.position > best
+                if told.ahead is not None:
+                    fewest = min((e.ahead for e in before if e.ahead is not None), default=None)
+                    grew += fewest is not None and told.ahead > fewest
+    shared = sum(1 for users in holders.values() if len(users) > 1)
+    numbers = {
+        "places_shown": shown,
+        "distinct_places": len(holders),
+        "positions_moved_back": moved_back,
+        "ahead_grew": grew,
+        "places_shown_to_two_buyers": shared,
+    }
+    return Check(moved_back == grew == shared == 0, numbers)
+
+
+def check_departures(run: CrowdRun) -> Check:
+    """A poll sent longer after the buyer's last waiting answer than its departure bound (the
+    room's multiple of the longest interval it was told in that place, at least of the longest
+    any buyer is told, ``poll_max_ms``, plus the width of the room's departure buckets, a quarter
+    of the shortest bound) is never answered
+    ``admitted`` (the server saw at least that gap: it answered before the client heard, and the
+    client sent before the server read)."""
+    silent = admitted = kept = 0
+    bucket = math.ceil(run.depart_after_polls * run.poll_max_ms / 4)
+    for trail in run.trails:
+        joins = {id(told) for told in trail.joins}
+        for stint in _stints(trail):
+            longest = run.poll_max_ms
+            for previous, told in zip(stint, stint[1:], strict=False):
+                longest = max(longest, previous.poll_after_ms or 0)
+                if previous.state != "waiting" or id(told) in joins or not told.sent:
+                    continue
+                if told.sent - previous.at <= (run.depart_after_polls * longest + bucket) / 1000:
+                    continue
+                silent += 1
+                admitted += told.state == "admitted"
+                kept += told.state == "waiting"
+    numbers = {
+        "polls_after_a_silence_past_the_bound": silent,
+        "answered_admitted": admitted,
+        "answered_waiting": kept,
+        "departure_bound_polls": run.depart_after_polls,
+    }
+    return Check(admitted == 0, numbers)
