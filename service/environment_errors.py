@@ -1,7 +1,8 @@
 """What is wrong with the ``FLASHSALE_*`` variables as given, in one line naming each variable
 (docs/CONFIGURATION.md shows it): a name no setting has, a value that is no JSON where a dict
-or list setting needs it, and a value its setting refuses (:func:`config_error`). Both read the environment and ``.env`` as pydantic-settings does
-(names in any case; the environment wins).
+or list setting needs it, and a value its setting refuses (:func:`config_error`). The first two
+read the environment and ``.env`` as pydantic-settings does (names in any case; the environment
+wins).
 
 An unknown name would otherwise be ignored without a word: ``FLASHSALE_REDIS_URL`` (one
 underscore) and the command runs on the default Redis. :func:`service.settings.get_settings`
