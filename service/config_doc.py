@@ -25,7 +25,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from service.settings import ENV_PREFIX, Settings, variable_name
+from service.environment_errors import ENV_PREFIX, variable_name
+from service.settings import Settings
 
 HEADER = """\
 # Configuration

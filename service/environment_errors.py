@@ -1,7 +1,8 @@
 """What is wrong with the ``FLASHSALE_*`` variables as given, in one line naming each variable
-(docs/CONFIGURATION.md shows it): a name no setting has, and a value that is no JSON where a
-dict or list setting needs it. Both read the environment and ``.env`` as pydantic-settings does
-(names in any case; the environment wins).
+(docs/CONFIGURATION.md shows it): a name no setting has, a value that is no JSON where a dict
+or list setting needs it, and a value its setting refuses (:func:`config_error`). The first two
+read the environment and ``.env`` as pydantic-settings does (names in any case; the environment
+wins).
 
 An unknown name would otherwise be ignored without a word: ``FLASHSALE_REDIS_URL`` (one
 underscore) and the command runs on the default Redis. :func:`service.settings.get_settings`
@@ -15,7 +16,10 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import get_origin
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+ENV_PREFIX = "FLASHSALE_"
+ENV_NESTED_DELIMITER = "__"
 
 OTHER_VARIABLES = frozenset(
     {"FLASHSALE_SERVE_PID", "FLASHSALE_FAULTS_OUT", "FLASHSALE_TEST_ARTIFACTS", "FLASHSALE_FUZZ_EXAMPLES"}
@@ -23,6 +27,31 @@ OTHER_VARIABLES = frozenset(
 """Names of the prefix that are no settings: ``flashsale serve`` tells its workers its pid
 (``service.api.no_shard``); the fault suite's report file, the tests' screenshot folder and the
 token fuzz test's example count."""
+
+
+class ConfigError(Exception):
+    """A setting is unusable. ``str()`` is one line naming the variable and what is wrong."""
+
+
+def variable_name(location: tuple[str | int, ...]) -> str:
+    """The environment variable of a settings field: ``("db", "url")`` -> ``FLASHSALE_DB__URL``."""
+    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(str(part).upper() for part in location)
+
+
+def config_error(exc: ValidationError) -> ConfigError:
+    """One line per invalid field, each naming its variable, the problem and the value given."""
+    lines = []
+    for error in exc.errors():
+        given = error.get("input")
+        names = [str(part) for part in error["loc"]]
+        if isinstance(given, dict) or any("secret" in name for name in names):
+            shown = ""  # never echo a secret
+        elif names[-1] == "url" and isinstance(given, str):
+            shown = f" (got '{given.split('://', 1)[0]}://...')"  # URLs may carry passwords
+        else:
+            shown = f" (got {given!r})"
+        lines.append(f"{variable_name(error['loc'])}: {error['msg']}{shown}")
+    return ConfigError("; ".join(lines))
 
 
 class SettingsVariables:

@@ -14,7 +14,14 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from service.environment_errors import SettingsVariables
+from service.environment_errors import (
+    ENV_NESTED_DELIMITER,
+    ENV_PREFIX,
+    ConfigError,
+    SettingsVariables,
+    config_error,
+    variable_name,
+)
 from service.queue_topology import QueueTopology
 
 DEV_JWT_SECRET = "dev-only-secret-change-me-0123456789abcdef"
@@ -24,8 +31,6 @@ DEV_CHANNEL_SECRETS = {
     "altpay": "dev-only-altpay-secret-change-me",
 }
 """The payment channel secrets a development run may use: anyone can forge notifications with them."""
-ENV_PREFIX = "FLASHSALE_"
-ENV_NESTED_DELIMITER = "__"
 
 
 def _url_scheme(*schemes: str) -> AfterValidator:
@@ -37,31 +42,6 @@ def _url_scheme(*schemes: str) -> AfterValidator:
         return url
 
     return AfterValidator(check)
-
-
-class ConfigError(Exception):
-    """A setting is unusable. ``str()`` is one line naming the variable and what is wrong."""
-
-
-def variable_name(location: tuple[str | int, ...]) -> str:
-    """The environment variable of a settings field: ``("db", "url")`` -> ``FLASHSALE_DB__URL``."""
-    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(str(part).upper() for part in location)
-
-
-def config_error(exc: ValidationError) -> ConfigError:
-    """One line per invalid field, each naming its variable, the problem and the value given."""
-    lines = []
-    for error in exc.errors():
-        given = error.get("input")
-        names = [str(part) for part in error["loc"]]
-        if isinstance(given, dict) or any("secret" in name for name in names):
-            shown = ""  # never echo a secret
-        elif names[-1] == "url" and isinstance(given, str):
-            shown = f" (got '{given.split('://', 1)[0]}://...')"  # URLs may carry passwords
-        else:
-            shown = f" (got {given!r})"
-        lines.append(f"{variable_name(error['loc'])}: {error['msg']}{shown}")
-    return ConfigError("; ".join(lines))
 
 
 class DBSettings(BaseModel):

@@ -25,6 +25,7 @@ from service.adapters.broker_connection import connect_once, quiet_connect_logs
 from service.adapters.redis.client import make_redis
 from service.bootstrap import ApiWorker, Job, Resources, open_api, open_job, opened
 from service.domain.order_numbers.minter import ShardsExhausted
+from service.environment_errors import ConfigError
 from service.failures import (
     STORE_NAMES,
     PublishFailed,
@@ -35,7 +36,7 @@ from service.failures import (
     outage_of,
 )
 from service.runtime import Backoff, OutageLog, stop_signal, stop_task, when_reachable
-from service.settings import ConfigError, Settings
+from service.settings import Settings
 
 R = TypeVar("R", bound=Resources)
 

@@ -23,7 +23,7 @@ import structlog
 from litestar.config.app import AppConfig
 from litestar.di import Provide
 
-from service import metrics
+from service import metrics, metrics_readings
 from service.runtime import stop_task
 from service.settings import Settings
 
@@ -51,7 +51,7 @@ class PurchaseCounts(msgspec.Struct):
 
 
 def split(totals: dict[str, float], at: float) -> PurchaseCounts:
-    """``totals`` (answers by code, :func:`service.metrics.purchase_totals`) as :class:`PurchaseCounts`."""
+    """``totals`` (answers by code, :func:`service.metrics_readings.purchase_totals`) as :class:`PurchaseCounts`."""
     known = {"accepted", *REJECTIONS}
     named = {code: int(totals.get(code, 0)) for code in known}
     other = int(sum(count for code, count in totals.items() if code not in known))
@@ -61,7 +61,7 @@ def split(totals: dict[str, float], at: float) -> PurchaseCounts:
 async def purchase_totals() -> dict[str, float]:
     """The server's purchase answers so far by code (this worker's local sums flushed first)."""
     metrics.flush()  # on the event loop: the local sums are the loop's
-    return await asyncio.to_thread(metrics.purchase_totals)
+    return await asyncio.to_thread(metrics_readings.purchase_totals)
 
 
 class PurchaseHistory:

@@ -16,8 +16,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from service.environment_errors import ConfigError
 from service.runtime import run_async
-from service.settings import ConfigError, Settings
+from service.settings import Settings
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus_client when it is first imported
 

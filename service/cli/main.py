@@ -42,7 +42,7 @@ class FlashsaleGroup(click.Group):
 
 
 def _config_problem(exc: Exception) -> str | None:
-    from service.settings import ConfigError
+    from service.environment_errors import ConfigError
 
     if isinstance(exc, ConfigError):
         return str(exc)

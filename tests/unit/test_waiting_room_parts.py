@@ -10,7 +10,7 @@ import pytest
 from service.adapters.redis.waiting_room import parse_visit
 from service.domain.waiting_room.lottery import drawn_order, lottery_score
 from service.domain.waiting_room.service import ticket_of
-from service.metrics import _quantile
+from service.metrics_readings import _quantile
 from service.model.waiting_room import RoomState
 
 

@@ -1,6 +1,6 @@
 """The ops page's waiting-room section: ``GET /api/v1/admin/ops/waiting-rooms`` (admin), polled by
 the page beside ``GET /api/v1/admin/ops``. Read from the waiting-room metrics every API worker
-exports (:func:`service.metrics.waiting_rooms`), so it costs the stores nothing.
+exports (:func:`service.metrics_readings.waiting_rooms`), so it costs the stores nothing.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import asyncio
 from litestar import Controller, get
 from litestar.di import NamedDependency
 
-from service import metrics
+from service import metrics, metrics_readings
 from service.api.auth import admin_only
 from service.settings import Settings
 
@@ -32,4 +32,4 @@ class OpsRoomsController(Controller):
         if not settings.metrics.enabled:
             return None
         metrics.flush()
-        return await asyncio.to_thread(metrics.waiting_rooms)
+        return await asyncio.to_thread(metrics_readings.waiting_rooms)

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from service.api.app import create_app
-from service.settings import DEV_CHANNEL_SECRETS, DEV_JWT_SECRET, ConfigError
+from service.environment_errors import ConfigError
+from service.settings import DEV_CHANNEL_SECRETS, DEV_JWT_SECRET
 from tests.support import serving
 from toolkit.sale.isolation import environment, free_port
 

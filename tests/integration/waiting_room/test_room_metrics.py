@@ -8,7 +8,7 @@ import math
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from service import metrics
+from service import metrics, metrics_readings
 from tests.integration.waiting_room.test_join import as_told, join, poll
 
 
@@ -43,7 +43,7 @@ async def test_metrics_show_the_line_admissions_outstanding_expired_and_waits(
     assert found["flashsale_waiting_room_admissions_outstanding"] == bound
     assert found["flashsale_waiting_room_waiting_buyers"] == crowd - bound - 1
     assert found["flashsale_waiting_room_wait_seconds_count"] == bound + 1
-    room = (await asyncio.to_thread(metrics.waiting_rooms))[str(product_id)]
+    room = (await asyncio.to_thread(metrics_readings.waiting_rooms))[str(product_id)]
     assert (room["admitted"], room["expired"], room["outstanding"]) == (bound + 1, 1, bound)
     assert room["wait_p50_seconds"] is not None and 0 <= room["wait_p50_seconds"] <= room["wait_p99_seconds"]
 
