@@ -193,16 +193,20 @@ async def test_each_state_of_the_page_reads_clearly_and_fits_the_screen(deployme
         "You are 4th in line. 1 buyer is still waiting ahead of you. The other 2 before you have already been let in."
     )
     assert await figures(page) == {"ahead": "1", "place": "4th", "estimate": "unknown", "units": "2"}
-    # 1 waiting ahead for 2 units: no warning (the server names no admitted count here)
-    assert not await page.is_visible("#warning")
+    # the 2 units are held for the 2 let in: with the 1 waiting ahead, none is left for this buyer
+    assert shown["warning"] == (
+        "2 buyers already let in and 1 buyer still waiting may buy before you, and 2 units are left: "
+        "you may not get one."
+    )
 
     # admitted, then bought; a reload keeps the order and the product
     page = await visit(admitted, "admitted")
     shown = await words(page)
     assert shown["headline"] == "It is your turn"
-    assert shown["lead"].startswith("Buy before ") and shown["lead"].endswith(", or your turn goes to the next buyer.")
-    # today's rooms keep no unit per turn (factor aside): the page does not claim one
-    assert "does not keep a unit" in shown["warning"]
+    # a turn keeps a unit (admit factor 1, the default): until when, and no warning
+    assert shown["lead"].startswith("A unit is kept for you until ")
+    assert shown["lead"].endswith(". Buy before then, or it goes to the next buyer.")
+    assert not await page.is_visible("#warning")
     shown_figures = await figures(page)
     assert shown_figures["units"] == "1" and shown_figures["time-left"].endswith(" s")
     await page.click("#buy")
@@ -353,4 +357,6 @@ async def test_the_countdowns_follow_the_shop_clock_not_the_device(deployment, b
     expires = datetime.fromtimestamp(
         int(await page.evaluate("document.querySelector('[data-until]').dataset.until")) / 1000, UTC
     )
-    assert (await words(page))["lead"] == f"Buy before {clock(expires)}, or your turn goes to the next buyer."
+    assert (await words(page))["lead"] == (
+        f"A unit is kept for you until {clock(expires)}. Buy before then, or it goes to the next buyer."
+    )
