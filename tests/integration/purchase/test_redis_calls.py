@@ -11,13 +11,25 @@ import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
 
+import httpx
+import pytest
 from redis.asyncio import Redis
 
+from service.api.app import create_app
 from service.settings import Settings
-from tests.support import buy
+from tests.support import buy, serving
 
 BUYERS = 200
 _END = "redis-calls-test-end"
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The app with sold-out flags that outlive the test (60 s, not 1 s): on a loaded machine the
+    phases below can take longer than a second, and a lapsed flag would send a request to Redis."""
+    orders = settings.orders.model_copy(update={"sold_out_flag_seconds": 60.0})
+    async with serving(create_app(settings.model_copy(update={"orders": orders})), timeout=30) as client:
+        yield client
 
 
 @contextlib.asynccontextmanager
