@@ -36,7 +36,7 @@ def test_a_crowd_through_the_waiting_room_holds_every_invariant(through_the_room
     report = through_the_room
     failed = {name: check for name, check in report["invariants"].items() if not check["ok"]}
     assert report["ok"] is True, failed
-    assert len(report["invariants"]) == 10  # the trail's, the five of every sale and the room's four
+    assert len(report["invariants"]) == 13  # the trail's, the five of every sale and the room's seven
     assert report["realignment"]["mysql_sold"] == STOCK
     fair = report["fairness"]
     assert fair["waiting_room"] is True and fair["buyers"] == BUYERS
