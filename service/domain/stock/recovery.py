@@ -4,7 +4,7 @@ realignment for the service to heal.
 Every API process runs one :class:`Recovery` task. Every ``every_seconds`` (and at once when a
 purchase meets a product Redis does not know: :meth:`Recovery.not_loaded`) it tries a short
 Redis lock; the process that wins runs one realignment pass over every product, the products
-found missing first, then releases the lock. So, with one pass at a time across all processes:
+found missing first (also those found during the pass), then releases the lock. So, with one pass at a time across all processes:
 
 - **Redis lost its data** (FLUSHALL, a failover to an empty replica): the first purchase that
   answers ``not loaded`` for a product MySQL sells through Redis wakes the task; the pass reloads
@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -117,9 +118,11 @@ class Recovery:
                     self.repairing.discard(product_id)
             return False
         try:
-            first = sorted(self.repairing)
-            rest = [product_id for product_id in await self._realigner.product_ids() if product_id not in first]
-            for product_id in [*first, *rest]:
+            rest = deque(p for p in await self._realigner.product_ids() if p not in self.repairing)
+            # A product found lost goes next, also when found during the pass (a pass over many
+            # products takes a while, and it may already have passed the product)
+            while self.repairing or rest:
+                product_id = min(self.repairing) if self.repairing else rest.popleft()
                 with contextlib.suppress(ProductNotFound):
                     await self._realigner.realign(product_id)
                 if product_id in self.repairing:
