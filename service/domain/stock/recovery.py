@@ -4,7 +4,8 @@ realignment for the service to heal.
 Every API process runs one :class:`Recovery` task. Every ``every_seconds`` (and at once when a
 purchase meets a product Redis does not know: :meth:`Recovery.not_loaded`) it tries a short
 Redis lock; the process that wins runs one realignment pass over every product, the products
-found missing first (also those found during the pass), then releases the lock. So, with one pass at a time across all processes:
+found missing first (those found during the pass too), then releases the lock. So, with one
+pass at a time across all processes:
 
 - **Redis lost its data** (FLUSHALL, a failover to an empty replica): the first purchase that
   answers ``not loaded`` for a product MySQL sells through Redis wakes the task; the pass reloads
