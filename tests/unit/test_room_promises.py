@@ -85,12 +85,14 @@ def test_a_buyer_admitted_after_a_silence_past_its_bound_breaks_the_promise():
     # Told 1 s: bound 3 s, found within 0.75 s more. A poll sent 2.5 s after the last answer keeps the place.
     on_time = _trail(1, [_told(1.0, "waiting", poll=1000)], [_told(3.51, "admitted", 2)])
     assert check_departures(_run(on_time)).ok
-    gone = _trail(2, [_told(1.0, "waiting", poll=1000)], [_told(4.8, "admitted", 2)])  # sent 3.79 s after
-    check = check_departures(_run(on_time, gone))
+    gone = _trail(2, [_told(1.0, "waiting", poll=1000)], [_told(4.8, "admitted", 2, expires=19_790)])  # 3.79 s on
+    # admitted at 2.5 s (its token expires 15 s later), in time; told at a poll sent late: kept
+    late_news = _trail(4, [_told(1.0, "waiting", poll=1000)], [_told(4.8, "admitted", 2, expires=17_500)])
+    check = check_departures(_run(on_time, gone, late_news))
     assert (check.ok, check.numbers["answered_admitted"], check.numbers["polls_after_a_silence_past_the_bound"]) == (
         False,
         1,
-        1,
+        2,
     )
     # Once told 5 s, the bound is 15 s, even after shorter intervals.
     patient = _trail(
