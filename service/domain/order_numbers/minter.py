@@ -86,15 +86,22 @@ class ShardGenerations:
 LAPSED_RETRY_SECONDS = 0.5
 """Least time between two renewals of a shard lease (callers that meet it lapsed ask for one)."""
 
+LAPSED_WAIT_SECONDS = 1.0
+"""How long a mint that meets a lapsed lease waits for the renewal it asked for: time enough for
+one renewal round trip after the retry spacing, short enough that a Redis really away is a fast
+503."""
+
 
 class ShardLease:
     """Exclusive use of one shard (00-99) for this process: SET NX PX, renewed, released on exit.
 
     ``lease_seconds`` is the lease length; it is renewed every third of it. A process that cannot
     renew in time stops minting (:class:`ShardLost`) until it holds a shard again; a minter that
-    meets the lapsed lease asks for that at once (:meth:`lapsed`), so minting resumes as soon as
-    Redis answers again, not up to a third of the lease later (a Redis paused 40 s: 6 s more of
-    503s, docs/RELIABILITY.md).
+    meets the lapsed lease asks for that at once and waits briefly for the answer
+    (:meth:`regained`), so minting resumes as soon as Redis answers again, not up to a third of
+    the lease later (a Redis paused 40 s: 6 s more of 503s, docs/RELIABILITY.md). A lease that
+    lapsed only because this process did not run (a paused VM, a long GC, a stopped event loop)
+    costs its first purchase a renewal round trip, not a 503.
     """
 
     def __init__(self, store: RedisStores, lease_seconds: int) -> None:
@@ -105,6 +112,7 @@ class ShardLease:
         self.shard: int | None = None
         self._valid_until = 0.0
         self._lapsed = asyncio.Event()
+        self._attempted = asyncio.Event()  # replaced after each renewal attempt, which sets it
 
     @property
     def held(self) -> bool:
@@ -135,9 +143,15 @@ class ShardLease:
         self._renewer = asyncio.create_task(self._renew_forever())
         return shard
 
-    def lapsed(self) -> None:
-        """A caller found the lease not held: renew it (or take another shard) now."""
+    async def regained(self, within: float = LAPSED_WAIT_SECONDS) -> bool:
+        """A caller found the lease not held: renew it (or take another shard) now, and wait up
+        to ``within`` seconds for that; True when the lease is held again."""
         self._lapsed.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                while not self.held and self._renewer is not None and not self._renewer.done():
+                    await self._attempted.wait()
+        return self.held
 
     async def _renew_forever(self) -> None:
         while True:
@@ -155,6 +169,8 @@ class ShardLease:
                     log.info("shard_lease_acquired", shard=self.shard)
             except Exception as exc:  # Redis down: keep trying; minting stops once the lease lapses
                 log.warning("shard_lease_renew_failed", shard=self.shard, error=repr(exc))
+            attempted, self._attempted = self._attempted, asyncio.Event()
+            attempted.set()
             await asyncio.sleep(LAPSED_RETRY_SECONDS)  # callers meeting a lapsed lease ask at most this often
 
     async def stop(self) -> None:
@@ -273,8 +289,7 @@ class OrderNumberMinter:
         """
         resets = 0
         while True:
-            if not self._lease.held:
-                self._lease.lapsed()
+            if not self._lease.held and not await self._lease.regained():
                 raise ShardLost("order-number shard lease not held")
             shard = self._lease.shard
             assert shard is not None

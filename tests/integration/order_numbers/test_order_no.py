@@ -11,10 +11,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from service.adapters.redis.lease import Lease
 from service.adapters.redis.stores import open_stores
 from service.domain.order_numbers.format import COUNTER_MAX, REDIS_SHARDS, is_valid_order_no
-from service.domain.order_numbers.minter import OrderNumberMinter, ShardGenerations, ShardLease, ShardLost
-from tests.support import eventually
+from service.domain.order_numbers.minter import (
+    LAPSED_WAIT_SECONDS,
+    OrderNumberMinter,
+    ShardGenerations,
+    ShardLease,
+    ShardLost,
+)
 from toolkit.sale.isolation import environment
 
 
@@ -176,10 +182,11 @@ async def test_order_numbers_are_unique_across_processes(settings):
     assert len(set.union(*shards_per_process)) == 4
 
 
-async def test_a_lapsed_lease_is_taken_again_when_a_purchase_meets_it_not_a_period_later(redis, settings, engine):
-    """Redis was away longer than the lease (paused 40 s, lease 30 s): the lease lapsed. The first
-    mint that meets it asks the renewer to act now, so minting resumes once Redis answers, not at
-    the renewer's next period (a third of the lease: here 100 s, longer than the wait below)."""
+async def test_a_lapsed_lease_is_taken_again_by_the_purchase_that_meets_it(redis, settings, engine):
+    """Redis was away longer than the lease (paused 40 s, lease 30 s), or this process did not
+    run (a paused VM, a stopped event loop): the lease lapsed. The first mint that meets it asks
+    the renewer to act now and waits for it, so it mints instead of answering 503, and not at the
+    renewer's next period (a third of the lease: here 100 s)."""
     store = open_stores(redis, f"{settings.redis.key_prefix}-lapsed")
     lease = ShardLease(store, 300)
     await lease.start()
@@ -188,15 +195,34 @@ async def test_a_lapsed_lease_is_taken_again_when_a_purchase_meets_it_not_a_peri
         await redis.delete(store.leases.shard(lease.shard).key)  # expired while Redis was away
         lease._valid_until = 0.0
         minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine))
-        with pytest.raises(ShardLost):
-            await minter.mint()
-
-        async def minted() -> str | None:
-            try:
-                return await minter.mint()
-            except ShardLost:
-                return None
-
-        assert is_valid_order_no(await eventually(minted))
+        assert is_valid_order_no(await minter.mint())
+        assert lease.held
     finally:
+        await lease.stop()
+
+
+async def test_a_lapsed_lease_that_redis_does_not_renew_answers_shard_lost_after_the_wait(
+    redis, settings, engine, monkeypatch
+):
+    """Redis is away (here: the renewal never answers): the mint that meets the lapsed lease
+    waits :data:`LAPSED_WAIT_SECONDS` for the renewal, then answers ShardLost (a fast 503)."""
+    store = open_stores(redis, f"{settings.redis.key_prefix}-unrenewed")
+    lease = ShardLease(store, 300)
+    await lease.start()
+    try:
+        never = asyncio.Event()
+
+        async def paused(self, holder: str, ttl_ms: int) -> bool:
+            await never.wait()
+            return True
+
+        monkeypatch.setattr(Lease, "renew", paused)
+        lease._valid_until = 0.0
+        minter = OrderNumberMinter(store, lease, "FS", ShardGenerations(engine))
+        async with asyncio.timeout(LAPSED_WAIT_SECONDS * 5):  # waited out, not forever
+            with pytest.raises(ShardLost):
+                await minter.mint()
+        assert not lease.held
+    finally:
+        monkeypatch.undo()
         await lease.stop()
