@@ -11,7 +11,10 @@ took a pool checkout, a ``wait_for`` task for the write and an ``asyncio.timeout
 reply read: together more than a third of the batcher's CPU in the accept path's profile
 (docs/BENCHMARKS.md). The connection is redis-py's own (same class, options, hiredis packing
 and parser, idle health check); only the per-read timers are replaced by the one deadline. On a
-Redis Cluster the cluster client's pipeline splits the batch by node.
+Redis Cluster the cluster client's pipeline splits the batch by node. The deadline counts the
+time the process could have read the replies: one that passes while the event loop was stalled
+is put off by the stall (:class:`_Deadline`), so a starved process does not answer ``503`` for a
+Redis that answered in time.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from service.adapters.redis.client import RedisClient
 
 MAX_BATCH = 512
 """Commands per pipeline at most; more wait for the next one."""
+
+LATE_SECONDS = 0.05
+"""A deadline check that runs this much later than due found the event loop blocked or starved
+(a long synchronous call, a GC pause, a CPU-starved process): replies may be waiting unread."""
 
 Command = tuple[Any, ...]
 """A Redis command as ``execute_command`` takes it: ``("HSET", key, field, value)``."""
@@ -124,22 +131,33 @@ class CommandBatcher:
         """
         replies: list[Any] = []
         try:
-            async with asyncio.timeout(self._deadline):
-                if connection.is_connected and await connection.can_read():
-                    # As the pool checks a connection it hands out: data or EOF waiting on an idle
-                    # connection (the server closed it: CLIENT KILL, a restart, a NAT reset), so
-                    # nothing of this batch has been sent on it yet. Connect afresh.
-                    await connection.disconnect()
-                await connection.send_packed_command(connection.pack_commands(commands))
-                for _ in commands:
-                    try:
-                        replies.append(await connection.read_response())
-                    except ResponseError as exc:  # this command's error reply; the stream is intact
-                        replies.append(exc)
+            async with asyncio.timeout(None) as scope:
+                deadline = _Deadline(scope, self._deadline) if self._deadline is not None else None
+                try:
+                    await self._exchange(connection, commands, replies)
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()
         except TimeoutError as exc:
             await connection.disconnect(nowait=True)
             raise RedisTimeoutError(f"Redis round trip of {len(commands)} commands timed out") from exc
         return replies
+
+    @staticmethod
+    async def _exchange(connection: AbstractConnection, commands: list[Command], replies: list[Any]) -> None:
+        """Write ``commands`` and read their replies into ``replies`` (an error reply as its
+        exception)."""
+        if connection.is_connected and await connection.can_read():
+            # As the pool checks a connection it hands out: data or EOF waiting on an idle
+            # connection (the server closed it: CLIENT KILL, a restart, a NAT reset), so
+            # nothing of this batch has been sent on it yet. Connect afresh.
+            await connection.disconnect()
+        await connection.send_packed_command(connection.pack_commands(commands))
+        for _ in commands:
+            try:
+                replies.append(await connection.read_response())
+            except ResponseError as exc:  # this command's error reply; the stream is intact
+                replies.append(exc)
 
     async def _cluster_round_trip(self, commands: list[Command]) -> list[Any]:
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -147,6 +165,37 @@ class CommandBatcher:
                 pipe.execute_command(*command)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         return replies
+
+
+class _Deadline:
+    """Expires ``scope`` after ``seconds`` of time in which this process could have read the
+    replies. A check that runs late (by more than :data:`LATE_SECONDS`) means the event loop did
+    not run meanwhile, so replies that Redis sent in time may be waiting unread: the deadline is
+    put off by that lateness, at most ``seconds`` in all, rather than blaming Redis for the
+    process's own stall (a ``503`` for a Redis that answered in microseconds).
+    """
+
+    __slots__ = ("_handle", "_loop", "_scope", "_spare")
+
+    def __init__(self, scope: asyncio.Timeout, seconds: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._scope = scope
+        self._spare = seconds
+        due = self._loop.time() + seconds
+        self._handle = self._loop.call_at(due, self._check, due)
+
+    def _check(self, due: float) -> None:
+        now = self._loop.time()
+        late = now - due
+        if late > LATE_SECONDS and self._spare > 0:
+            put_off = min(late, self._spare)
+            self._spare -= put_off
+            self._handle = self._loop.call_at(now + put_off, self._check, now + put_off)
+            return
+        self._scope.reschedule(now)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 def _fail(batch: list[tuple[Command, asyncio.Future[Any]]], exc: BaseException) -> None:

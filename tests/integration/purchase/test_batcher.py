@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -110,6 +111,61 @@ async def test_a_server_that_never_answers_fails_every_caller_with_a_timeout(set
     try:
         answers = await asyncio.gather(*(batcher.call("GET", "k") for _ in range(50)), return_exceptions=True)
         assert all(isinstance(answer, RedisTimeoutError) for answer in answers)
+    finally:
+        await batcher.aclose()
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def _stall_the_loop(seconds: float) -> None:
+    """Block the event loop (as a long synchronous call, a GC pause or a starved process does)
+    once the caller's command is on the wire."""
+    await asyncio.sleep(0)
+    time.sleep(seconds)  # noqa: ASYNC251 -- the stall is the point
+
+
+async def test_a_reply_that_came_while_the_process_stalled_past_the_deadline_is_read(
+    settings: Settings, redis: Redis, key: str
+) -> None:
+    """Redis answered in time, but this process did not run until after the deadline: the
+    reply waiting unread is its answer, not a timeout (and not a 503 for the buyer)."""
+    quick = settings.redis.model_copy(update={"socket_timeout": 0.3})
+    client = make_redis(settings.model_copy(update={"redis": quick}))
+    batcher = CommandBatcher(client)
+    try:
+        assert await batcher.call("PING") == "PONG"  # connected
+        stall = asyncio.create_task(_stall_the_loop(1.0))
+        assert await batcher.call("SET", key, "stalled", "EX", 60) == "OK"
+        await stall
+        assert await redis.get(key) == "stalled"
+    finally:
+        await batcher.aclose()
+        await client.aclose()
+        await redis.delete(key)
+
+
+async def test_a_silent_server_still_times_out_when_the_process_stalled(settings: Settings) -> None:
+    """The deadline is put off by the stall once at most: a server that never answers still fails
+    the caller with a timeout."""
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(65536):
+                pass
+        writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    silent = settings.redis.model_copy(update={"url": f"redis://127.0.0.1:{port}/0", "socket_timeout": 0.3})
+    client = make_redis(settings.model_copy(update={"redis": silent}))
+    batcher = CommandBatcher(client)
+    try:
+        stall = asyncio.create_task(_stall_the_loop(1.0))
+        async with asyncio.timeout(10):  # fails the test rather than hanging it
+            with pytest.raises(RedisTimeoutError):
+                await batcher.call("GET", "k")
+        await stall
     finally:
         await batcher.aclose()
         await client.aclose()

@@ -15,6 +15,7 @@ STOCK = 200
 LIMIT = 2
 BUYERS = 300  # each wants LIMIT units: demand 600 for 200
 FIRST = 30  # buyers before the switch (at most 60 units)
+DURING = 60  # buyers arriving while the switch runs (at most 120 units: some are left after it)
 
 
 async def _buyer(client, headers, product_id: int, answers: list) -> None:
@@ -35,12 +36,13 @@ async def _buyer(client, headers, product_id: int, answers: list) -> None:
 
 async def _sale_with_switch(settings, token, admin, product_id: int, to_mode: str) -> list:
     """``FIRST`` buyers buy in the product's mode; then an operator (another API process, with its
-    own MySQL pool) switches it to ``to_mode`` while the other buyers arrive over about two
-    seconds on the same API, so purchases are in flight on both sides of the switch."""
+    own MySQL pool) switches it to ``to_mode`` while ``DURING`` buyers arrive over about half a
+    second on the same API, so purchases are in flight on both sides of the switch; the rest
+    arrive once it is done (however long it took on a loaded box), so both modes sell."""
     answers: list = []
 
     async def arriving(i: int) -> None:
-        await asyncio.sleep((i - FIRST) * 0.008 if i >= FIRST else 0)
+        await asyncio.sleep((i - FIRST) * 0.008 if FIRST <= i < FIRST + DURING else 0)
         await _buyer(api, token(f"sw-{i}"), product_id, answers)
 
     async def switch() -> None:
@@ -53,8 +55,10 @@ async def _sale_with_switch(settings, token, admin, product_id: int, to_mode: st
         tasks = first.copy()
         try:
             await asyncio.gather(*first)
-            tasks += [asyncio.create_task(switch())]
-            tasks += [asyncio.create_task(arriving(i)) for i in range(FIRST, BUYERS)]
+            switching = asyncio.create_task(switch())
+            tasks += [switching, *(asyncio.create_task(arriving(i)) for i in range(FIRST, FIRST + DURING))]
+            await switching
+            tasks += [asyncio.create_task(arriving(i)) for i in range(FIRST + DURING, BUYERS)]
             await asyncio.gather(*tasks)
         finally:
             for task in tasks:
