@@ -24,6 +24,7 @@ from service.model.stock import ReserveOutcome, ReserveRequest, SaleTerms
 from service.model.waiting_room import RoomPace, RoomState, Visit
 from service.settings import Settings
 from tests import redis_cluster
+from tests.integration.waiting_room.test_join import lapse
 
 _ids = itertools.count(700_000)
 _versions = itertools.count(1)
@@ -124,7 +125,7 @@ async def test_with_factor_1_each_admission_holds_a_unit_its_buyer_always_gets(r
     assert {r.outcome for r in pushed} == {ReserveOutcome.ADMISSION_REQUIRED}
     # An admission that expires: its unit goes to the next in line at the next call.
     first, *holders = list(admitted)
-    await room.stores.redis.zadd(room.keys.room_admitted, {first: 1})
+    await lapse(room.stores.redis, room.keys, first)
     await told(joins[waiting[0]])
     nxt = await room.visit(waiting[0], pace())
     assert (nxt.state, nxt.holds_unit, nxt.expired, nxt.held) == (RoomState.ADMITTED, True, 1, stock)
@@ -240,7 +241,7 @@ async def test_a_buyer_who_stopped_polling_departs_is_never_admitted_and_rejoins
     await redis.hincrby(room.keys.room_seen, bucket, -1)
     await redis.hincrby(room.keys.room, "gone", 1)
     await redis.hset(room.keys.room_due, "d-gone", f"{due}:{longest}:1")
-    await room.stores.redis.zadd(room.keys.room_admitted, {"d-holder": 1})  # the unit comes back
+    await lapse(room.stores.redis, room.keys, "d-holder")  # the unit comes back
     await told(stay)
     nxt = await room.visit("d-stay", pace(depart=depart))
     assert (nxt.state, nxt.waiting, nxt.outstanding, nxt.held) == (RoomState.ADMITTED, 0, 1, 1)
