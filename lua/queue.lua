@@ -55,6 +55,7 @@
 -- look before the buyer's due time) | off (the product has no waiting room) | not_loaded.
 local BATCH = 256 -- the most admissions, expiries or departures one call makes (bounds the time Redis is held)
 local SCALE = 4503599627370496 -- 2^52: a lottery score is 13 hex digits of sha1 over 2^52, exact
+local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min -- a global's lookup less a call
 
 local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit', 'room', 'mode')
 local stock = redis.call('GET', KEYS[1])
@@ -63,7 +64,7 @@ if sale[4] ~= '1' or sale[5] == 'database' then return {'off'} end
 local now = redis.call('TIME')
 -- A number is read by Lua's arithmetic (s + 0: parsed once), not tonumber (a C call parsing it
 -- twice, several times the cost: two dozen a call were a tenth of a poll's, docs/BENCHMARKS.md).
-local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+local now_ms = now[1] * 1000 + floor(now[2] / 1000)
 local starts_ms, ends_ms = sale[1] + 0, sale[2] + 0
 local left_ms = ends_ms > 0 and ends_ms - now_ms or -1
 stock = stock + 0
@@ -78,8 +79,8 @@ local opened_ms = room[1] and room[1] + 0 -- nil before the opening
 -- (bucket b: deadlines in ((b - 1) x W, b x W]; a handful of buckets ahead at any time); a buyer
 -- whose bucket is at or before now's has departed (up to W ms after its deadline).
 local departs = ARGV[10] + 0
-local W = math.max(1, math.ceil(departs * high / 4))
-local now_b = math.floor(now_ms / W)
+local W = max(1, ceil(departs * high / 4))
+local now_b = floor(now_ms / W)
 local gone = (room[6] or 0) + 0 -- departed buyers still in wr:waiting (found lazily)
 -- No admission expires before 'expiry' ('none': no admission; absent: not known yet), so a call
 -- before it has no expiry to look for.
@@ -201,9 +202,9 @@ elseif room[5] + 0 < now_b then
   redis.call('HSET', KEYS[3], 'rolled', now_b, 'gone', gone)
 end
 outstanding = redis.call('ZCARD', KEYS[6])
-local excess = math.max(outstanding - math.ceil(math.max(stock + held, 0) * factor), -stock)
+local excess = max(outstanding - ceil(max(stock + held, 0) * factor), -stock)
 if excess > 0 and outstanding > 0 then
-  local latest = redis.call('ZRANGE', KEYS[6], -math.min(excess, BATCH), -1)
+  local latest = redis.call('ZRANGE', KEYS[6], -min(excess, BATCH), -1)
   drop(latest)
   redis.call('HINCRBY', KEYS[3], 'withdrawn', #latest)
   outstanding = outstanding - #latest
@@ -216,7 +217,7 @@ if stock + held <= 0 then return answer('sold_out', -1, -1, '', 0, opened, 0, #l
 -- was left re-joins at the back). A sold-out room takes nobody in (what the process's
 -- sold-out flag answers too).
 local waiting_score = redis.call('ZSCORE', KEYS[5], user)
-local expires = redis.call('ZSCORE', KEYS[6], user)
+local expires = not waiting_score and redis.call('ZSCORE', KEYS[6], user) -- admitted leave the line
 local due, longest, bucket, place = parse_due(redis.call('HGET', KEYS[10], user))
 if waiting_score and bucket > 0 and bucket <= now_b then
   departed({user}) -- back after its departure: the place is lost
@@ -228,9 +229,9 @@ if ARGV[2] == '1' and not waiting_score and not expires then
     score = 1 + redis.call('HINCRBY', KEYS[3], 'seq', 1) -- exact arrival order
   elseif opened_ms then
     -- Above every lottery score (< 1): the window of the arrival, and a random place within it.
-    local window = math.floor((now_ms - opened_ms) / width)
+    local window = floor((now_ms - opened_ms) / width)
     score = 1 + window + fraction('arrival')
-    due = opened_ms + (window + 1) * width + math.floor(fraction('spread') * low)
+    due = opened_ms + (window + 1) * width + floor(fraction('spread') * low)
     redis.call('HSET', KEYS[10], user, due)
   else
     local seed = room[2]
@@ -252,8 +253,8 @@ end
 -- with holds, no more than the free units.
 local admitted, waits, me = 0, {}, false
 if open and stock > 0 then
-  local free = math.ceil((stock + held) * factor) - outstanding
-  if hold then free = math.min(free, stock) end
+  local free = ceil((stock + held) * factor) - outstanding
+  if hold then free = min(free, stock) end
   local until_ms = now_ms + tonumber(ARGV[4])
   local mark = hold and '+' or ''
   local rounds = 0
@@ -264,10 +265,10 @@ if open and stock > 0 then
     -- placed before one of its buyers.
     local popped
     if width == 0 then
-      popped = redis.call('ZPOPMIN', KEYS[5], math.min(free, BATCH))
+      popped = redis.call('ZPOPMIN', KEYS[5], min(free, BATCH))
     else
-      local closed = '(' .. (1 + math.floor((now_ms - opened_ms) / width))
-      popped = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', closed, 'WITHSCORES', 'LIMIT', 0, math.min(free, BATCH))
+      local closed = '(' .. (1 + floor((now_ms - opened_ms) / width))
+      popped = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', closed, 'WITHSCORES', 'LIMIT', 0, min(free, BATCH))
     end
     if #popped == 0 then break end
     local who_all = {}
@@ -289,7 +290,7 @@ if open and stock > 0 then
         local joined = tonumber(redis.call('HGET', KEYS[8], who) or now_ms)
         redis.call('HDEL', KEYS[8], who)
         -- A pre-queue buyer waited from the opening, not from when they joined.
-        waits[#waits + 1] = now_ms - math.max(joined, starts_ms)
+        waits[#waits + 1] = now_ms - max(joined, starts_ms)
         admitted = admitted + 1
         if who == user then
           me = true
@@ -305,7 +306,7 @@ if open and stock > 0 then
   outstanding = outstanding + admitted
   if admitted > 0 then
     redis.call('HINCRBY', KEYS[3], 'admitted', admitted)
-    expiry = math.min(expiry, until_ms)
+    expiry = min(expiry, until_ms)
     redis.call('HSET', KEYS[3], 'factor', ARGV[3], 'expiry', expiry)
     if hold then
       stock = redis.call('DECRBY', KEYS[1], admitted)
@@ -318,7 +319,7 @@ end
 -- (waiting, ahead of it nobody it can overtake), with the ms still to wait.
 -- A place is final once nobody can be placed before it: the sale is open and its window closed
 -- (score 1 + w + r: window w closed; a lottery score < 1: the draw is fixed).
-local closed_windows = not open and -1 or width == 0 and math.huge or math.floor((now_ms - opened_ms) / width)
+local closed_windows = not open and -1 or width == 0 and math.huge or floor((now_ms - opened_ms) / width)
 local early = now_ms < due
 waiting_score = not me and waiting_score
 -- A call by a waiting buyer keeps the place: the departure deadline moves on, by the multiple
@@ -326,8 +327,8 @@ waiting_score = not me and waiting_score
 -- buyer is told a few ms: 3 x that would drop it while its next call is on the wire); its
 -- bucket's count moves with it. True when the bucket changed.
 local function seen(poll)
-  longest = math.max(longest, poll)
-  local b = math.ceil((now_ms + departs * math.max(longest, high)) / W)
+  longest = max(longest, poll)
+  local b = ceil((now_ms + departs * max(longest, high)) / W)
   if b == bucket then return false end
   if bucket > now_b then redis.call('HINCRBY', KEYS[11], bucket, '-1') end
   redis.call('HINCRBY', KEYS[11], b, '1')
@@ -343,7 +344,7 @@ end
 if expires then
   local score = redis.call('ZSCORE', KEYS[4], user)
   score = score and score + 0
-  local position = score and open and (score < 1 or math.floor(score) <= closed_windows)
+  local position = score and open and (score < 1 or floor(score) <= closed_windows)
     and redis.call('ZRANK', KEYS[4], user) + 1 or -1
   if early then
     return answer('waiting', position, position > 0 and 0 or -1, '', 0, opened, admitted, #lapsed, waits, due - now_ms)
@@ -359,7 +360,7 @@ if not waiting_score then
 end
 local position, ahead, poll = -1, -1, due - now_ms
 waiting_score = waiting_score + 0
-if open and (waiting_score < 1 or math.floor(waiting_score) <= closed_windows) then
+if open and (waiting_score < 1 or floor(waiting_score) <= closed_windows) then
   -- A final position never changes: kept with the due time, asked of the line once.
   position, ahead = place or redis.call('ZRANK', KEYS[4], user) + 1, redis.call('ZRANK', KEYS[5], user)
 end
@@ -370,11 +371,11 @@ if not early then
     local ceiling, budget = high, ARGV[11] + 0
     if budget > 0 then
       in_line = redis.call('ZCARD', KEYS[5])
-      ceiling = math.max(high, math.ceil(in_line * 1000 / budget))
+      ceiling = max(high, ceil(in_line * 1000 / budget))
     end
-    poll = math.min(math.max(math.max(ahead, 0) * ARGV[8], low), ceiling)
+    poll = min(max(max(ahead, 0) * ARGV[8], low), ceiling)
   else
-    poll = math.min(math.max(starts_ms - now_ms, low), high) + math.floor(fraction('spread') * low)
+    poll = min(max(starts_ms - now_ms, low), high) + floor(fraction('spread') * low)
   end
   due = now_ms + poll
 end
