@@ -26,10 +26,12 @@
 -- admitted buyers are not sold (realign.lua subtracts them); units left = stock + held.
 -- KEYS[1] stock   KEYS[2] sale   KEYS[3] room (hash: seed, seq, opened_ms, entrants, admitted,
 -- expired, used, held, factor, starts_ms, departed, withdrawn, rolled: the last departure bucket
--- counted, gone: departed buyers not yet found)   KEYS[4] line (zset user ->
--- place score: the order of the line, for positions)   KEYS[5] waiting (zset user -> place
--- score)   KEYS[6] admitted (zset user -> token expiry ms)   KEYS[7] grants (hash user ->
--- admission token, '+' appended when it holds a unit)   KEYS[8] joined (hash user -> ms joined)
+-- counted, gone: departed buyers not yet found, expiry: no admission expires before it, 'none'
+-- with none, absent: not known; expired admissions are looked for only from then on)
+-- KEYS[4] line (zset user -> place score: the order of the line, for positions)
+-- KEYS[5] waiting (zset user -> place score)   KEYS[6] admitted (zset user -> token expiry ms)
+-- KEYS[7] grants (hash user -> admission token, '+' appended when it holds a unit)
+-- KEYS[8] joined (hash user -> ms joined)
 -- KEYS[9] pre-queue (zset user -> lottery score; never changed after the opening: the record)
 -- KEYS[10] due (hash user -> 'ms before which a call learns no admission:longest poll ms
 -- told:departure bucket', then ':position' once final)
@@ -53,37 +55,45 @@
 -- look before the buyer's due time) | off (the product has no waiting room) | not_loaded.
 local BATCH = 256 -- the most admissions, expiries or departures one call makes (bounds the time Redis is held)
 local SCALE = 4503599627370496 -- 2^52: a lottery score is 13 hex digits of sha1 over 2^52, exact
+local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min -- a global's lookup less a call
 
 local sale = redis.call('HMGET', KEYS[2], 'starts_ms', 'ends_ms', 'limit', 'room', 'mode')
 local stock = redis.call('GET', KEYS[1])
 if not sale[1] or not stock then return {'not_loaded'} end
 if sale[4] ~= '1' or sale[5] == 'database' then return {'off'} end
 local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local starts_ms, ends_ms = tonumber(sale[1]), tonumber(sale[2])
+-- A number is read by Lua's arithmetic (s + 0: parsed once), not tonumber (a C call parsing it
+-- twice, several times the cost: two dozen a call were a tenth of a poll's, docs/BENCHMARKS.md).
+local now_ms = now[1] * 1000 + floor(now[2] / 1000)
+local starts_ms, ends_ms = sale[1] + 0, sale[2] + 0
 local left_ms = ends_ms > 0 and ends_ms - now_ms or -1
-stock = tonumber(stock)
+stock = stock + 0
 local user = ARGV[1]
-local factor = tonumber(ARGV[3])
+local factor = ARGV[3] + 0
 local hold = factor <= 1
-local low, high, width = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[9])
-local room = redis.call('HMGET', KEYS[3], 'opened_ms', 'seed', 'held', 'starts_ms', 'rolled', 'gone')
-local held = tonumber(room[3] or '0')
+local low, high, width = ARGV[6] + 0, ARGV[7] + 0, ARGV[9] + 0
+local room = redis.call('HMGET', KEYS[3], 'opened_ms', 'seed', 'held', 'starts_ms', 'rolled', 'gone', 'expiry')
+local held = (room[3] or 0) + 0
+local opened_ms = room[1] and room[1] + 0 -- nil before the opening
 -- Departure deadlines are counted in buckets of a quarter of the shortest departure bound
 -- (bucket b: deadlines in ((b - 1) x W, b x W]; a handful of buckets ahead at any time); a buyer
 -- whose bucket is at or before now's has departed (up to W ms after its deadline).
-local W = math.max(1, math.ceil(tonumber(ARGV[10]) * high / 4))
-local now_b = math.floor(now_ms / W)
-local gone = tonumber(room[6] or '0') -- departed buyers still in wr:waiting (found lazily)
+local departs = ARGV[10] + 0
+local W = max(1, ceil(departs * high / 4))
+local now_b = floor(now_ms / W)
+local gone = (room[6] or 0) + 0 -- departed buyers still in wr:waiting (found lazily)
+-- No admission expires before 'expiry' ('none': no admission; absent: not known yet), so a call
+-- before it has no expiry to look for.
+local expiry = room[7] == 'none' and math.huge or (room[7] or 0) + 0
 -- A random fraction in [0, 1) drawn from this call's nonce (what: a name per use).
 local function fraction(what)
   return tonumber(string.sub(redis.sha1hex(ARGV[5] .. ':' .. what), 1, 8), 16) / 4294967296
 end
-local outstanding -- admissions not used, once known (else asked at the answer)
+local outstanding, in_line -- admissions not used, buyers in wr:waiting, once known (else asked at the answer)
 local function answer(state, position, ahead, token, expires, opened, admitted, expired, waits, poll, holds)
-  local reply = {state, position, ahead, stock + held, token, expires, redis.call('ZCARD', KEYS[5]) - gone,
-    outstanding or redis.call('ZCARD', KEYS[6]), opened, admitted, expired, tonumber(sale[3]), left_ms, now_ms,
-    starts_ms, poll or high, holds and 1 or 0, held}
+  local reply = {state, position, ahead, stock + held, token, expires,
+    (in_line or redis.call('ZCARD', KEYS[5])) - gone, outstanding or redis.call('ZCARD', KEYS[6]), opened,
+    admitted, expired, sale[3] + 0, left_ms, now_ms, starts_ms, poll or high, holds and 1 or 0, held}
   for i = 1, #waits do reply[#reply + 1] = waits[i] end
   return reply
 end
@@ -92,7 +102,7 @@ if ends_ms > 0 and now_ms >= ends_ms then return answer('closed', -1, -1, '', 0,
 -- 1. A new opening after the room opened: a new room. The old line answers its buyers
 -- 'closed'; held units go back. (An opening moved before it came is the same room.)
 if room[4] ~= sale[1] then
-  if room[1] then
+  if opened_ms then
     if held > 0 then
       stock = redis.call('INCRBY', KEYS[1], held)
       held = 0
@@ -100,8 +110,8 @@ if room[4] ~= sale[1] then
     redis.call('DEL', KEYS[12])
     if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('RENAME', KEYS[4], KEYS[12]) end
     redis.call('DEL', KEYS[3], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11])
-    room = {false, false, false, false, false, false}
-    gone = 0
+    room, opened_ms = {false, false, false, false, false, false, false}, nil
+    gone, expiry = 0, 0
   end
   redis.call('HSET', KEYS[3], 'starts_ms', sale[1])
 end
@@ -110,9 +120,9 @@ end
 -- with the secret seed as each buyer joined) and later joiners queue in arrival order.
 local open = now_ms >= starts_ms
 local opened = 0
-if open and not room[1] then
+if open and not opened_ms then
   redis.call('HSET', KEYS[3], 'opened_ms', now_ms, 'entrants', redis.call('ZCARD', KEYS[9]))
-  room[1] = tostring(now_ms)
+  opened_ms = now_ms
   opened = 1
 end
 
@@ -152,24 +162,34 @@ local function departed(users)
   redis.call('HINCRBY', KEYS[3], 'departed', #users)
   gone = redis.call('HINCRBY', KEYS[3], 'gone', -#users)
 end
--- A due entry: 'due ms:longest poll ms told:departure bucket:final position' (older: 'due ms').
+-- A due entry: 'due ms:longest poll ms told:departure bucket:final position' (older: 'due ms'),
+-- written with one string.format (concatenating numbers costs several times more).
 local function parse_due(entry)
   if not entry then return 0, 0, 0, nil end
   local d, l, b, p = string.match(entry, '^(%d+):?(%d*):?(%d*):?(%d*)$')
-  return tonumber(d or '0'), tonumber(l) or 0, tonumber(b) or 0, tonumber(p)
+  if not d then return 0, 0, 0, nil end
+  return d + 0, l ~= '' and l + 0 or 0, b ~= '' and b + 0 or 0, p ~= '' and p + 0 or nil
 end
 
 -- 3. Admissions past their expiry, departed buyers, admissions the units left no longer cover.
-local lapsed = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms, 'LIMIT', 0, BATCH)
-if #lapsed > 0 then
-  drop(lapsed)
-  redis.call('HINCRBY', KEYS[3], 'expired', #lapsed)
+local lapsed = {}
+if expiry <= now_ms then
+  lapsed = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms, 'LIMIT', 0, BATCH)
+  if #lapsed > 0 then
+    drop(lapsed)
+    redis.call('HINCRBY', KEYS[3], 'expired', #lapsed)
+  end
+  if #lapsed < BATCH then
+    local first = redis.call('ZRANGE', KEYS[6], '0', '0', 'WITHSCORES')
+    expiry = first[2] and first[2] + 0 or math.huge
+    redis.call('HSET', KEYS[3], 'expiry', first[2] or 'none')
+  end
 end
 -- Buckets that passed: their buyers have departed (counted in 'gone' until found). Once per
 -- bucket of time per room; the hash holds only the buckets ahead.
 if not room[5] then
   redis.call('HSET', KEYS[3], 'rolled', now_b)
-elseif tonumber(room[5]) < now_b then
+elseif room[5] + 0 < now_b then
   local fields, passed, add = redis.call('HGETALL', KEYS[11]), {}, 0
   for i = 1, #fields, 2 do
     if tonumber(fields[i]) <= now_b then
@@ -182,9 +202,9 @@ elseif tonumber(room[5]) < now_b then
   redis.call('HSET', KEYS[3], 'rolled', now_b, 'gone', gone)
 end
 outstanding = redis.call('ZCARD', KEYS[6])
-local excess = math.max(outstanding - math.ceil(math.max(stock + held, 0) * factor), -stock)
+local excess = max(outstanding - ceil(max(stock + held, 0) * factor), -stock)
 if excess > 0 and outstanding > 0 then
-  local latest = redis.call('ZRANGE', KEYS[6], -math.min(excess, BATCH), -1)
+  local latest = redis.call('ZRANGE', KEYS[6], -min(excess, BATCH), -1)
   drop(latest)
   redis.call('HINCRBY', KEYS[3], 'withdrawn', #latest)
   outstanding = outstanding - #latest
@@ -197,7 +217,7 @@ if stock + held <= 0 then return answer('sold_out', -1, -1, '', 0, opened, 0, #l
 -- was left re-joins at the back). A sold-out room takes nobody in (what the process's
 -- sold-out flag answers too).
 local waiting_score = redis.call('ZSCORE', KEYS[5], user)
-local expires = redis.call('ZSCORE', KEYS[6], user)
+local expires = not waiting_score and redis.call('ZSCORE', KEYS[6], user) -- admitted leave the line
 local due, longest, bucket, place = parse_due(redis.call('HGET', KEYS[10], user))
 if waiting_score and bucket > 0 and bucket <= now_b then
   departed({user}) -- back after its departure: the place is lost
@@ -205,13 +225,13 @@ if waiting_score and bucket > 0 and bucket <= now_b then
 end
 if ARGV[2] == '1' and not waiting_score and not expires then
   local score
-  if room[1] and width == 0 then
+  if opened_ms and width == 0 then
     score = 1 + redis.call('HINCRBY', KEYS[3], 'seq', 1) -- exact arrival order
-  elseif room[1] then
+  elseif opened_ms then
     -- Above every lottery score (< 1): the window of the arrival, and a random place within it.
-    local window = math.floor((now_ms - tonumber(room[1])) / width)
+    local window = floor((now_ms - opened_ms) / width)
     score = 1 + window + fraction('arrival')
-    due = tonumber(room[1]) + (window + 1) * width + math.floor(fraction('spread') * low)
+    due = opened_ms + (window + 1) * width + floor(fraction('spread') * low)
     redis.call('HSET', KEYS[10], user, due)
   else
     local seed = room[2]
@@ -222,19 +242,19 @@ if ARGV[2] == '1' and not waiting_score and not expires then
     score = tonumber(string.sub(redis.sha1hex(seed .. ':' .. user), 1, 13), 16) / SCALE
     redis.call('ZADD', KEYS[9], score, user)
   end
-  if room[1] then vacate(user) end
+  if opened_ms then vacate(user) end
   redis.call('ZADD', KEYS[5], score, user)
   redis.call('ZADD', KEYS[4], score, user)
   redis.call('HSET', KEYS[8], user, now_ms)
-  waiting_score = tostring(score)
+  waiting_score = score
 end
 
 -- 5. Admissions, in line order, while the admitted who have not bought stay under the bound;
 -- with holds, no more than the free units.
 local admitted, waits, me = 0, {}, false
 if open and stock > 0 then
-  local free = math.ceil((stock + held) * factor) - outstanding
-  if hold then free = math.min(free, stock) end
+  local free = ceil((stock + held) * factor) - outstanding
+  if hold then free = min(free, stock) end
   local until_ms = now_ms + tonumber(ARGV[4])
   local mark = hold and '+' or ''
   local rounds = 0
@@ -245,10 +265,10 @@ if open and stock > 0 then
     -- placed before one of its buyers.
     local popped
     if width == 0 then
-      popped = redis.call('ZPOPMIN', KEYS[5], math.min(free, BATCH))
+      popped = redis.call('ZPOPMIN', KEYS[5], min(free, BATCH))
     else
-      local closed = '(' .. (1 + math.floor((now_ms - tonumber(room[1])) / width))
-      popped = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', closed, 'WITHSCORES', 'LIMIT', 0, math.min(free, BATCH))
+      local closed = '(' .. (1 + floor((now_ms - opened_ms) / width))
+      popped = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', closed, 'WITHSCORES', 'LIMIT', 0, min(free, BATCH))
     end
     if #popped == 0 then break end
     local who_all = {}
@@ -270,7 +290,7 @@ if open and stock > 0 then
         local joined = tonumber(redis.call('HGET', KEYS[8], who) or now_ms)
         redis.call('HDEL', KEYS[8], who)
         -- A pre-queue buyer waited from the opening, not from when they joined.
-        waits[#waits + 1] = now_ms - math.max(joined, starts_ms)
+        waits[#waits + 1] = now_ms - max(joined, starts_ms)
         admitted = admitted + 1
         if who == user then
           me = true
@@ -286,7 +306,8 @@ if open and stock > 0 then
   outstanding = outstanding + admitted
   if admitted > 0 then
     redis.call('HINCRBY', KEYS[3], 'admitted', admitted)
-    redis.call('HSET', KEYS[3], 'factor', ARGV[3])
+    expiry = min(expiry, until_ms)
+    redis.call('HSET', KEYS[3], 'factor', ARGV[3], 'expiry', expiry)
     if hold then
       stock = redis.call('DECRBY', KEYS[1], admitted)
       held = redis.call('HINCRBY', KEYS[3], 'held', admitted)
@@ -298,7 +319,7 @@ end
 -- (waiting, ahead of it nobody it can overtake), with the ms still to wait.
 -- A place is final once nobody can be placed before it: the sale is open and its window closed
 -- (score 1 + w + r: window w closed; a lottery score < 1: the draw is fixed).
-local closed_windows = not open and -1 or width == 0 and math.huge or math.floor((now_ms - tonumber(room[1])) / width)
+local closed_windows = not open and -1 or width == 0 and math.huge or floor((now_ms - opened_ms) / width)
 local early = now_ms < due
 waiting_score = not me and waiting_score
 -- A call by a waiting buyer keeps the place: the departure deadline moves on, by the multiple
@@ -306,30 +327,31 @@ waiting_score = not me and waiting_score
 -- buyer is told a few ms: 3 x that would drop it while its next call is on the wire); its
 -- bucket's count moves with it. True when the bucket changed.
 local function seen(poll)
-  longest = math.max(longest, poll)
-  local b = math.ceil((now_ms + tonumber(ARGV[10]) * math.max(longest, high)) / W)
+  longest = max(longest, poll)
+  local b = ceil((now_ms + departs * max(longest, high)) / W)
   if b == bucket then return false end
-  if bucket > now_b then redis.call('HINCRBY', KEYS[11], bucket, -1) end
-  redis.call('HINCRBY', KEYS[11], b, 1)
+  if bucket > now_b then redis.call('HINCRBY', KEYS[11], bucket, '-1') end
+  redis.call('HINCRBY', KEYS[11], b, '1')
   bucket = b
   return true
 end
 if early and ARGV[2] ~= '1' then
   if waiting_score and seen(0) then
-    redis.call('HSET', KEYS[10], user, due .. ':' .. longest .. ':' .. bucket .. (place and ':' .. place or ''))
+    redis.call('HSET', KEYS[10], user, string.format(place and '%d:%d:%d:%d' or '%d:%d:%d', due, longest, bucket, place))
   end
   return answer('early', -1, -1, '', 0, opened, admitted, #lapsed, waits, due - now_ms)
 end
 if expires then
   local score = redis.call('ZSCORE', KEYS[4], user)
-  local position = score and open and (tonumber(score) < 1 or math.floor(tonumber(score)) <= closed_windows)
+  score = score and score + 0
+  local position = score and open and (score < 1 or floor(score) <= closed_windows)
     and redis.call('ZRANK', KEYS[4], user) + 1 or -1
   if early then
     return answer('waiting', position, position > 0 and 0 or -1, '', 0, opened, admitted, #lapsed, waits, due - now_ms)
   end
   redis.call('HDEL', KEYS[10], user)
   local grant = redis.call('HGET', KEYS[7], user)
-  return answer('admitted', position, -1, string.sub(grant, 1, 32), tonumber(expires), opened, admitted,
+  return answer('admitted', position, -1, string.sub(grant, 1, 32), expires + 0, opened, admitted,
     #lapsed, waits, nil, string.sub(grant, 33) == '+')
 end
 if not waiting_score then
@@ -337,7 +359,8 @@ if not waiting_score then
   return answer(closed and 'closed' or 'none', -1, -1, '', 0, opened, admitted, #lapsed, waits)
 end
 local position, ahead, poll = -1, -1, due - now_ms
-if open and (tonumber(waiting_score) < 1 or math.floor(tonumber(waiting_score)) <= closed_windows) then
+waiting_score = waiting_score + 0
+if open and (waiting_score < 1 or floor(waiting_score) <= closed_windows) then
   -- A final position never changes: kept with the due time, asked of the line once.
   position, ahead = place or redis.call('ZRANK', KEYS[4], user) + 1, redis.call('ZRANK', KEYS[5], user)
 end
@@ -345,14 +368,18 @@ if not early then
   -- Before the opening: at the opening, spread over poll_min so a pre-queue does not ask in one
   -- instant (asking first gains nothing: the order is drawn); in line, sooner nearer the front.
   if open then
-    local ceiling, budget = high, tonumber(ARGV[11])
-    if budget > 0 then ceiling = math.max(high, math.ceil(redis.call('ZCARD', KEYS[5]) * 1000 / budget)) end
-    poll = math.min(math.max(math.max(ahead, 0) * tonumber(ARGV[8]), low), ceiling)
+    local ceiling, budget = high, ARGV[11] + 0
+    if budget > 0 then
+      in_line = redis.call('ZCARD', KEYS[5])
+      ceiling = max(high, ceil(in_line * 1000 / budget))
+    end
+    poll = min(max(max(ahead, 0) * ARGV[8], low), ceiling)
   else
-    poll = math.min(math.max(starts_ms - now_ms, low), high) + math.floor(fraction('spread') * low)
+    poll = min(max(starts_ms - now_ms, low), high) + floor(fraction('spread') * low)
   end
   due = now_ms + poll
 end
 seen(poll)
-redis.call('HSET', KEYS[10], user, due .. ':' .. longest .. ':' .. bucket .. (position > 0 and ':' .. position or ''))
+redis.call('HSET', KEYS[10], user,
+  string.format(position > 0 and '%d:%d:%d:%d' or '%d:%d:%d', due, longest, bucket, position))
 return answer('waiting', position, ahead, '', 0, opened, admitted, #lapsed, waits, poll)

@@ -7,6 +7,7 @@
 -- KEYS[10] waiting room admissions (zset user -> expiry ms)   KEYS[11] admission tokens (hash
 -- user -> token, '+' appended when the admission holds a unit)   KEYS[12] the waiting room's
 -- counters (lua/queue.lua: 'held' units kept for admitted buyers, the admit 'factor')
+-- KEYS[13] the waiting room's due times (hash user -> when a call may learn of its admission)
 -- ARGV[1] request id   ARGV[2] user id   ARGV[3] quantity   ARGV[4] order number to use
 -- ARGV[5] replay record ttl (seconds)   ARGV[6] attempt token (unique to this HTTP attempt)
 -- ARGV[7] user emission interval (ms, 0: no user limit)   ARGV[8] user burst (requests)
@@ -168,6 +169,8 @@ if excess > 0 then
   end
   redis.call('ZREM', KEYS[10], unpack(latest))
   redis.call('HDEL', KEYS[11], unpack(latest))
+  -- As lua/queue.lua withdraws: a buyer not told yet has nothing left to wait for ('none').
+  redis.call('HDEL', KEYS[13], unpack(latest))
   redis.call('HINCRBY', KEYS[12], 'withdrawn', #latest)
   if back > 0 then
     redis.call('INCRBY', KEYS[1], back)

@@ -34,7 +34,8 @@ class ProductKeys:
     Waiting room (``lua/queue.lua``; docs/ARCHITECTURE.md, "Waiting room"): ``room`` (hash
     ``seed``, ``seq``, ``opened_ms``, ``entrants``, ``admitted``, ``expired``, ``used``, ``held``
     units kept for admitted buyers, ``factor``, ``starts_ms`` of its window, ``departed``,
-    ``withdrawn``, ``vacated``),
+    ``withdrawn``, ``vacated``, ``rolled``, ``gone``, ``expiry``: no admission expires before it,
+    ``none`` with none),
     ``room_line`` (zset user -> place score: positions), ``room_waiting`` (zset, the same scores:
     who waits), ``room_admitted`` (zset user -> admission expiry ms), ``room_grants`` (hash user ->
     admission token), ``room_joined`` (hash user -> ms joined, until admitted), ``room_pre`` (zset

@@ -141,6 +141,7 @@ class Reservations:
                 keys.room_admitted,
                 keys.room_grants,
                 keys.room,
+                keys.room_due,
             ],
             args=[
                 request.request_id,

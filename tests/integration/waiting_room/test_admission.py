@@ -9,7 +9,7 @@ import math
 from collections import Counter
 
 from service.model.waiting_room import RoomPace
-from tests.integration.waiting_room.test_join import QUEUE, as_told, join, poll
+from tests.integration.waiting_room.test_join import QUEUE, as_told, join, lapse, poll
 from tests.support import eventually, redis_state, rows_at_least
 
 
@@ -149,7 +149,7 @@ async def test_units_that_come_back_and_expired_admissions_reopen_admission_in_l
     assert states == ["admitted"] * reopened + ["waiting"] * (len(users) - 2 - reopened)
     # An admission that expires: its holder's place goes to the next in line.
     holder = users[2]
-    await redis.zadd(store.product_keys(product_id).room_admitted, {holder: 1})
+    await lapse(redis, store.product_keys(product_id), holder)
     await as_told(settings)
     states = [(await poll(client, token(user), product_id)).json()["state"] for user in users[3:]]
     assert states == ["admitted"] * reopened + ["waiting"] * (len(users) - 3 - reopened)

@@ -17,6 +17,13 @@ async def poll(client, headers, product_id: int):
     return await client.get(QUEUE.format(product_id) + "/me", headers=headers)
 
 
+async def lapse(redis, keys, user: str) -> None:
+    """What an admission's expiry does later, now: it expires at ms 1, the room's first expiry
+    (``lua/queue.lua`` looks for expired admissions from then on)."""
+    await redis.zadd(keys.room_admitted, {user: 1})
+    await redis.hset(keys.room, "expiry", 1)
+
+
 async def as_told(settings) -> None:
     """Waiting buyers come back no sooner than told (sooner is answered 429, an admission is told
     no sooner): the suite's poll_max_ms."""

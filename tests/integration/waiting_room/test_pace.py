@@ -11,6 +11,7 @@ import statistics
 import pytest
 
 from service.model.waiting_room import RoomPace, RoomState
+from tests.integration.waiting_room.test_join import lapse
 
 POLL_MS = 5_000
 """Every waiting buyer is told to come back this much later: long beside the hammering below."""
@@ -27,7 +28,7 @@ async def test_polling_harder_than_told_learns_an_admission_no_sooner(product_id
     assert (first.state, hammer.state, hammer.ahead) == (RoomState.ADMITTED, RoomState.WAITING, 0)
     due_ms = hammer.now_ms + hammer.poll_after_ms
     # The first buyer's admission lapses: the next call admits the hammering buyer, next in line.
-    await redis.zadd(store.product_keys(product_id).room_admitted, {"pace-first": 1})
+    await lapse(redis, store.product_keys(product_id), "pace-first")
     looks = await asyncio.gather(*(rooms.visit(product_id, "pace-hammer", join=False, pace=EXACT) for _ in range(300)))
     early = [look for look in looks if look.now_ms < due_ms]
     assert early, "the looks took longer than the poll interval: nothing was tested"

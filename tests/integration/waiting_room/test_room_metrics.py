@@ -9,7 +9,7 @@ import math
 from prometheus_client.parser import text_string_to_metric_families
 
 from service import metrics, metrics_readings
-from tests.integration.waiting_room.test_join import as_told, join, poll
+from tests.integration.waiting_room.test_join import as_told, join, lapse, poll
 
 
 def _samples(text: str, product_id: int) -> dict[str, float]:
@@ -33,7 +33,7 @@ async def test_metrics_show_the_line_admissions_outstanding_expired_and_waits(
     await as_told(settings)
     tickets = [(await poll(client, token(user), product_id)).json() for user in users]
     holder = next(user for user, ticket in zip(users, tickets, strict=True) if ticket["state"] == "admitted")
-    await redis.zadd(store.product_keys(product_id).room_admitted, {holder: 1})  # its expiry, now
+    await lapse(redis, store.product_keys(product_id), holder)
     await poll(client, token(users[-1]), product_id)
 
     metrics.flush()

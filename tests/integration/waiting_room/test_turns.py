@@ -24,6 +24,7 @@ from service.model.stock import ReserveOutcome, ReserveRequest, SaleTerms
 from service.model.waiting_room import RoomPace, RoomState, Visit
 from service.settings import Settings
 from tests import redis_cluster
+from tests.integration.waiting_room.test_join import lapse
 
 _ids = itertools.count(700_000)
 _versions = itertools.count(1)
@@ -124,7 +125,7 @@ async def test_with_factor_1_each_admission_holds_a_unit_its_buyer_always_gets(r
     assert {r.outcome for r in pushed} == {ReserveOutcome.ADMISSION_REQUIRED}
     # An admission that expires: its unit goes to the next in line at the next call.
     first, *holders = list(admitted)
-    await room.stores.redis.zadd(room.keys.room_admitted, {first: 1})
+    await lapse(room.stores.redis, room.keys, first)
     await told(joins[waiting[0]])
     nxt = await room.visit(waiting[0], pace())
     assert (nxt.state, nxt.holds_unit, nxt.expired, nxt.held) == (RoomState.ADMITTED, True, 1, stock)
@@ -186,6 +187,26 @@ async def test_admitted_but_unused_stays_under_the_bound_after_purchases(room: R
     assert (counters["outstanding"], counters["used"]) == (0, 10)
 
 
+async def test_an_admission_a_purchase_withdraws_before_it_was_told_is_gone_like_the_rooms_own(room: Room):
+    slow = RoomPace(1.5, 60_000, 5_000, 5_000, 20, 0, depart_after_polls=1000.0)  # told: 5 s on
+    await room.load(5)  # ceil(5 x 1.5) = 8 admissions unused at most
+    users = [f"g-{i}" for i in range(9)]
+    visits = {u: await room.visit(u, slow, join=True) for u in users}  # one by one: line order
+    assert [v.state for v in visits.values()] == [RoomState.ADMITTED] * 8 + [RoomState.WAITING]
+    # g-0's admission lapses: g-1's look admits g-8, who was told to come back in 5 s.
+    await lapse(room.stores.redis, room.keys, "g-0")
+    look = await room.visit("g-1", slow)
+    assert (look.state, look.expired, look.admitted, look.outstanding) == (RoomState.ADMITTED, 1, 1, 8)
+    # g-1 buys: 4 units left admit 6 unused, the latest admission (g-8's) is withdrawn.
+    bought = await room.buy("g-1", look.token)
+    assert (bought.outcome, bought.room) == (ReserveOutcome.RESERVED, (6, 0))
+    assert await room.stores.redis.hexists(room.keys.room_due, "g-8") is False
+    # Like an admission the room withdraws itself: nothing to wait for, no place (not 'early').
+    gone = await room.visit("g-8", slow)
+    assert (gone.state, gone.poll_after_ms, gone.outstanding) == (RoomState.NONE, 5_000, 6)
+    assert (await room.stores.rooms.counters(room.product_id))["withdrawn"] == 1
+
+
 async def test_a_place_is_shown_once_final_and_never_moves_back(room: Room):
     window = 300
     # Four units whose short admissions expire unused: the line moves on every round.
@@ -240,7 +261,7 @@ async def test_a_buyer_who_stopped_polling_departs_is_never_admitted_and_rejoins
     await redis.hincrby(room.keys.room_seen, bucket, -1)
     await redis.hincrby(room.keys.room, "gone", 1)
     await redis.hset(room.keys.room_due, "d-gone", f"{due}:{longest}:1")
-    await room.stores.redis.zadd(room.keys.room_admitted, {"d-holder": 1})  # the unit comes back
+    await lapse(room.stores.redis, room.keys, "d-holder")  # the unit comes back
     await told(stay)
     nxt = await room.visit("d-stay", pace(depart=depart))
     assert (nxt.state, nxt.waiting, nxt.outstanding, nxt.held) == (RoomState.ADMITTED, 0, 1, 1)
