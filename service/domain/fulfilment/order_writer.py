@@ -47,13 +47,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-import msgspec
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import in_transaction
 from db.models import OrderStatus
 from db.queries import inventory, orders, quota
+from db.queries.json_rows import json_rows
 from service import metrics
 from service.adapters.redis.stores import RedisStores
 from service.domain.order_numbers.conflicts import stand_in_order_no
@@ -67,8 +67,6 @@ from service.model.stock import ClaimOutcome
 _WRITE_RETRIED = metrics.retry_counter("write_orders", metrics.TRANSACTION_RETRIES.inc)
 
 log = structlog.get_logger(__name__)
-
-_rows_encoder = msgspec.json.Encoder()
 
 
 class Outcome(Enum):
@@ -200,12 +198,12 @@ async def _write_round(
     written = await _insert(conn, rows, outcomes, replay_window)
     if not written:
         return
-    request_ids = [row.request_id for row in written]
-    created = {"from_": None, "to": OrderStatus.PENDING_PAYMENT, "reason": None, "actor": CONSUMER, "r": request_ids}
+    request_ids = json_rows([[row.request_id] for row in written])
+    created = {"from_": None, "to": OrderStatus.PENDING_PAYMENT, "reason": None, "actor": CONSUMER, "rows": request_ids}
     await conn.execute(orders.LOG_MANY, created)
     conflicts = [[row.request_id, row.order.order_no, row.order.user_id] for row in written if row.conflict]
     if conflicts:
-        await conn.execute(quota.RECORD_CONFLICT, {"rows": _rows_encoder.encode(conflicts)})
+        await conn.execute(quota.RECORD_CONFLICT, {"rows": json_rows(conflicts)})
     rejected: dict[str, list[_Row]] = defaultdict(list)
     by_product: dict[int, list[_Row]] = defaultdict(list)
     for row in written:
@@ -232,7 +230,7 @@ async def _insert(
     """INSERT ``rows`` (one statement); returns the rows written. Rows that collided with an
     existing order, and rows of unknown products, get their outcome and are not returned."""
     while rows:
-        payload = _rows_encoder.encode(
+        payload = json_rows(
             [
                 [r.order_no, r.request_id, r.order.user_id, r.order.product_id, r.order.quantity, r.order.amount]
                 for r in rows
@@ -383,6 +381,7 @@ async def _reject(conn: AsyncConnection, rows: list[_Row], reason: str) -> None:
         "reason": reason,
         "actor": CONSUMER,
         "r": [row.request_id for row in rows],
+        "rows": json_rows([[row.request_id] for row in rows]),
     }
     changed = await conn.execute(orders.REJECT_MANY, params)
     assert changed.rowcount == len(rows), "an order written in this transaction changed status"

@@ -25,12 +25,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import msgspec
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from db.queries import quota
-
-_rows_encoder = msgspec.json.Encoder()
+from db.queries.json_rows import json_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +47,9 @@ async def add_units(conn: AsyncConnection, product_id: int, units: Mapping[str, 
     back). Two statements: one multi-row upsert, one read of those over the limit."""
     if not units:
         return {}
-    payload = _rows_encoder.encode(sorted(units.items()))
+    payload = json_rows([[user, count] for user, count in sorted(units.items())])
     await conn.execute(quota.ADD_MANY, {"p": product_id, "rows": payload})
-    over = await conn.execute(quota.OVER_LIMIT, {"p": product_id, "u": list(units)})
+    over = await conn.execute(quota.OVER_LIMIT, {"p": product_id, "rows": payload})
     return {row.user_id: OverLimit(int(row.bought), int(row.per_user_limit)) for row in over}
 
 
