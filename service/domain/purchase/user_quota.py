@@ -27,8 +27,12 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from db.engine import DriverStatement, on_driver
 from db.queries import quota
 from db.queries.json_rows import json_rows
+
+_ADD_MANY = DriverStatement(quota.ADD_MANY)
+_OVER_LIMIT = DriverStatement(quota.OVER_LIMIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +52,9 @@ async def add_units(conn: AsyncConnection, product_id: int, units: Mapping[str, 
     if not units:
         return {}
     payload = json_rows([[user, count] for user, count in sorted(units.items())])
-    await conn.execute(quota.ADD_MANY, {"p": product_id, "rows": payload})
-    over = await conn.execute(quota.OVER_LIMIT, {"p": product_id, "rows": payload})
-    return {row.user_id: OverLimit(int(row.bought), int(row.per_user_limit)) for row in over}
+    await on_driver(conn, _ADD_MANY, {"p": product_id, "rows": payload})
+    _, over = await on_driver(conn, _OVER_LIMIT, {"p": product_id, "rows": payload})
+    return {user_id: OverLimit(int(bought), int(limit)) for user_id, bought, limit in over}
 
 
 async def take_back(conn: AsyncConnection, product_id: int, units: Mapping[str, int]) -> None:
