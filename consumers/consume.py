@@ -21,6 +21,18 @@ from service.settings import AMQPSettings
 
 log = structlog.get_logger(__name__)
 
+PREFETCH_ORDERS = 512
+"""Orders in hand per consumer and order queue when no prefetch is given (:func:`default_prefetch`):
+what three batch writers of 100 and the batch gathering behind them use, with room to spare."""
+
+
+def default_prefetch(amqp: AMQPSettings) -> int:
+    """Deliveries in hand per order queue: ``FLASHSALE_AMQP__PREFETCH``, else as many messages as
+    carry :data:`PREFETCH_ORDERS` orders at ``group_max`` orders each. A prefetch counted in
+    messages alone let the first of two consumers started on a backlog of groups take 256 groups
+    (16,384 of 20,000 orders) and the second go idle (docs/BENCHMARKS.md, "The consumer drain")."""
+    return amqp.prefetch or -(-PREFETCH_ORDERS // amqp.group_max)
+
 
 @contextlib.asynccontextmanager
 async def consuming(
@@ -59,14 +71,18 @@ async def consuming(
 
 
 async def run_consumer(
-    resources: Resources, prefetch: int, metrics_port: int | None = None, partitions: Collection[int] | None = None
+    resources: Resources,
+    prefetch: int | None = None,
+    metrics_port: int | None = None,
+    partitions: Collection[int] | None = None,
 ) -> None:
     """Consume until SIGTERM/SIGINT, then stop taking messages, finish those in hand, and return.
-    ``prefetch``: deliveries in hand at most, per order queue; batches of
+    ``prefetch``: deliveries in hand at most, per order queue (None: :func:`default_prefetch`); batches of
     ``FLASHSALE_AMQP__BATCH_SIZE`` at most. ``metrics_port``: where ``/metrics`` is served (None
     or 0: not served; queue depths are sampled all the same). ``partitions``: the order queues
     taken (every partition when None)."""
     settings = resources.settings
+    prefetch = prefetch or default_prefetch(settings.amqp)
     consumer = OrderConsumer(
         resources.engine,
         resources.store,

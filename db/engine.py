@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import structlog
-from sqlalchemy import event
+from sqlalchemy import TextClause, event
+from sqlalchemy.dialects.mysql.asyncmy import dialect as asyncmy_dialect
 from sqlalchemy.engine import Dialect, ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -66,6 +67,50 @@ async def in_transaction(
             log.info("transaction_retry", work=label, attempt=attempt, delay=round(delay, 3))
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")
+
+
+_DRIVER_DIALECT = asyncmy_dialect(paramstyle="pyformat")
+
+
+class DriverStatement:
+    """A ``text()`` statement of the consumer's batch transaction compiled once into asyncmy's
+    own form (``%(name)s`` placeholders), run by :func:`on_driver`. Still parameterised: the
+    driver escapes every parameter as SQLAlchemy would have it do."""
+
+    __slots__ = ("sql",)
+
+    def __init__(self, statement: TextClause) -> None:
+        self.sql = str(statement.compile(dialect=_DRIVER_DIALECT))
+        if "POSTCOMPILE" in self.sql:
+            raise ValueError("an expanding parameter needs SQLAlchemy: run it with conn.execute")
+
+
+async def on_driver(
+    conn: AsyncConnection, statement: DriverStatement, params: Mapping[str, Any]
+) -> tuple[int, list[tuple[Any, ...]]]:
+    """Run ``statement`` inside ``conn``'s transaction on the pooled connection's asyncmy
+    connection: its row count (matched rows: the dialect's ``FOUND_ROWS`` flag) and its rows.
+    SQLAlchemy's statement execution (compiled-cache look-up, parameter processing, result
+    wrapping, the async adaptation) costs about three times asyncmy's own work for each
+    statement (docs/BENCHMARKS.md, "The consumer drain"); the transaction, the pool and its
+    pre-ping stay SQLAlchemy's. The errors are the engine's vocabulary, as :func:`_translated`
+    makes them, but the engine's ``handle_error`` listeners do not see them (a connection lost
+    here is found by the rollback, or by the next pre-ping).
+
+    Raises:
+        service.failures.StoreFailure: as a statement run through the engine raises it.
+    """
+    driver = (await conn.get_raw_connection()).driver_connection
+    assert driver is not None, "a connection in a transaction has its driver connection"
+    try:
+        async with driver.cursor() as cursor:
+            count = await cursor.execute(statement.sql, params)
+            return count, await cursor.fetchall()
+    except Exception as exc:
+        failure = translate(exc)
+        if failure is None or failure is exc:
+            raise
+        raise failure from exc
 
 
 def make_engine(

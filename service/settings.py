@@ -111,9 +111,12 @@ class AMQPSettings(QueueTopology, BaseModel):  # the queue names derived from th
     """Seconds a publish waits for the broker's confirm (reconnecting included)."""
     delivery_limit: int = Field(5, ge=1)
     """Redeliveries before the broker dead-letters a message (a consumer dying with it in hand)."""
-    prefetch: int = Field(256, ge=1)
+    prefetch: int = Field(0, ge=0)
     """Default ``consume --prefetch``: deliveries in hand per consumer and order queue it takes
-    (a delivery is a message: with groups, up to ``group_max`` orders)."""
+    (a delivery is a message: with groups, up to ``group_max`` orders). 0: as many as carry
+    512 orders at ``group_max`` orders a message (8 groups of 64; 512 single messages with
+    ``group_max`` 1), so that consumers starting on a backlog of groups share it instead of the
+    first taking it whole."""
     batch_size: int = Field(100, ge=1)
     """Orders one consumer writes in one MySQL transaction, at most."""
     batch_linger_ms: float = Field(20.0, ge=0, le=200)

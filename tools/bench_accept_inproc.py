@@ -59,22 +59,31 @@ async def _call(app: Litestar, method: str, path: str, token: str, body: bytes) 
     return status
 
 
-async def _cpu_per_request(app: Litestar, path: str, tokens: list[str], requests: int, concurrency: int) -> float:
-    """CPU microseconds per request of ``requests`` POSTs to ``path`` by ``concurrency`` callers.
+async def _cpu_per_request(
+    app: Litestar,
+    path: str,
+    tokens: list[str],
+    requests: int,
+    concurrency: int,
+    *,
+    body: bytes = BODY,
+    expect: int = 202,
+) -> float:
+    """CPU microseconds per request of ``requests`` POSTs of ``body`` to ``path`` by ``concurrency`` callers.
 
     Raises:
-        AssertionError: a request was not answered 202.
+        AssertionError: a request was not answered ``expect``.
     """
     numbers = iter(range(requests))
     statuses: set[int] = set()
 
     async def caller() -> None:
         for n in numbers:
-            statuses.add(await _call(app, "POST", path, tokens[n % len(tokens)], BODY))
+            statuses.add(await _call(app, "POST", path, tokens[n % len(tokens)], body))
 
     started = time.process_time()
     await asyncio.gather(*(caller() for _ in range(concurrency)))
-    assert statuses == {202}, f"unexpected statuses {statuses}"
+    assert statuses == {expect}, f"unexpected statuses {statuses}"
     return (time.process_time() - started) / requests * 1e6
 
 

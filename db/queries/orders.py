@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import TextClause, bindparam, text
 
 from db.models import OrderStatus
+from db.queries.json_rows import ROWS
 
 _VIEW_COLUMNS = "id, order_no, request_id, user_id, product_id, quantity, amount, status, reason, created_at"
 
@@ -12,13 +13,14 @@ _VIEW_COLUMNS = "id, order_no, request_id, user_id, product_id, quantity, amount
 INSERT_MANY = text(
     "INSERT INTO orders (order_no, request_id, user_id, product_id, quantity, amount, status)"
     " SELECT j.order_no, j.request_id, j.user_id, p.id, j.quantity, j.amount, :status"
-    " FROM JSON_TABLE(:rows, '$[*]' COLUMNS (seq FOR ORDINALITY, order_no VARCHAR(26) PATH '$[0]',"
+    f" FROM JSON_TABLE({ROWS}, '$[*]' COLUMNS (seq FOR ORDINALITY, order_no VARCHAR(26) PATH '$[0]',"
     " request_id VARCHAR(32) PATH '$[1]', user_id VARCHAR(64) PATH '$[2]', product_id BIGINT PATH '$[3]',"
     " quantity INT PATH '$[4]', amount BIGINT PATH '$[5]')) j"
     " JOIN products p ON p.id = j.product_id ORDER BY j.seq"
 )
 """Many orders in one statement, all ``:status``: ``:rows`` is a JSON array of
-``[order_no, request_id, user_id, product_id, quantity, amount]`` (amount in minor units), rows
+``[order_no, request_id, user_id, product_id, quantity, amount]`` (amount in minor units;
+:func:`db.queries.json_rows.json_rows`), rows
 written in array order. A row naming an unknown product inserts nothing
 (rowcount counts the rows written); under ``UNIQUE(request_id)`` and ``UNIQUE(order_no)`` one
 taken key fails the whole statement with 1062 (MySQL 8 / MariaDB 10.6+: ``JSON_TABLE``)."""
@@ -46,10 +48,16 @@ PRESENT_REQUEST_IDS = text("SELECT request_id FROM orders WHERE request_id IN :r
 
 LOG_MANY = text(
     "INSERT INTO order_status_log (order_id, from_status, to_status, reason, actor)"
-    " SELECT id, :from_, :to, :reason, :actor FROM orders WHERE request_id IN :r ORDER BY id"
-).bindparams(bindparam("r", expanding=True))
+    " SELECT STRAIGHT_JOIN o.id, :from_, :to, :reason, :actor"
+    f" FROM JSON_TABLE({ROWS}, '$[*]' COLUMNS (request_id VARCHAR(32) COLLATE utf8mb4_bin PATH '$[0]')) j"
+    " JOIN orders o ON o.request_id = j.request_id ORDER BY o.id"
+)
 """One history entry (``:from_`` -> ``:to``, ``:reason``, by ``:actor``; ``:from_`` NULL when the
-order is created) for each order in request ids ``:r``, written in the change's transaction."""
+order is created) for each order whose request id is in ``:rows`` (a JSON array of
+``[request_id]``, :func:`db.queries.json_rows.json_rows`), written in the change's transaction.
+Joined from the rows as sent, one unique-key look-up each (``STRAIGHT_JOIN``: the rows first;
+the binary collation of the tables, or the key is not used): no ``IN`` list for the server to
+plan nor for the client to render and escape (docs/BENCHMARKS.md, "The consumer drain")."""
 
 REJECT_MANY = text(
     "UPDATE orders SET status = :to, reason = :reason WHERE request_id IN :r AND status = :from_"

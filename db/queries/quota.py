@@ -11,22 +11,28 @@ from __future__ import annotations
 
 from sqlalchemy import bindparam, text
 
+from db.queries.json_rows import ROWS
+
 ADD_MANY = text(
     "INSERT INTO user_quota (product_id, user_id, bought)"
-    " SELECT :p, j.user_id, j.units FROM JSON_TABLE(:rows, '$[*]' COLUMNS ("
+    f" SELECT :p, j.user_id, j.units FROM JSON_TABLE({ROWS}, '$[*]' COLUMNS ("
     " user_id VARCHAR(64) PATH '$[0]', units INT PATH '$[1]')) j ORDER BY j.user_id"
     " ON DUPLICATE KEY UPDATE bought = bought + VALUES(bought)"
 )
 """Add units to users of product ``:p``: ``:rows`` is a JSON array of ``[user_id, units]`` (one
-entry per user); a user without a row gets one. The rows are locked (in user order) until the
-transaction ends."""
+entry per user, :func:`db.queries.json_rows.json_rows`); a user without a row gets one. The rows
+are locked (in user order) until the transaction ends."""
 
 OVER_LIMIT = text(
-    "SELECT q.user_id, q.bought, p.per_user_limit FROM user_quota q JOIN products p ON p.id = q.product_id"
-    " WHERE q.product_id = :p AND q.user_id IN :u AND q.bought > p.per_user_limit"
-).bindparams(bindparam("u", expanding=True))
-"""Which of users ``:u`` now hold more of product ``:p`` than its per-user limit (after
-:data:`ADD_MANY` in the same transaction: the rows are this transaction's, read as written)."""
+    "SELECT STRAIGHT_JOIN j.user_id, q.bought, p.per_user_limit"
+    f" FROM JSON_TABLE({ROWS}, '$[*]' COLUMNS (user_id VARCHAR(64) COLLATE utf8mb4_bin PATH '$[0]')) j"
+    " JOIN user_quota q ON q.product_id = :p AND q.user_id = j.user_id"
+    " JOIN products p ON p.id = q.product_id WHERE q.bought > p.per_user_limit"
+)
+"""Which of the users of ``:rows`` (:data:`ADD_MANY`'s parameter: the first column is the user)
+now hold more of product ``:p`` than its per-user limit (after :data:`ADD_MANY` in the same
+transaction: the rows are this transaction's, read as written). One primary-key look-up per
+user, joined from the rows as sent (as :data:`db.queries.orders.LOG_MANY`)."""
 
 TAKE_BACK = text("UPDATE user_quota SET bought = GREATEST(bought - :units, 0) WHERE product_id = :p AND user_id = :u")
 """``:units`` of user ``:u``'s count of product ``:p`` go back (a cancel, or units a transaction
@@ -38,7 +44,7 @@ BOUGHT = text("SELECT bought FROM user_quota WHERE product_id = :p AND user_id =
 
 RECORD_CONFLICT = text(
     "INSERT INTO order_no_conflicts (request_id, order_no, user_id)"
-    " SELECT j.request_id, j.order_no, j.user_id FROM JSON_TABLE(:rows, '$[*]' COLUMNS ("
+    f" SELECT j.request_id, j.order_no, j.user_id FROM JSON_TABLE({ROWS}, '$[*]' COLUMNS ("
     " request_id VARCHAR(32) PATH '$[0]', order_no VARCHAR(26) PATH '$[1]', user_id VARCHAR(64) PATH '$[2]')) j"
 )
 """``:rows``: JSON array of ``[request_id, order_no the buyer was given, user_id]``."""

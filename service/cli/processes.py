@@ -73,7 +73,10 @@ def parse_partitions(text: str | None, amqp: AMQPSettings) -> list[int] | None:
 
 @click.command()
 @click.option(
-    "--prefetch", default=None, type=click.IntRange(1, 10_000), help="Unacked messages in hand (default from settings)."
+    "--prefetch",
+    default=None,
+    type=click.IntRange(1, 10_000),
+    help="Unacked messages in hand (default from settings, else 512 orders' worth of messages).",
 )
 @click.option(
     "--partitions",
@@ -101,7 +104,7 @@ def consume(prefetch: int | None, partitions_text: str | None, metrics_port: int
         # every store asked first, RabbitMQ included: the consumer connects to it itself
         async with opened_when_reachable(settings, open_consumer, check=True) as resources:
             if resources is not None:
-                await run_consumer(resources, prefetch or settings.amqp.prefetch, metrics_port, partitions)
+                await run_consumer(resources, prefetch, metrics_port, partitions)
 
     run(go())
 

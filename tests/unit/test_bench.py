@@ -212,6 +212,8 @@ def test_the_metrics_pairs_are_measured_together():
     for on, off in METRICS_PAIRS.items():
         row = next(r for r in HTTP_ROWS if r.key == off)
         assert row.reference == on and row.server == "api-metrics-off"
+        # the metrics-on twin is a server of its own, not the api server that creates the products
+        assert next(r for r in HTTP_ROWS if r.key == on).server == "api-metrics-on"
     groups = [[row.key for row in group] for group in round_groups(HTTP_ROWS)]
     assert ["product_noop_paired", "product_noop_metrics_off"] in groups
     assert ["sold_out_paired", "sold_out_metrics_off"] in groups

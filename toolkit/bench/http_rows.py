@@ -182,21 +182,21 @@ async def _measure(
 
 
 async def http_rows(ctx: Context, *, products: bool = True) -> list[Row]:
-    """Start the servers of :data:`SERVERS` the measured rows of :data:`HTTP_ROWS` need (and one
-    ``api`` server always, with ``products``: it creates the products, the drain rows' too), create
-    the products on the first ``api`` one, measure every row ``rounds`` times (round robin,
-    :func:`round_order`), stop the servers."""
+    """Start the servers of :data:`SERVERS` the measured rows of :data:`HTTP_ROWS` need (and the ``api``
+    server always, with ``products``: it creates the products, the drain rows' too, so that no twin
+    of a metrics pair has a history the other lacks), create the products on it, measure every row
+    ``rounds`` times (round robin, :func:`round_order`), stop the servers."""
     rows = [row for row in HTTP_ROWS if ctx.options.wants(row.key)]
     needed = {row.server for row in rows}
     specs = [spec for spec in SERVERS if spec.name in needed]
-    if products and not any(spec.kind == "api" for spec in specs):
-        specs.append(next(spec for spec in SERVERS if spec.kind == "api"))
+    if products and not any(spec.name == "api" for spec in specs):
+        specs.append(next(spec for spec in SERVERS if spec.name == "api"))
     servers: dict[str, tuple[Child, int]] = {}
     try:
         for spec in specs:
             ctx.console.print(f"starting {spec.name} ({spec.workers or ctx.options.workers} granian worker(s))")
             servers[spec.name] = await start_server(ctx, spec.kind, spec.name, spec.env, spec.workers)
-        api = next((s.name for s in specs if s.kind == "api"), None)
+        api = next((s.name for s in specs if s.name == "api"), None)
         if api is not None:
             await create_products(ctx, servers[api][1])
         measured: dict[str, list[Row]] = {row.key: [] for row in rows}

@@ -47,13 +47,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-import msgspec
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from db.engine import in_transaction
+from db.engine import DriverStatement, in_transaction, on_driver
 from db.models import OrderStatus
 from db.queries import inventory, orders, quota
+from db.queries.json_rows import json_rows
 from service import metrics
 from service.adapters.redis.stores import RedisStores
 from service.domain.order_numbers.conflicts import stand_in_order_no
@@ -65,10 +65,13 @@ from service.model.order_message import OrderMessage
 from service.model.stock import ClaimOutcome
 
 _WRITE_RETRIED = metrics.retry_counter("write_orders", metrics.TRANSACTION_RETRIES.inc)
+# Statements every batch runs, on the driver (db.engine.on_driver). The stock UPDATE, where a batch
+# waits for the product's row lock, stays on the engine with the rest: its lock waits and deadlocks
+# reach the engine's handle_error listeners as every other transaction's do.
+_INSERT_MANY = DriverStatement(orders.INSERT_MANY)
+_LOG_MANY = DriverStatement(orders.LOG_MANY)
 
 log = structlog.get_logger(__name__)
-
-_rows_encoder = msgspec.json.Encoder()
 
 
 class Outcome(Enum):
@@ -200,12 +203,12 @@ async def _write_round(
     written = await _insert(conn, rows, outcomes, replay_window)
     if not written:
         return
-    request_ids = [row.request_id for row in written]
-    created = {"from_": None, "to": OrderStatus.PENDING_PAYMENT, "reason": None, "actor": CONSUMER, "r": request_ids}
-    await conn.execute(orders.LOG_MANY, created)
+    request_ids = json_rows([[row.request_id] for row in written])
+    created = {"from_": None, "to": OrderStatus.PENDING_PAYMENT, "reason": None, "actor": CONSUMER, "rows": request_ids}
+    await on_driver(conn, _LOG_MANY, created)
     conflicts = [[row.request_id, row.order.order_no, row.order.user_id] for row in written if row.conflict]
     if conflicts:
-        await conn.execute(quota.RECORD_CONFLICT, {"rows": _rows_encoder.encode(conflicts)})
+        await conn.execute(quota.RECORD_CONFLICT, {"rows": json_rows(conflicts)})
     rejected: dict[str, list[_Row]] = defaultdict(list)
     by_product: dict[int, list[_Row]] = defaultdict(list)
     for row in written:
@@ -232,21 +235,21 @@ async def _insert(
     """INSERT ``rows`` (one statement); returns the rows written. Rows that collided with an
     existing order, and rows of unknown products, get their outcome and are not returned."""
     while rows:
-        payload = _rows_encoder.encode(
+        payload = json_rows(
             [
                 [r.order_no, r.request_id, r.order.user_id, r.order.product_id, r.order.quantity, r.order.amount]
                 for r in rows
             ]
         )
         try:
-            inserted = await conn.execute(orders.INSERT_MANY, {"rows": payload, "status": OrderStatus.PENDING_PAYMENT})
+            inserted, _ = await on_driver(conn, _INSERT_MANY, {"rows": payload, "status": OrderStatus.PENDING_PAYMENT})
         except DuplicateKey:
             before = [(row.index, row.request_id, row.order_no) for row in rows]
             rows = await _settle_collisions(conn, rows, outcomes, replay_window)
             if [(row.index, row.request_id, row.order_no) for row in rows] == before:
                 raise  # no row of ours collided with a written order: not a repeat, let it fail
             continue
-        if inserted.rowcount == len(rows):
+        if inserted == len(rows):
             return rows
         present = set((await conn.execute(orders.PRESENT_REQUEST_IDS, {"r": [r.request_id for r in rows]})).scalars())
         for row in rows:
@@ -383,6 +386,7 @@ async def _reject(conn: AsyncConnection, rows: list[_Row], reason: str) -> None:
         "reason": reason,
         "actor": CONSUMER,
         "r": [row.request_id for row in rows],
+        "rows": json_rows([[row.request_id] for row in rows]),
     }
     changed = await conn.execute(orders.REJECT_MANY, params)
     assert changed.rowcount == len(rows), "an order written in this transaction changed status"

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import msgspec
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import in_transaction
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders, products
+from db.queries.json_rows import json_rows
 from service import metrics
 from service.domain.orders import actors
 from service.domain.purchase import user_quota
@@ -40,7 +40,6 @@ from service.failures import DuplicateKey
 from service.model.stock import ReserveOutcome
 
 _BUY_RETRIED = metrics.retry_counter("buy_in_database")
-_rows_encoder = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +133,7 @@ async def _buy(conn: AsyncConnection, p: DatabasePurchase) -> DatabaseAnswer:
         # when the product is set), a larger one may not.
         raise _Refused(ReserveOutcome.OVER_LIMIT)
     row = [p.order_no, p.request_id, p.user_id, p.product_id, p.quantity, terms.price * p.quantity]
-    payload = _rows_encoder.encode([row])
-    await conn.execute(orders.INSERT_MANY, {"rows": payload, "status": OrderStatus.PENDING_PAYMENT})
+    await conn.execute(orders.INSERT_MANY, {"rows": json_rows([row]), "status": OrderStatus.PENDING_PAYMENT})
     # The same order of checks as lua/reserve.lua: window, stock, token, the user's quota.
     if not terms.active:
         raise _Refused(ReserveOutcome.SALE_NOT_ACTIVE)
@@ -153,7 +151,7 @@ async def _buy(conn: AsyncConnection, p: DatabasePurchase) -> DatabaseAnswer:
         "to": OrderStatus.PENDING_PAYMENT,
         "reason": None,
         "actor": actors.buyer(p.user_id),
-        "r": [p.request_id],
+        "rows": json_rows([[p.request_id]]),
     }
     await conn.execute(orders.LOG_MANY, created)
     return DatabaseAnswer(ReserveOutcome.RESERVED, p.order_no, OrderStatus.PENDING_PAYMENT.label)

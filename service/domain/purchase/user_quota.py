@@ -25,12 +25,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import msgspec
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from db.engine import DriverStatement, on_driver
 from db.queries import quota
+from db.queries.json_rows import json_rows
 
-_rows_encoder = msgspec.json.Encoder()
+_ADD_MANY = DriverStatement(quota.ADD_MANY)
+_OVER_LIMIT = DriverStatement(quota.OVER_LIMIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +51,10 @@ async def add_units(conn: AsyncConnection, product_id: int, units: Mapping[str, 
     back). Two statements: one multi-row upsert, one read of those over the limit."""
     if not units:
         return {}
-    payload = _rows_encoder.encode(sorted(units.items()))
-    await conn.execute(quota.ADD_MANY, {"p": product_id, "rows": payload})
-    over = await conn.execute(quota.OVER_LIMIT, {"p": product_id, "u": list(units)})
-    return {row.user_id: OverLimit(int(row.bought), int(row.per_user_limit)) for row in over}
+    payload = json_rows([[user, count] for user, count in sorted(units.items())])
+    await on_driver(conn, _ADD_MANY, {"p": product_id, "rows": payload})
+    _, over = await on_driver(conn, _OVER_LIMIT, {"p": product_id, "rows": payload})
+    return {user_id: OverLimit(int(bought), int(limit)) for user_id, bought, limit in over}
 
 
 async def take_back(conn: AsyncConnection, product_id: int, units: Mapping[str, int]) -> None:

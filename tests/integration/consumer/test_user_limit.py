@@ -134,3 +134,18 @@ async def test_database_mode_counts_in_the_same_table(client, token, put_product
     # A consumer-written order of the same user meets the count the database mode wrote.
     assert await write_orders(engine, [message_for(product_id, "db-buyer", 900021)]) == [Outcome.REJECTED]
     assert await inventory(engine, product_id) == (8, 2)
+
+
+async def test_users_whose_ids_differ_only_in_case_count_apart(engine, put_product, product_id):
+    # The quota rows are read back joined from the batch's rows: in the tables' binary collation.
+    await put_product(product_id, stock=10, limit=1)
+    batch = [
+        message_for(product_id, "Buyer", 900031),
+        message_for(product_id, "buyer", 900032),
+        message_for(product_id, "BUYER", 900033),
+        message_for(product_id, "buyer", 900034),  # buyer's second unit: over the limit of 1
+    ]
+    outcomes = await write_orders(engine, batch)
+    assert outcomes == [Outcome.APPLIED, Outcome.APPLIED, Outcome.APPLIED, Outcome.REJECTED]
+    assert await quota_rows(engine, product_id) == {"Buyer": 1, "buyer": 1, "BUYER": 1}
+    assert await inventory(engine, product_id) == (7, 3)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 
-import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import OrderStatus, StockMode
 from db.queries import inventory, orders
+from db.queries.json_rows import json_rows
 from service import metrics
 from service.domain.order_numbers.format import compose_order_no
 from service.domain.purchase.request_id import mint_request_id
@@ -32,7 +32,7 @@ async def _batch_holding_the_product_row(engine: AsyncEngine, product_id: int, w
     """The consumer's two statements, in its order, in one transaction, with ``writer`` (a
     coroutine function) started between them; the batch must commit and the writer finish."""
     order_no = compose_order_no("FS", "20261203000000", 92, product_id % 1_000_000)  # this test's own numbers
-    rows = msgspec.json.encode([[order_no, mint_request_id(), "held", product_id, 1, 1500]])
+    rows = json_rows([[order_no, mint_request_id(), "held", product_id, 1, 1500]])
     async with engine.begin() as conn:
         await conn.execute(orders.INSERT_MANY, {"rows": rows, "status": OrderStatus.PENDING_PAYMENT})
         started = asyncio.ensure_future(writer())
