@@ -30,6 +30,8 @@ PATIENCE = (1.0, 6.0)
 """An impatient buyer leaves this many seconds (drawn uniformly) after arriving."""
 REACTION = (0.2, 1.5)
 """Without the room, a person who came early presses the button this long after the opening."""
+NOT_IN_QUEUE = "not_in_queue"
+"""``GET .../queue/me`` of a buyer without a place (recorded as a ticket in this state)."""
 SCRIPT_JOINS = 8
 SCRIPT_POLL = 0.1
 """A script polls ten times as often as the server ever asks (``poll_min_ms``, 1 s by default);
@@ -140,7 +142,7 @@ class CrowdRun:
     arrival to the last buyer done; ``timed_out`` buyers still busy at the deadline;
     ``stock``: the units on sale; ``depart_after_polls``: the room's departure bound (a waiting
     buyer silent this many times the longest interval it was told, at least ``poll_max_ms``,
-    loses its place). Every time
+    loses its place), plus ``depart_grace_ms``. Every time
     is epoch seconds, the server's clock as the buyers' (the hosts of a rehearsal keep their
     clocks in sync)."""
 
@@ -153,3 +155,4 @@ class CrowdRun:
     timed_out: int
     depart_after_polls: float = 3.0
     poll_max_ms: int = 5000
+    depart_grace_ms: int = 0

@@ -10,7 +10,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator
 
-from toolkit.sale.crowd import CrowdRun, Told, Trail
+from toolkit.sale.crowd import NOT_IN_QUEUE, CrowdRun, Told, Trail
 from toolkit.sale.invariants import Check
 from toolkit.sale.plan import ACCEPTED
 
@@ -50,14 +50,20 @@ def check_turns(run: CrowdRun) -> Check:
 def _stints(trail: Trail) -> Iterator[list[Told]]:
     """The buyer's answers per place held: a join sent after an answer arrived is a return after
     losing the place (an admission used or lapsed, a departure: answered ``404``), with a new
-    place at the back; parallel joins sent before any answer share one."""
+    place at the back; parallel joins sent before any answer share one. A call sent after a
+    ``404`` arrived is in a new place too: the join that took it may have been answered with an
+    error (a ``503`` whose script ran), so its ticket is not in the trail."""
     joins = {id(told) for told in trail.joins}
     stint: list[Told] = []
+    lost: float | None = None  # when the room said this place was gone
     for told in trail.told():
-        if id(told) in joins and stint and told.sent > stint[0].at:
+        returned = id(told) in joins and stint and told.sent > stint[0].at
+        if returned or (lost is not None and told.sent > lost):
             yield stint
-            stint = []
+            stint, lost = [], None
         stint.append(told)
+        if told.state == NOT_IN_QUEUE:
+            lost = told.at
     if stint:
         yield stint
 
@@ -96,8 +102,8 @@ def check_places(run: CrowdRun) -> Check:
 def check_departures(run: CrowdRun) -> Check:
     """A poll sent longer after the buyer's last waiting answer than its departure bound (the
     room's multiple of the longest interval it was told in that place, at least of the longest
-    any buyer is told, ``poll_max_ms``, plus the width of the room's departure buckets, a quarter
-    of the shortest bound) is never answered ``admitted`` by an admission made past that bound
+    any buyer is told, ``poll_max_ms``, plus the room's grace and the width of its departure
+    buckets, a quarter of the shortest multiple) is never answered ``admitted`` by an admission made past that bound
     (the server saw at least that gap: it answered before the client heard, and the client sent
     before the server read). An admission is dated from its expiry less the tokens' lifetime: one
     made while the buyer was still in time, at another buyer's call, is told at the late poll
@@ -112,7 +118,7 @@ def check_departures(run: CrowdRun) -> Check:
                 longest = max(longest, previous.poll_after_ms or 0)
                 if previous.state != "waiting" or id(told) in joins or not told.sent:
                     continue
-                bound = (run.depart_after_polls * longest + bucket) / 1000
+                bound = (run.depart_after_polls * longest + run.depart_grace_ms + bucket) / 1000
                 if told.sent - previous.at <= bound:
                     continue
                 silent += 1
@@ -126,5 +132,6 @@ def check_departures(run: CrowdRun) -> Check:
         "answered_admitted": admitted,
         "answered_waiting": kept,
         "departure_bound_polls": run.depart_after_polls,
+        "departure_grace_ms": run.depart_grace_ms,
     }
     return Check(admitted == 0, numbers)

@@ -273,6 +273,24 @@ async def test_a_buyer_who_stopped_polling_departs_is_never_admitted_and_rejoins
     assert (back.state, back.position, back.ahead) == (RoomState.WAITING, 4, 0)
 
 
+async def test_a_poll_held_up_in_a_loaded_servers_queue_keeps_the_place_within_the_grace(room: Room):
+    # Bound 3 x poll_max (200 ms) = 600 ms, found within a bucket (150 ms) more; with a grace of
+    # 3 s the same silence of 1 s keeps the place.
+    await room.load(1)
+    strict = RoomPace(1.0, 60_000, 100, 200, 20, 0, depart_after_polls=3.0)
+    lenient = RoomPace(1.0, 60_000, 100, 200, 20, 0, depart_after_polls=3.0, depart_grace_ms=3000)
+    assert (await room.visit("g-holder", strict, join=True)).state is RoomState.ADMITTED
+    paces = {"g-strict": strict, "g-grace": lenient}
+    joined = {user: await room.visit(user, paces[user], join=True) for user in paces}
+    bucket = (await room.stores.redis.hget(room.keys.room_due, "g-grace")).split(":")[2]
+    assert int(bucket) == math.ceil((joined["g-grace"].now_ms + 3 * 200 + 3000) / 150)
+    await asyncio.sleep(1.0)  # both silent past 600 + 150 ms, within 3.6 s
+    back = {user: await room.visit(user, strict) for user in joined}
+    assert (back["g-strict"].state, back["g-grace"].state) == (RoomState.NONE, RoomState.WAITING)
+    counters = await room.stores.rooms.counters(room.product_id)
+    assert (counters["departed"], counters["waiting"]) == (1, 1)
+
+
 async def test_a_new_opening_starts_a_new_room_and_the_old_line_hears_closed(room: Room):
     await room.load(3)
     old = [f"n-{i}" for i in range(5)]
