@@ -87,6 +87,14 @@ def test_a_place_that_moves_back_or_is_shown_to_two_buyers_breaks_the_promise():
         [_told(2.0, "waiting", 8, 6), _told(30.0, NOT_IN_QUEUE, poll=None), _told(40.0, "waiting", 90, 80)],
     )
     assert check_places(_run(lost)).ok
+    # A script's parallel joins: one read before its admission was used, three after (a new place).
+    joins = [Told(2.0, "admitted", "t", 12, None, 5, "tok", 20_000, 1000, True, 1.0)]
+    joins += [Told(9.0, "waiting", "t", None, None, 5, None, None, 600, False, 1.0)] * 3
+    script = _trail(9, joins, [_told(12.0, "waiting", 130, 95)], [_purchase(2.5, "tok", ACCEPTED)])
+    assert check_places(_run(script)).ok
+    # Its admission unused and unexpired, the same answers are a place moved back.
+    unused = _trail(10, joins, [_told(12.0, "waiting", 130, 95)])
+    assert check_places(_run(unused)).numbers["positions_moved_back"] == 1
     # Without the 404 the same answers are a place moved back.
     kept = _trail(8, [_told(1.0, "waiting")], [_told(2.0, "waiting", 8, 6), _told(40.0, "waiting", 90, 80)])
     assert check_places(_run(kept)).numbers["positions_moved_back"] == 1

@@ -48,22 +48,29 @@ def check_turns(run: CrowdRun) -> Check:
 
 
 def _stints(trail: Trail) -> Iterator[list[Told]]:
-    """The buyer's answers per place held: a join sent after an answer arrived is a return after
-    losing the place (an admission used or lapsed, a departure: answered ``404``), with a new
-    place at the back; parallel joins sent before any answer share one. A call sent after a
-    ``404`` arrived is in a new place too: the join that took it may have been answered with an
-    error (a ``503`` whose script ran), so its ticket is not in the trail."""
+    """The buyer's answers per place held. A place ends when the room says so (``404``: departed,
+    or no place) and when its admission ends (bought with, or expired); a call sent after its end,
+    or a join sent after an answer arrived, is in a new place at the back. Parallel joins sent
+    before any answer share one place; those the server reads after the place ended take a new
+    one (a script's eight joins read over seconds of a loaded server's queue), and so does a
+    re-join whose answer was lost (a ``503`` whose script ran)."""
     joins = {id(told) for told in trail.joins}
+    bought: dict[str, float] = {}
+    for purchase in trail.purchases:
+        if purchase.admission and purchase.answer.code == ACCEPTED:
+            bought[purchase.admission] = min(bought.get(purchase.admission, math.inf), purchase.answer.finished)
     stint: list[Told] = []
-    lost: float | None = None  # when the room said this place was gone
+    ended = math.inf  # when this place ended, as far as the buyer knows
     for told in trail.told():
         returned = id(told) in joins and stint and told.sent > stint[0].at
-        if returned or (lost is not None and told.sent > lost):
+        if returned or told.sent > ended:
             yield stint
-            stint, lost = [], None
+            stint, ended = [], math.inf
         stint.append(told)
         if told.state == NOT_IN_QUEUE:
-            lost = told.at
+            ended = min(ended, told.at)
+        elif told.state == "admitted" and told.admission_token and told.admission_expires_at:
+            ended = min(ended, told.admission_expires_at / 1000, bought.get(told.admission_token, math.inf))
     if stint:
         yield stint
 
