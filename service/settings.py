@@ -242,11 +242,11 @@ class WaitingRoomSettings(BaseModel):
     depart_after_polls: float = Field(3.0, ge=1.0, le=1000.0)
     """A waiting buyer who has not polled within this many times the longest interval they were told (at least
     ``poll_max_ms``) has departed: the place is lost (never admitted, not counted); coming back joins at the back."""
-    depart_grace_ms: int = Field(60_000, ge=0, le=3_600_000)
+    depart_grace_ms: int = Field(45_000, ge=0, le=3_600_000)
     """Added to every departure deadline: how long a poll may take to reach the room when the server is the queue
-    (a stampede's backlog; 60 s is the common proxy read timeout, past which a client has been given up on). The
-    room sees when a call arrives, not when it was sent: without this, a loaded server drops the buyers whose one
-    poll waits in its queue and keeps those who keep many calls in flight."""
+    (a stampede's backlog). The room sees when a call arrives, not when it was sent: without this, a loaded server
+    drops the buyers whose one poll waits in its queue and keeps those who keep many calls in flight. Longer costs
+    admissions: a buyer who left is found that much later, and may be admitted and hold a unit for its TTL."""
 
 
 class RealignSettings(BaseModel):
