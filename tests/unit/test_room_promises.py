@@ -121,3 +121,7 @@ def test_a_buyer_admitted_after_a_silence_past_its_bound_breaks_the_promise():
     # The room's grace (a call's time in a loaded server's queue) lengthens the bound by as much.
     assert check_departures(_run(gone, grace_ms=1000)).ok
     assert not check_departures(_run(_trail(5, [_told(1.0, "waiting")], [_told(5.8, "admitted", 2)]), grace_ms=1000)).ok
+    # A call answered with an error meanwhile (a 503 whose script ran) ends the silence.
+    errored = _trail(6, [_told(1.0, "waiting", poll=1000)], [_told(4.8, "admitted", 2, expires=19_790)])
+    errored.unticketed = [2.5]
+    assert check_departures(_run(errored)).ok

@@ -116,7 +116,9 @@ class Trail:
     (``time.time()``); ``joins``: answers to its ``POST .../queue`` calls; ``polls``:
     answers to ``GET .../queue/me``; ``left``: when an impatient buyer gave up (None: it did
     not); ``errors``: answers that were neither a ticket nor a purchase answer (by code);
-    ``lags``: per request, seconds from when it was due to when it got a connection;
+    ``unticketed``: when each queue call answered without a ticket (an error, a ``429``) was
+    sent (the room may have seen it: a ``503`` after its script ran); ``lags``: per request,
+    seconds from when it was due to when it got a connection;
     ``timed_out``: still busy at the deadline."""
 
     buyer: Buyer
@@ -126,6 +128,7 @@ class Trail:
     purchases: list[Purchase] = field(default_factory=list)
     left: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
+    unticketed: list[float] = field(default_factory=list)
     lags: list[float] = field(default_factory=list)
     timed_out: bool = False
 

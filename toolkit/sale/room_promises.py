@@ -7,6 +7,7 @@ admitted when it comes back."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -110,15 +111,18 @@ def check_departures(run: CrowdRun) -> Check:
     """A poll sent longer after the buyer's last waiting answer than its departure bound (the
     room's multiple of the longest interval it was told in that place, at least of the longest
     any buyer is told, ``poll_max_ms``, plus the room's grace and the width of its departure
-    buckets, a quarter of the shortest multiple) is never answered ``admitted`` by an admission made past that bound
-    (the server saw at least that gap: it answered before the client heard, and the client sent
-    before the server read). An admission is dated from its expiry less the tokens' lifetime: one
-    made while the buyer was still in time, at another buyer's call, is told at the late poll
-    without breaking the promise (a crowd that queues its polls sends many late)."""
+    buckets, a quarter of the shortest multiple) is never answered ``admitted`` by an admission
+    made past that bound (the server saw at least that gap: it answered before the client heard,
+    and the client sent before the server read). The silence ends at any call sent meanwhile,
+    one answered with an error or a ``429`` too (the room saw it: a ``503`` after its script ran).
+    An admission is dated from its expiry less the tokens' lifetime: one made while the buyer was
+    still in time, at another buyer's call, is told at the late poll without breaking the promise
+    (a crowd that queues its polls sends many late)."""
     silent = admitted = kept = 0
     bucket = math.ceil(run.depart_after_polls * run.poll_max_ms / 4)
     for trail in run.trails:
         joins = {id(told) for told in trail.joins}
+        unticketed = sorted(trail.unticketed)
         for stint in _stints(trail):
             longest = run.poll_max_ms
             for previous, told in zip(stint, stint[1:], strict=False):
@@ -126,14 +130,16 @@ def check_departures(run: CrowdRun) -> Check:
                 if previous.state != "waiting" or id(told) in joins or not told.sent:
                     continue
                 bound = (run.depart_after_polls * longest + run.depart_grace_ms + bucket) / 1000
-                if told.sent - previous.at <= bound:
+                between = unticketed[bisect_left(unticketed, previous.at) : bisect_left(unticketed, told.sent)]
+                last_call = max([previous.at, *between])
+                if told.sent - last_call <= bound:
                     continue
                 silent += 1
                 kept += told.state == "waiting"
                 if told.state == "admitted":
                     expires = told.admission_expires_at
                     admitted_at = expires / 1000 - run.token_seconds if expires else told.sent
-                    admitted += admitted_at - previous.at > bound
+                    admitted += admitted_at - last_call > bound
     numbers = {
         "polls_after_a_silence_past_the_bound": silent,
         "answered_admitted": admitted,

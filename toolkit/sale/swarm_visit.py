@@ -83,10 +83,13 @@ class Visit:
         status, content, headers, sent, finished = self._call(method, path, f"{method} queue", self.headers, None, due)
         if status == 0:
             self._error((content or b"").decode())
+            self.trail.unticketed.append(sent)
             return None
         body = body_of(content)
         if status != 200:
             code = body.code or f"http_{status}"
+            if code != NOT_IN_QUEUE:
+                self.trail.unticketed.append(sent)
             self._error(code)
             if code == NOT_IN_QUEUE:  # no place (an admission lapsed or was used): the buyer may join again
                 lost = Told(finished, NOT_IN_QUEUE, None, None, None, None, None, None, None, sent=sent)
