@@ -47,6 +47,7 @@
 -- ARGV[11] polls per second the whole line is paced to (0: none): the back of a long line is
 -- told to ask again after as many ms as keep the line's polls near it, past poll max ms if need be
 -- ARGV[12] departure grace ms: added to every departure deadline (a call's time in a loaded server's queue)
+-- ARGV[13] opening draw ms: the room opens (the draw is fixed, admissions begin) this long after the sale
 -- Returns {state, position, ahead, units left, token, expires_ms, waiting, outstanding, opened,
 -- admitted now, expired now, per-user limit, ms left in the sale (-1: no end), now_ms, starts_ms,
 -- poll after ms, 1 when the buyer's admission holds a unit, units held, wait ms of each buyer
@@ -118,8 +119,11 @@ if room[4] ~= sale[1] then
 end
 
 -- 2. The opening: from here on the pre-queue's order is fixed (its lottery scores were drawn
--- with the secret seed as each buyer joined) and later joiners queue in arrival order.
-local open = now_ms >= starts_ms
+-- with the secret seed as each buyer joined) and later joiners queue in arrival order. The room
+-- opens ARGV[13] ms after the sale does: who joins before then is drawn, so being read first
+-- among a stampede the server is still absorbing earns nothing.
+local draw_ms = starts_ms + ARGV[13]
+local open = now_ms >= draw_ms
 local opened = 0
 if open and not opened_ms then
   redis.call('HSET', KEYS[3], 'opened_ms', now_ms, 'entrants', redis.call('ZCARD', KEYS[9]))
@@ -369,15 +373,16 @@ end
 if not early then
   -- Before the opening: at the opening, spread over poll_min so a pre-queue does not ask in one
   -- instant (asking first gains nothing: the order is drawn); in line, sooner nearer the front.
+  -- Both paced to the poll budget (a stampede drawn at the opening waits in the pre-queue).
+  local ceiling, budget = high, ARGV[11] + 0
+  if budget > 0 then
+    in_line = redis.call('ZCARD', KEYS[5])
+    ceiling = max(high, ceil(in_line * 1000 / budget))
+  end
   if open then
-    local ceiling, budget = high, ARGV[11] + 0
-    if budget > 0 then
-      in_line = redis.call('ZCARD', KEYS[5])
-      ceiling = max(high, ceil(in_line * 1000 / budget))
-    end
     poll = min(max(max(ahead, 0) * ARGV[8], low), ceiling)
   else
-    poll = min(max(starts_ms - now_ms, low), high) + floor(fraction('spread') * low)
+    poll = min(max(draw_ms - now_ms, low), ceiling) + floor(fraction('spread') * low)
   end
   due = now_ms + poll
 end

@@ -20,6 +20,7 @@ import pytest
 from service.adapters.redis.client import make_redis
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import RedisStores, open_stores
+from service.domain.waiting_room.lottery import drawn_order
 from service.model.stock import ReserveOutcome, ReserveRequest, SaleTerms
 from service.model.waiting_room import RoomPace, RoomState, Visit
 from service.settings import Settings
@@ -289,6 +290,25 @@ async def test_a_poll_held_up_in_a_loaded_servers_queue_keeps_the_place_within_t
     assert (back["g-strict"].state, back["g-grace"].state) == (RoomState.NONE, RoomState.WAITING)
     counters = await room.stores.rooms.counters(room.product_id)
     assert (counters["departed"], counters["waiting"]) == (1, 1)
+
+
+async def test_who_joins_before_the_opening_draw_ends_is_drawn_with_the_pre_queue(room: Room):
+    # The sale opened 0.2 s ago; the room opens 1.5 s after it: joins until then are drawn.
+    draw_ms = 1500
+    drawing = RoomPace(1.0, 60_000, 100, 200, 20, 1000, depart_after_polls=1000.0, opening_draw_ms=draw_ms)
+    await room.load(3, starts_ms=int(time.time() * 1000) - 200)
+    users = [f"s-{i:02d}" for i in range(12)]
+    joins = await asyncio.gather(*(room.visit(u, drawing, join=True) for u in users))
+    assert {(v.state, v.position, v.admitted) for v in joins} == {(RoomState.WAITING, None, 0)}
+    assert await room.stores.rooms.draw(room.product_id) is None  # not drawn yet: the seed stays secret
+    await asyncio.sleep((room.starts_ms + draw_ms) / 1000 - time.time() + 0.05)
+    after = await room.visit("s-late", drawing, join=True)  # arrives after the draw: behind it
+    draw = await room.stores.rooms.draw(room.product_id)
+    assert draw is not None and draw.order == tuple(drawn_order(draw.seed, users))
+    assert after.admitted == 3  # the room opened at this call: the first three drawn
+    admitted = await room.stores.redis.zrange(room.keys.room_admitted, 0, -1)
+    assert sorted(admitted) == sorted(draw.order[:3])
+    assert float(await room.stores.redis.zscore(room.keys.room_line, "s-late")) >= 1
 
 
 async def test_a_new_opening_starts_a_new_room_and_the_old_line_hears_closed(room: Room):
