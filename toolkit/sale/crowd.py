@@ -145,7 +145,8 @@ class CrowdRun:
     arrival to the last buyer done; ``timed_out`` buyers still busy at the deadline;
     ``stock``: the units on sale; ``depart_after_polls``: the room's departure bound (a waiting
     buyer silent this many times the longest interval it was told, at least ``poll_max_ms``,
-    loses its place), plus ``depart_grace_ms``. Every time
+    loses its place), plus ``depart_grace_ms``; ``opening_draw_ms``: the room opens that long
+    after the sale (who came in before is drawn by lottery). Every time
     is epoch seconds, the server's clock as the buyers' (the hosts of a rehearsal keep their
     clocks in sync)."""
 
@@ -159,3 +160,4 @@ class CrowdRun:
     depart_after_polls: float = 3.0
     poll_max_ms: int = 5000
     depart_grace_ms: int = 0
+    opening_draw_ms: int = 0

@@ -42,12 +42,12 @@ def as_wave(run: CrowdRun) -> Wave:
 
 
 async def crowd_wave(
-    send: Sender, buyers: int, seed: str, token_seconds: float, depart: tuple[float, int, int] = (3.0, 5000, 0)
+    send: Sender, buyers: int, seed: str, token_seconds: float, depart: tuple[float, int, int, int] = (3.0, 5000, 0, 0)
 ) -> tuple[Wave, CrowdRun]:
     """Draw ``buyers`` buyers from ``seed``, let them at the sale (through the waiting room when
     the sale has one) over up to :data:`CROWD_CONNECTIONS`; the purchases as a wave, and everything the
     buyers saw. ``token_seconds``: the admissions' lifetime; ``depart``: the room's departure
-    bound (the multiple, ``poll_max_ms`` and the grace in ms)."""
+    bound (the multiple, ``poll_max_ms`` and the grace in ms) and the opening draw (ms)."""
     sale = send.sale
     crowd = build_crowd(buyers, seed)
     tokens = bearer_tokens(sale, {buyer.user for buyer in crowd})
