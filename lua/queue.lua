@@ -371,18 +371,20 @@ if open and (waiting_score < 1 or floor(waiting_score) <= closed_windows) then
   position, ahead = place or redis.call('ZRANK', KEYS[4], user) + 1, redis.call('ZRANK', KEYS[5], user)
 end
 if not early then
-  -- Before the opening: at the opening, spread over poll_min so a pre-queue does not ask in one
-  -- instant (asking first gains nothing: the order is drawn); in line, sooner nearer the front.
-  -- Both paced to the poll budget (a stampede drawn at the opening waits in the pre-queue).
-  local ceiling, budget = high, ARGV[11] + 0
+  -- In line, sooner nearer the front; before the opening, at the opening in drawn order, spread
+  -- over as long as the poll budget takes to hear the whole pre-queue (at least poll_min): the
+  -- lottery score is uniform, so the first drawn, admitted at the opening, ask first and hear of
+  -- it within their admission, and a stampede drawn at the opening does not ask in one instant.
+  local ceiling, spread, budget = high, low, ARGV[11] + 0
   if budget > 0 then
     in_line = redis.call('ZCARD', KEYS[5])
-    ceiling = max(high, ceil(in_line * 1000 / budget))
+    spread = max(low, ceil(in_line * 1000 / budget))
+    ceiling = max(high, spread)
   end
   if open then
     poll = min(max(max(ahead, 0) * ARGV[8], low), ceiling)
   else
-    poll = min(max(draw_ms - now_ms, low), ceiling) + floor(fraction('spread') * low)
+    poll = min(max(draw_ms - now_ms, low), ceiling) + floor((waiting_score + 0) * spread)
   end
   due = now_ms + poll
 end

@@ -295,16 +295,20 @@ async def test_a_poll_held_up_in_a_loaded_servers_queue_keeps_the_place_within_t
 async def test_who_joins_before_the_opening_draw_ends_is_drawn_with_the_pre_queue(room: Room):
     # The sale opened 0.2 s ago; the room opens 1.5 s after it: joins until then are drawn.
     draw_ms = 1500
-    drawing = RoomPace(1.0, 60_000, 100, 200, 20, 1000, depart_after_polls=1000.0, opening_draw_ms=draw_ms)
+    drawing = RoomPace(1.0, 60_000, 1000, 2000, 20, 1000, depart_after_polls=1000.0, opening_draw_ms=draw_ms)
     await room.load(3, starts_ms=int(time.time() * 1000) - 200)
     users = [f"s-{i:02d}" for i in range(12)]
     joins = await asyncio.gather(*(room.visit(u, drawing, join=True) for u in users))
     assert {(v.state, v.position, v.admitted) for v in joins} == {(RoomState.WAITING, None, 0)}
     assert await room.stores.rooms.draw(room.product_id) is None  # not drawn yet: the seed stays secret
+    dues = {u: int((await room.stores.redis.hget(room.keys.room_due, u)).split(":")[0]) for u in users}
     await asyncio.sleep((room.starts_ms + draw_ms) / 1000 - time.time() + 0.05)
     after = await room.visit("s-late", drawing, join=True)  # arrives after the draw: behind it
     draw = await room.stores.rooms.draw(room.product_id)
     assert draw is not None and draw.order == tuple(drawn_order(draw.seed, users))
+    # Told to come at the draw in drawn order (over poll_min here): the first drawn ask first.
+    in_order = [dues[u] for u in draw.order]
+    assert in_order == sorted(in_order) and in_order[0] >= room.starts_ms + draw_ms and len(set(in_order)) > 1
     assert after.admitted == 3  # the room opened at this call: the first three drawn
     admitted = await room.stores.redis.zrange(room.keys.room_admitted, 0, -1)
     assert sorted(admitted) == sorted(draw.order[:3])
