@@ -23,7 +23,8 @@ from toolkit.sale.waves import Sender
 LEAD = 1.0
 """Seconds between setting the opening and the first buyer's arrival."""
 DEADLINE = 120.0
-"""Seconds after the opening by which every buyer must be done (else counted as timed out)."""
+"""Seconds after the opening (with the room: after the room opens, its opening draw later) by which every
+buyer must be done (else counted as timed out)."""
 CROWD_CONNECTIONS = 8192
 """Connections a crowd may hold in all (shared out among the workers), unless ``--concurrency``
 asks for more: a buyer's request goes out when it is due, as from the buyer's own browser,
@@ -51,7 +52,9 @@ async def crowd_wave(
     sale = send.sale
     crowd = build_crowd(buyers, seed)
     tokens = bearer_tokens(sale, {buyer.user for buyer in crowd})
-    plan = CrowdPlan(sale.product_id, sale.waiting_room, crowd, tokens, DEADLINE)
+    # The room admits nobody before it opens: the crowd's time counts from then.
+    deadline = DEADLINE + (depart[3] / 1000 if sale.waiting_room else 0.0)
+    plan = CrowdPlan(sale.product_id, sale.waiting_room, crowd, tokens, deadline)
     where = "through the waiting room" if sale.waiting_room else "straight at POST /orders"
     send.console.print(f"crowd: {buyers} buyers {where}, arrivals until {ARRIVAL_SPREAD:.0f}s after the opening")
 
