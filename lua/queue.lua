@@ -6,7 +6,7 @@
 --   2. the first call that finds the sale open fixes the pre-queue's drawn order (opened_ms);
 --   3. admissions past their expiry are dropped, and departure buckets that passed are counted
 --      (a waiting buyer with no call within ARGV[10] x the longest poll interval it was told, at
---      least poll max, has departed: never admitted, not counted, its place lost when found); then, should the units left no longer cover them (a realignment lowered the stock),
+--      least poll max, plus ARGV[12], has departed: never admitted, not counted, its place lost when found); then, should the units left no longer cover them (a realignment lowered the stock),
 --      the latest admissions are withdrawn until admitted-but-unused <= ceil(units left x factor);
 --   4. a join puts the buyer in line once: before the opening at its lottery place, after it in
 --      arrival order behind the whole pre-queue, arrival counted in windows of ARGV[9] ms with a
@@ -46,6 +46,8 @@
 -- ARGV[8] poll ms per buyer ahead   ARGV[9] arrival window ms   ARGV[10] departure multiple
 -- ARGV[11] polls per second the whole line is paced to (0: none): the back of a long line is
 -- told to ask again after as many ms as keep the line's polls near it, past poll max ms if need be
+-- ARGV[12] departure grace ms: added to every departure deadline (a call's time in a loaded server's queue)
+-- ARGV[13] opening draw ms: the room opens (the draw is fixed, admissions begin) this long after the sale
 -- Returns {state, position, ahead, units left, token, expires_ms, waiting, outstanding, opened,
 -- admitted now, expired now, per-user limit, ms left in the sale (-1: no end), now_ms, starts_ms,
 -- poll after ms, 1 when the buyer's admission holds a unit, units held, wait ms of each buyer
@@ -78,7 +80,7 @@ local opened_ms = room[1] and room[1] + 0 -- nil before the opening
 -- Departure deadlines are counted in buckets of a quarter of the shortest departure bound
 -- (bucket b: deadlines in ((b - 1) x W, b x W]; a handful of buckets ahead at any time); a buyer
 -- whose bucket is at or before now's has departed (up to W ms after its deadline).
-local departs = ARGV[10] + 0
+local departs, grace = ARGV[10] + 0, ARGV[12] + 0
 local W = max(1, ceil(departs * high / 4))
 local now_b = floor(now_ms / W)
 local gone = (room[6] or 0) + 0 -- departed buyers still in wr:waiting (found lazily)
@@ -117,8 +119,11 @@ if room[4] ~= sale[1] then
 end
 
 -- 2. The opening: from here on the pre-queue's order is fixed (its lottery scores were drawn
--- with the secret seed as each buyer joined) and later joiners queue in arrival order.
-local open = now_ms >= starts_ms
+-- with the secret seed as each buyer joined) and later joiners queue in arrival order. The room
+-- opens ARGV[13] ms after the sale does: who joins before then is drawn, so being read first
+-- among a stampede the server is still absorbing earns nothing.
+local draw_ms = starts_ms + ARGV[13]
+local open = now_ms >= draw_ms
 local opened = 0
 if open and not opened_ms then
   redis.call('HSET', KEYS[3], 'opened_ms', now_ms, 'entrants', redis.call('ZCARD', KEYS[9]))
@@ -324,11 +329,12 @@ local early = now_ms < due
 waiting_score = not me and waiting_score
 -- A call by a waiting buyer keeps the place: the departure deadline moves on, by the multiple
 -- of the longest interval told and never less than of poll_max (at an arrival window's end a
--- buyer is told a few ms: 3 x that would drop it while its next call is on the wire); its
--- bucket's count moves with it. True when the bucket changed.
+-- buyer is told a few ms: 3 x that would drop it while its next call is on the wire), plus the
+-- grace (the room sees a call when it arrives: a server's backlog must not drop the buyers whose
+-- one poll waits in it); its bucket's count moves with it. True when the bucket changed.
 local function seen(poll)
   longest = max(longest, poll)
-  local b = ceil((now_ms + departs * max(longest, high)) / W)
+  local b = ceil((now_ms + departs * max(longest, high) + grace) / W)
   if b == bucket then return false end
   if bucket > now_b then redis.call('HINCRBY', KEYS[11], bucket, '-1') end
   redis.call('HINCRBY', KEYS[11], b, '1')
@@ -365,17 +371,20 @@ if open and (waiting_score < 1 or floor(waiting_score) <= closed_windows) then
   position, ahead = place or redis.call('ZRANK', KEYS[4], user) + 1, redis.call('ZRANK', KEYS[5], user)
 end
 if not early then
-  -- Before the opening: at the opening, spread over poll_min so a pre-queue does not ask in one
-  -- instant (asking first gains nothing: the order is drawn); in line, sooner nearer the front.
+  -- In line, sooner nearer the front; before the opening, at the opening in drawn order, spread
+  -- over as long as the poll budget takes to hear the whole pre-queue (at least poll_min): the
+  -- lottery score is uniform, so the first drawn, admitted at the opening, ask first and hear of
+  -- it within their admission, and a stampede drawn at the opening does not ask in one instant.
+  local ceiling, spread, budget = high, low, ARGV[11] + 0
+  if budget > 0 then
+    in_line = redis.call('ZCARD', KEYS[5])
+    spread = max(low, ceil(in_line * 1000 / budget))
+    ceiling = max(high, spread)
+  end
   if open then
-    local ceiling, budget = high, ARGV[11] + 0
-    if budget > 0 then
-      in_line = redis.call('ZCARD', KEYS[5])
-      ceiling = max(high, ceil(in_line * 1000 / budget))
-    end
     poll = min(max(max(ahead, 0) * ARGV[8], low), ceiling)
   else
-    poll = min(max(starts_ms - now_ms, low), high) + floor(fraction('spread') * low)
+    poll = min(max(draw_ms - now_ms, low), ceiling) + floor((waiting_score + 0) * spread)
   end
   due = now_ms + poll
 end

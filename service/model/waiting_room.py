@@ -63,8 +63,9 @@ class RoomPace:
     polls a second, 0: no budget); arrivals after the opening count in windows of
     ``arrival_window_ms``. A waiting buyer who
     has not called within ``depart_after_polls`` x the longest interval they were told (at least
-    ``poll_max_ms``) has departed
-    (the place is lost)."""
+    ``poll_max_ms``), plus ``depart_grace_ms`` (a call's time in a loaded server's queue), has
+    departed (the place is lost). The room opens ``opening_draw_ms`` after the sale: who joins
+    before then is drawn by lottery."""
 
     admit_factor: float
     admission_ttl_ms: int
@@ -74,6 +75,8 @@ class RoomPace:
     arrival_window_ms: int
     depart_after_polls: float = 3.0
     poll_budget_per_second: int = 0
+    depart_grace_ms: int = 0
+    opening_draw_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

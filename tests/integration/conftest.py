@@ -53,9 +53,16 @@ def settings() -> Settings:
             # the join (the windows are tested on their own, tests/integration/waiting_room/test_pace.py);
             # waiting buyers are told to come back soon, so tests that wait as told wait little; a
             # crowd's round of polls takes longer than 3 x 0.1 s on this box: nobody departs
-            # (departures are tested on their own, tests/integration/waiting_room/test_turns.py).
+            # (departures are tested on their own, tests/integration/waiting_room/test_turns.py); the
+            # room opens with the sale (the opening draw is tested on its own, test_lottery.py).
             "waiting_room": isolated.waiting_room.model_copy(
-                update={"arrival_window_ms": 0, "poll_min_ms": 100, "poll_max_ms": 200, "depart_after_polls": 1000.0}
+                update={
+                    "arrival_window_ms": 0,
+                    "poll_min_ms": 100,
+                    "poll_max_ms": 200,
+                    "depart_after_polls": 1000.0,
+                    "opening_draw_ms": 0,
+                }
             ),
         }
     )

@@ -4,7 +4,7 @@ count, on the one that breaks it."""
 
 from __future__ import annotations
 
-from toolkit.sale.crowd import Behaviour, Buyer, CrowdRun, Purchase, Told, Trail
+from toolkit.sale.crowd import NOT_IN_QUEUE, Behaviour, Buyer, CrowdRun, Purchase, Told, Trail
 from toolkit.sale.plan import ACCEPTED, Answer
 from toolkit.sale.room_promises import check_departures, check_places, check_turns
 
@@ -23,8 +23,8 @@ def _trail(number: int, joins: list[Told], polls: list[Told], purchases: list[Pu
     return trail
 
 
-def _run(*trails: Trail) -> CrowdRun:
-    return CrowdRun(True, 0.0, 15.0, 5, list(trails), 30.0, 0, 3.0, 1000)
+def _run(*trails: Trail, grace_ms: int = 0) -> CrowdRun:
+    return CrowdRun(True, 0.0, 15.0, 5, list(trails), 30.0, 0, 3.0, 1000, grace_ms)
 
 
 def _purchase(sent: float, token: str, code: str) -> Purchase:
@@ -79,6 +79,25 @@ def test_a_place_that_moves_back_or_is_shown_to_two_buyers_breaks_the_promise():
         [_told(2.0, "waiting", 8, 0), _told(3.0, "admitted", 8)],
     )
     assert check_places(_run(again)).ok
+    # Told it holds no place (404), it joins again; that join's answer is lost (a 503 whose script
+    # ran), and its next poll shows the new place: a new place, not one moved back.
+    lost = _trail(
+        7,
+        [_told(1.0, "waiting")],
+        [_told(2.0, "waiting", 8, 6), _told(30.0, NOT_IN_QUEUE, poll=None), _told(40.0, "waiting", 90, 80)],
+    )
+    assert check_places(_run(lost)).ok
+    # A script's parallel joins: one read before its admission was used, three after (a new place).
+    joins = [Told(2.0, "admitted", "t", 12, None, 5, "tok", 20_000, 1000, True, 1.0)]
+    joins += [Told(9.0, "waiting", "t", None, None, 5, None, None, 600, False, 1.0)] * 3
+    script = _trail(9, joins, [_told(12.0, "waiting", 130, 95)], [_purchase(2.5, "tok", ACCEPTED)])
+    assert check_places(_run(script)).ok
+    # Its admission unused and unexpired, the same answers are a place moved back.
+    unused = _trail(10, joins, [_told(12.0, "waiting", 130, 95)])
+    assert check_places(_run(unused)).numbers["positions_moved_back"] == 1
+    # Without the 404 the same answers are a place moved back.
+    kept = _trail(8, [_told(1.0, "waiting")], [_told(2.0, "waiting", 8, 6), _told(40.0, "waiting", 90, 80)])
+    assert check_places(_run(kept)).numbers["positions_moved_back"] == 1
 
 
 def test_a_buyer_admitted_after_a_silence_past_its_bound_breaks_the_promise():
@@ -99,3 +118,10 @@ def test_a_buyer_admitted_after_a_silence_past_its_bound_breaks_the_promise():
         3, [_told(1.0, "waiting", poll=5000)], [_told(6.0, "waiting", 1, 0, poll=1000), _told(21.7, "admitted", 1)]
     )
     assert check_departures(_run(patient)).ok
+    # The room's grace (a call's time in a loaded server's queue) lengthens the bound by as much.
+    assert check_departures(_run(gone, grace_ms=1000)).ok
+    assert not check_departures(_run(_trail(5, [_told(1.0, "waiting")], [_told(5.8, "admitted", 2)]), grace_ms=1000)).ok
+    # A call answered with an error meanwhile (a 503 whose script ran) ends the silence.
+    errored = _trail(6, [_told(1.0, "waiting", poll=1000)], [_told(4.8, "admitted", 2, expires=19_790)])
+    errored.unticketed = [2.5]
+    assert check_departures(_run(errored)).ok

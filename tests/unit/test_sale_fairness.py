@@ -25,6 +25,7 @@ from toolkit.sale.fairness import (
     displacements,
     fair_share_bound,
     fairness,
+    outcome_of,
 )
 from toolkit.sale.invariants import INVARIANT_TITLES
 from toolkit.sale.plan import ACCEPTED, Answer
@@ -267,3 +268,12 @@ def test_how_long_first_joins_took_is_given_per_behaviour_with_the_room_only():
 
 def test_every_room_invariant_has_a_title_for_the_tables_and_the_html_report():
     assert set(check_room(_run(_fair_room()))) <= set(INVARIANT_TITLES)
+
+
+def test_with_an_opening_draw_a_buyer_who_came_in_before_the_room_opened_is_in_the_drawn_tie():
+    trail = _trail(_buyer(0, arrival=0.5), [_told(OPENED + 1.0, "waiting")])
+    drawn = CrowdRun(True, OPENED, TTL, 2, [trail], 30.0, 0, opening_draw_ms=2000)
+    assert outcome_of(drawn, trail).early
+    assert not outcome_of(_run([trail]), trail).early  # no draw window: came in after the opening
+    without_room = CrowdRun(False, OPENED, TTL, 2, [trail], 30.0, 0, opening_draw_ms=2000)
+    assert not outcome_of(without_room, trail).early  # no room, nothing drawn

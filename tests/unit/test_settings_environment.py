@@ -101,6 +101,8 @@ def _unlike_the_defaults() -> Settings:
             poll_max_ms=9000,
             arrival_window_ms=250,
             depart_after_polls=4.5,
+            depart_grace_ms=20_000,
+            opening_draw_ms=5_000,
             poll_budget_per_second=250,
         ),
         payment=PaymentSettings(

@@ -30,6 +30,8 @@ PATIENCE = (1.0, 6.0)
 """An impatient buyer leaves this many seconds (drawn uniformly) after arriving."""
 REACTION = (0.2, 1.5)
 """Without the room, a person who came early presses the button this long after the opening."""
+NOT_IN_QUEUE = "not_in_queue"
+"""``GET .../queue/me`` of a buyer without a place (recorded as a ticket in this state)."""
 SCRIPT_JOINS = 8
 SCRIPT_POLL = 0.1
 """A script polls ten times as often as the server ever asks (``poll_min_ms``, 1 s by default);
@@ -114,7 +116,9 @@ class Trail:
     (``time.time()``); ``joins``: answers to its ``POST .../queue`` calls; ``polls``:
     answers to ``GET .../queue/me``; ``left``: when an impatient buyer gave up (None: it did
     not); ``errors``: answers that were neither a ticket nor a purchase answer (by code);
-    ``lags``: per request, seconds from when it was due to when it got a connection;
+    ``unticketed``: when each queue call answered without a ticket (an error, a ``429``) was
+    sent (the room may have seen it: a ``503`` after its script ran); ``lags``: per request,
+    seconds from when it was due to when it got a connection;
     ``timed_out``: still busy at the deadline."""
 
     buyer: Buyer
@@ -124,6 +128,7 @@ class Trail:
     purchases: list[Purchase] = field(default_factory=list)
     left: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
+    unticketed: list[float] = field(default_factory=list)
     lags: list[float] = field(default_factory=list)
     timed_out: bool = False
 
@@ -140,7 +145,8 @@ class CrowdRun:
     arrival to the last buyer done; ``timed_out`` buyers still busy at the deadline;
     ``stock``: the units on sale; ``depart_after_polls``: the room's departure bound (a waiting
     buyer silent this many times the longest interval it was told, at least ``poll_max_ms``,
-    loses its place). Every time
+    loses its place), plus ``depart_grace_ms``; ``opening_draw_ms``: the room opens that long
+    after the sale (who came in before is drawn by lottery). Every time
     is epoch seconds, the server's clock as the buyers' (the hosts of a rehearsal keep their
     clocks in sync)."""
 
@@ -153,3 +159,5 @@ class CrowdRun:
     timed_out: int
     depart_after_polls: float = 3.0
     poll_max_ms: int = 5000
+    depart_grace_ms: int = 0
+    opening_draw_ms: int = 0

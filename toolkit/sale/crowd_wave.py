@@ -23,7 +23,8 @@ from toolkit.sale.waves import Sender
 LEAD = 1.0
 """Seconds between setting the opening and the first buyer's arrival."""
 DEADLINE = 120.0
-"""Seconds after the opening by which every buyer must be done (else counted as timed out)."""
+"""Seconds after the opening (with the room: after the room opens, its opening draw later) by which every
+buyer must be done (else counted as timed out)."""
 CROWD_CONNECTIONS = 8192
 """Connections a crowd may hold in all (shared out among the workers), unless ``--concurrency``
 asks for more: a buyer's request goes out when it is due, as from the buyer's own browser,
@@ -42,16 +43,18 @@ def as_wave(run: CrowdRun) -> Wave:
 
 
 async def crowd_wave(
-    send: Sender, buyers: int, seed: str, token_seconds: float, depart: tuple[float, int] = (3.0, 5000)
+    send: Sender, buyers: int, seed: str, token_seconds: float, depart: tuple[float, int, int, int] = (3.0, 5000, 0, 0)
 ) -> tuple[Wave, CrowdRun]:
     """Draw ``buyers`` buyers from ``seed``, let them at the sale (through the waiting room when
     the sale has one) over up to :data:`CROWD_CONNECTIONS`; the purchases as a wave, and everything the
     buyers saw. ``token_seconds``: the admissions' lifetime; ``depart``: the room's departure
-    bound (the multiple, and ``poll_max_ms``)."""
+    bound (the multiple, ``poll_max_ms`` and the grace in ms) and the opening draw (ms)."""
     sale = send.sale
     crowd = build_crowd(buyers, seed)
     tokens = bearer_tokens(sale, {buyer.user for buyer in crowd})
-    plan = CrowdPlan(sale.product_id, sale.waiting_room, crowd, tokens, DEADLINE)
+    # The room admits nobody before it opens: the crowd's time counts from then.
+    deadline = DEADLINE + (depart[3] / 1000 if sale.waiting_room else 0.0)
+    plan = CrowdPlan(sale.product_id, sale.waiting_room, crowd, tokens, deadline)
     where = "through the waiting room" if sale.waiting_room else "straight at POST /orders"
     send.console.print(f"crowd: {buyers} buyers {where}, arrivals until {ARRIVAL_SPREAD:.0f}s after the opening")
 

@@ -8,8 +8,9 @@ were told ``sold_out``. Plain computations over :class:`~toolkit.sale.crowd.Crow
 its lifetime); without it, the first ``202``. "Came in" is, with the room, when the first join
 was answered (the server had put the buyer in line by then: the time a join waited for a
 connection of the sale's own client is not the room's doing); without it, the arrival (there is
-no line: whoever came first was first). Every buyer who came in before the opening ties with
-every other such buyer (the room draws their order by lottery), and comes before every later one.
+no line: whoever came first was first). Every buyer who came in before the room opened (the
+sale's opening plus the room's opening draw) ties with every other such buyer (the room draws
+their order by lottery), and comes before every later one.
 """
 
 from __future__ import annotations
@@ -78,10 +79,10 @@ def fair_share_bound(share: float, draws: int, population: int) -> float:
 @dataclass(frozen=True, slots=True)
 class BuyerOutcome:
     """What one buyer ended with: distinct orders accepted (``units``, one each), when it came in
-    (``early``: before the opening; ``came_in``, see above; ``arrived``: when it first acted),
-    when it got its turn (``turn``: seconds, None
-    when never), when it was first told ``sold_out`` (None: never) and when it stopped trying
-    (``done``: its unit, a final answer or leaving; None: never)."""
+    (``early``: before the opening, with the room before it opened; ``came_in``, see above;
+    ``arrived``: when it first acted), when it got its turn (``turn``: seconds, None when never),
+    when it was first told ``sold_out`` (None: never) and when it stopped trying (``done``: its
+    unit, a final answer or leaving; None: never)."""
 
     behaviour: Behaviour
     units: int
@@ -118,7 +119,7 @@ def outcome_of(run: CrowdRun, trail: Trail) -> BuyerOutcome:
     return BuyerOutcome(
         trail.buyer.behaviour,
         units,
-        came_in < run.opened,
+        came_in < run.opened + (run.opening_draw_ms / 1000 if run.room else 0.0),
         came_in,
         trail.arrived,
         turn,

@@ -78,8 +78,8 @@ INVARIANT_TITLES = {
         "14. waiting room: no place shown to a buyer ever moved back (position or ahead), no place shown to two buyers"
     ),
     "departed_never_admitted": (
-        "15. waiting room: no buyer silent longer than its departure bound (3 x the longest interval told) was"
-        " admitted on its return"
+        "15. waiting room: no buyer silent longer than its departure bound (3 x the longest interval told, plus the"
+        " grace) was admitted on its return"
     ),
 }
 

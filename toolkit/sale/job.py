@@ -144,7 +144,7 @@ async def _measure(
                 noop, token_seconds = None, 0.0
                 admission = sale.settings.waiting_room.admission_ttl_seconds
                 room = sale.settings.waiting_room
-                depart = (room.depart_after_polls, room.poll_max_ms)
+                depart = (room.depart_after_polls, room.poll_max_ms, room.depart_grace_ms, room.opening_draw_ms)
                 purchase, crowd = await crowd_wave(send, load.users, load.crowd_seed, admission, depart)
             orders = accepted_orders(purchase)
             drain_seconds = await drain(stores, sale, orders, processes, console)

@@ -7,10 +7,11 @@ admitted when it comes back."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterator
 
-from toolkit.sale.crowd import CrowdRun, Told, Trail
+from toolkit.sale.crowd import NOT_IN_QUEUE, CrowdRun, Told, Trail
 from toolkit.sale.invariants import Check
 from toolkit.sale.plan import ACCEPTED
 
@@ -48,16 +49,29 @@ def check_turns(run: CrowdRun) -> Check:
 
 
 def _stints(trail: Trail) -> Iterator[list[Told]]:
-    """The buyer's answers per place held: a join sent after an answer arrived is a return after
-    losing the place (an admission used or lapsed, a departure: answered ``404``), with a new
-    place at the back; parallel joins sent before any answer share one."""
+    """The buyer's answers per place held. A place ends when the room says so (``404``: departed,
+    or no place) and when its admission ends (bought with, or expired); a call sent after its end,
+    or a join sent after an answer arrived, is in a new place at the back. Parallel joins sent
+    before any answer share one place; those the server reads after the place ended take a new
+    one (a script's eight joins read over seconds of a loaded server's queue), and so does a
+    re-join whose answer was lost (a ``503`` whose script ran)."""
     joins = {id(told) for told in trail.joins}
+    bought: dict[str, float] = {}
+    for purchase in trail.purchases:
+        if purchase.admission and purchase.answer.code == ACCEPTED:
+            bought[purchase.admission] = min(bought.get(purchase.admission, math.inf), purchase.answer.finished)
     stint: list[Told] = []
+    ended = math.inf  # when this place ended, as far as the buyer knows
     for told in trail.told():
-        if id(told) in joins and stint and told.sent > stint[0].at:
+        returned = id(told) in joins and stint and told.sent > stint[0].at
+        if returned or told.sent > ended:
             yield stint
-            stint = []
+            stint, ended = [], math.inf
         stint.append(told)
+        if told.state == NOT_IN_QUEUE:
+            ended = min(ended, told.at)
+        elif told.state == "admitted" and told.admission_token and told.admission_expires_at:
+            ended = min(ended, told.admission_expires_at / 1000, bought.get(told.admission_token, math.inf))
     if stint:
         yield stint
 
@@ -96,35 +110,41 @@ def check_places(run: CrowdRun) -> Check:
 def check_departures(run: CrowdRun) -> Check:
     """A poll sent longer after the buyer's last waiting answer than its departure bound (the
     room's multiple of the longest interval it was told in that place, at least of the longest
-    any buyer is told, ``poll_max_ms``, plus the width of the room's departure buckets, a quarter
-    of the shortest bound) is never answered ``admitted`` by an admission made past that bound
-    (the server saw at least that gap: it answered before the client heard, and the client sent
-    before the server read). An admission is dated from its expiry less the tokens' lifetime: one
-    made while the buyer was still in time, at another buyer's call, is told at the late poll
-    without breaking the promise (a crowd that queues its polls sends many late)."""
+    any buyer is told, ``poll_max_ms``, plus the room's grace and the width of its departure
+    buckets, a quarter of the shortest multiple) is never answered ``admitted`` by an admission
+    made past that bound (the server saw at least that gap: it answered before the client heard,
+    and the client sent before the server read). The silence ends at any call sent meanwhile,
+    one answered with an error or a ``429`` too (the room saw it: a ``503`` after its script ran).
+    An admission is dated from its expiry less the tokens' lifetime: one made while the buyer was
+    still in time, at another buyer's call, is told at the late poll without breaking the promise
+    (a crowd that queues its polls sends many late)."""
     silent = admitted = kept = 0
     bucket = math.ceil(run.depart_after_polls * run.poll_max_ms / 4)
     for trail in run.trails:
         joins = {id(told) for told in trail.joins}
+        unticketed = sorted(trail.unticketed)
         for stint in _stints(trail):
             longest = run.poll_max_ms
             for previous, told in zip(stint, stint[1:], strict=False):
                 longest = max(longest, previous.poll_after_ms or 0)
                 if previous.state != "waiting" or id(told) in joins or not told.sent:
                     continue
-                bound = (run.depart_after_polls * longest + bucket) / 1000
-                if told.sent - previous.at <= bound:
+                bound = (run.depart_after_polls * longest + run.depart_grace_ms + bucket) / 1000
+                between = unticketed[bisect_left(unticketed, previous.at) : bisect_left(unticketed, told.sent)]
+                last_call = max([previous.at, *between])
+                if told.sent - last_call <= bound:
                     continue
                 silent += 1
                 kept += told.state == "waiting"
                 if told.state == "admitted":
                     expires = told.admission_expires_at
                     admitted_at = expires / 1000 - run.token_seconds if expires else told.sent
-                    admitted += admitted_at - previous.at > bound
+                    admitted += admitted_at - last_call > bound
     numbers = {
         "polls_after_a_silence_past_the_bound": silent,
         "answered_admitted": admitted,
         "answered_waiting": kept,
         "departure_bound_polls": run.depart_after_polls,
+        "departure_grace_ms": run.depart_grace_ms,
     }
     return Check(admitted == 0, numbers)

@@ -14,7 +14,7 @@ import gevent
 import msgspec
 from locust import FastHttpUser
 
-from toolkit.sale.crowd import SCRIPT_JOINS, SCRIPT_POLL, Behaviour, Purchase, Told, Trail
+from toolkit.sale.crowd import NOT_IN_QUEUE, SCRIPT_JOINS, SCRIPT_POLL, Behaviour, Purchase, Told, Trail
 from toolkit.sale.plan import ACCEPTED
 from toolkit.sale.swarm_crew import Answered, answer_of, body_of, crew, send_request
 
@@ -23,8 +23,6 @@ FALLBACK_POLL = 1.0
 """Seconds an honest buyer waits when an answer names no interval."""
 SNIPE_EVERY = 10
 """A scripted buyer in the queue fires a purchase without an admission every this many polls."""
-NOT_IN_QUEUE = "not_in_queue"
-"""``GET .../queue/me`` of a buyer without a place (recorded as a ticket in this state)."""
 TOO_SOON = "too_many_requests"
 """``GET .../queue/me`` sooner than the last answer said (a ticket in this state, ``poll_after_ms``
 its ``Retry-After``)."""
@@ -85,13 +83,18 @@ class Visit:
         status, content, headers, sent, finished = self._call(method, path, f"{method} queue", self.headers, None, due)
         if status == 0:
             self._error((content or b"").decode())
+            self.trail.unticketed.append(sent)
             return None
         body = body_of(content)
         if status != 200:
             code = body.code or f"http_{status}"
+            if code != NOT_IN_QUEUE:
+                self.trail.unticketed.append(sent)
             self._error(code)
             if code == NOT_IN_QUEUE:  # no place (an admission lapsed or was used): the buyer may join again
-                return Told(finished, NOT_IN_QUEUE, None, None, None, None, None, None, None, sent=sent)
+                lost = Told(finished, NOT_IN_QUEUE, None, None, None, None, None, None, None, sent=sent)
+                into.append(lost)  # the place ended here: what the room promised of it ends too
+                return lost
             if code == TOO_SOON:  # asked sooner than told: _wait_of decides how long this buyer waits
                 retry_ms = int(headers.get("Retry-After") or FALLBACK_POLL) * 1000
                 return Told(finished, TOO_SOON, None, None, None, None, None, None, retry_ms)

@@ -105,6 +105,8 @@ class WaitingRooms:
                 pace.arrival_window_ms,
                 repr(pace.depart_after_polls),
                 pace.poll_budget_per_second,
+                pace.depart_grace_ms,
+                pace.opening_draw_ms,
             ],
         )
         return parse_visit(reply)

@@ -106,6 +106,8 @@ class WaitingRoomService:
             settings.arrival_window_ms,
             settings.depart_after_polls,
             settings.poll_budget_per_second,
+            settings.depart_grace_ms,
+            settings.opening_draw_ms,
         )
         self._waits: dict[int, metrics.LocalHistogram] = {}
         self._recording: set[asyncio.Task[object]] = set()

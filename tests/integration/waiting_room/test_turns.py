@@ -20,6 +20,7 @@ import pytest
 from service.adapters.redis.client import make_redis
 from service.adapters.redis.keys import ProductKeys
 from service.adapters.redis.stores import RedisStores, open_stores
+from service.domain.waiting_room.lottery import drawn_order
 from service.model.stock import ReserveOutcome, ReserveRequest, SaleTerms
 from service.model.waiting_room import RoomPace, RoomState, Visit
 from service.settings import Settings
@@ -271,6 +272,47 @@ async def test_a_buyer_who_stopped_polling_departs_is_never_admitted_and_rejoins
     back = await room.visit("d-gone", pace(depart=depart), join=True)
     # Behind everyone who ever held a place (its old one stays taken): 4th of 4.
     assert (back.state, back.position, back.ahead) == (RoomState.WAITING, 4, 0)
+
+
+async def test_a_poll_held_up_in_a_loaded_servers_queue_keeps_the_place_within_the_grace(room: Room):
+    # Bound 3 x poll_max (200 ms) = 600 ms, found within a bucket (150 ms) more; with a grace of
+    # 3 s the same silence of 1 s keeps the place.
+    await room.load(1)
+    strict = RoomPace(1.0, 60_000, 100, 200, 20, 0, depart_after_polls=3.0)
+    lenient = RoomPace(1.0, 60_000, 100, 200, 20, 0, depart_after_polls=3.0, depart_grace_ms=3000)
+    assert (await room.visit("g-holder", strict, join=True)).state is RoomState.ADMITTED
+    paces = {"g-strict": strict, "g-grace": lenient}
+    joined = {user: await room.visit(user, paces[user], join=True) for user in paces}
+    bucket = (await room.stores.redis.hget(room.keys.room_due, "g-grace")).split(":")[2]
+    assert int(bucket) == math.ceil((joined["g-grace"].now_ms + 3 * 200 + 3000) / 150)
+    await asyncio.sleep(1.0)  # both silent past 600 + 150 ms, within 3.6 s
+    back = {user: await room.visit(user, strict) for user in joined}
+    assert (back["g-strict"].state, back["g-grace"].state) == (RoomState.NONE, RoomState.WAITING)
+    counters = await room.stores.rooms.counters(room.product_id)
+    assert (counters["departed"], counters["waiting"]) == (1, 1)
+
+
+async def test_who_joins_before_the_opening_draw_ends_is_drawn_with_the_pre_queue(room: Room):
+    # The sale opened 0.2 s ago; the room opens 1.5 s after it: joins until then are drawn.
+    draw_ms = 1500
+    drawing = RoomPace(1.0, 60_000, 1000, 2000, 20, 1000, depart_after_polls=1000.0, opening_draw_ms=draw_ms)
+    await room.load(3, starts_ms=int(time.time() * 1000) - 200)
+    users = [f"s-{i:02d}" for i in range(12)]
+    joins = await asyncio.gather(*(room.visit(u, drawing, join=True) for u in users))
+    assert {(v.state, v.position, v.admitted) for v in joins} == {(RoomState.WAITING, None, 0)}
+    assert await room.stores.rooms.draw(room.product_id) is None  # not drawn yet: the seed stays secret
+    dues = {u: int((await room.stores.redis.hget(room.keys.room_due, u)).split(":")[0]) for u in users}
+    await asyncio.sleep((room.starts_ms + draw_ms) / 1000 - time.time() + 0.05)
+    after = await room.visit("s-late", drawing, join=True)  # arrives after the draw: behind it
+    draw = await room.stores.rooms.draw(room.product_id)
+    assert draw is not None and draw.order == tuple(drawn_order(draw.seed, users))
+    # Told to come at the draw in drawn order (over poll_min here): the first drawn ask first.
+    in_order = [dues[u] for u in draw.order]
+    assert in_order == sorted(in_order) and in_order[0] >= room.starts_ms + draw_ms and len(set(in_order)) > 1
+    assert after.admitted == 3  # the room opened at this call: the first three drawn
+    admitted = await room.stores.redis.zrange(room.keys.room_admitted, 0, -1)
+    assert sorted(admitted) == sorted(draw.order[:3])
+    assert float(await room.stores.redis.zscore(room.keys.room_line, "s-late")) >= 1
 
 
 async def test_a_new_opening_starts_a_new_room_and_the_old_line_hears_closed(room: Room):
