@@ -7,7 +7,8 @@ and one with this checkout's, batches of 256 calls alternating between them, so 
 same load. Per phase and server: the main thread's CPU time per call
 (``/proc/PID/task/PID/schedstat``: not inflated by waiting for a core) and the script's time in
 Redis (``INFO commandstats``). Scripts are called with raw ``EVALSHA`` in the layout each one
-declares: 12 keys and 11 arguments (departures, the poll budget), 10 (departures), or the 10
+declares: 12 keys and 13 arguments (departures, the poll budget, the departure grace and the
+opening draw, here 0 so the room opens with the sale as before), 11, 10 (departures), or the 10
 and 9 before them.
 
     .venv/bin/python tools/bench_waiting_room_paired.py --against /tmp/main [--buyers 50000]
@@ -45,6 +46,7 @@ class Side:
         self.script = (tree / "lua" / "queue.lua").read_text()
         self.departures = "KEYS[12]" in self.script
         self.budget = "ARGV[11]" in self.script
+        self.grace_and_draw = "ARGV[13]" in self.script
         self.factor = factor if self.departures else "1.5"
         names = NAMES + (["wr:seen", "wr:closed"] if self.departures else [])
         self.keys = [f"{TAG}:{name}" for name in names]
@@ -61,6 +63,7 @@ class Side:
     def args(self, user: str, join: bool) -> list[str | int]:
         pace: list[str | int] = [100, 100, 20, 1000] + (["1000.0"] if self.departures else [])
         pace += [1000] if self.budget else []  # the default poll budget (polls/s of a whole line)
+        pace += [45_000, 0] if self.grace_and_draw else []  # the default grace; the room opens with the sale
         return [user, "1" if join else "0", self.factor, 120_000, secrets.token_hex(16), *pace]
 
     async def calls(self, batch: list[tuple[str, bool]]) -> None:
