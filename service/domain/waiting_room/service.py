@@ -59,8 +59,9 @@ class Ticket(msgspec.Struct, frozen=True):
     ``admission_expires_at``, Unix ms; ``holds_unit``: a unit is kept for you until then),
     ``sold_out`` or ``closed`` (the sale ended, or a new sale window started a new room).
     ``units_left``: units not sold (those kept for admitted buyers included). ``admitted``:
-    admissions outstanding (buyers admitted who have not bought yet). ``opens_at``: the sale's
-    opening (Unix ms) while it is ahead, else null. ``poll_after_ms``: when to ask again."""
+    admissions outstanding (buyers admitted who have not bought yet). ``opens_at``: the room's
+    opening (Unix ms: the sale's plus the opening draw) while it is ahead, else null.
+    ``poll_after_ms``: when to ask again."""
 
     ticket: str
     product_id: int
@@ -178,8 +179,14 @@ class WaitingRoomService:
             self._poll_after_ms(visit),
             visit.holds_unit,
             visit.outstanding,
-            visit.starts_ms if visit.now_ms and visit.now_ms < visit.starts_ms else None,
+            self._opens_at(visit),
         )
+
+    def _opens_at(self, visit: Visit) -> int | None:
+        """When the room opens (the sale's opening plus the opening draw: the draw is made and
+        admissions begin then), while that is ahead; else None."""
+        opens = visit.starts_ms + self._pace.opening_draw_ms
+        return opens if visit.now_ms and visit.now_ms < opens else None
 
     def _poll_after_ms(self, visit: Visit) -> int:
         """When this buyer should ask again: while waiting, what the room said (``lua/queue.lua``

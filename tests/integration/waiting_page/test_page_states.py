@@ -180,7 +180,7 @@ async def test_each_state_of_the_page_reads_clearly_and_fits_the_screen(deployme
     page = await visit(before, "before")
     shown = await words(page)
     assert shown["product-line"] == f"product {before} · CN¥12.50"
-    assert shown["headline"] == f"The sale opens {when(opens)}"
+    assert shown["headline"] == f"The queue opens {when(opens)}"
     assert "drawn by lottery" in shown["lead"]
     assert set(await figures(page)) == {"opens-in", "units"}
     assert (await figures(page))["opens-in"].startswith(("1 h 59 min", "2 h 00 min"))
@@ -334,7 +334,7 @@ async def test_the_page_renders_units_held_per_turn_and_places_not_yet_final(dep
 
     # the ticket's opening wins over the product's
     page = await visit(opening, "before", lambda t: {"opens_at": int(opens.timestamp() * 1000)}, "before-opens-at")
-    assert (await words(page))["headline"] == f"The sale opens {when(opens)}"
+    assert (await words(page))["headline"] == f"The queue opens {when(opens)}"
 
 
 async def test_the_countdowns_follow_the_shop_clock_not_the_device(deployment, browser):
