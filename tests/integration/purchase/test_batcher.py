@@ -96,7 +96,10 @@ async def test_a_connection_lost_mid_round_trip_fails_that_batch_only(
     await redis.delete(key)
 
 
-async def test_a_server_that_never_answers_fails_every_caller_with_a_timeout(settings: Settings) -> None:
+@contextlib.asynccontextmanager
+async def _batcher_on_a_silent_server(settings: Settings) -> AsyncIterator[CommandBatcher]:
+    """A batcher (deadline 0.3 s) on a server that reads every command and answers none."""
+
     async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError):
             while await reader.read(65536):
@@ -109,13 +112,18 @@ async def test_a_server_that_never_answers_fails_every_caller_with_a_timeout(set
     client = make_redis(settings.model_copy(update={"redis": silent}))
     batcher = CommandBatcher(client)
     try:
-        answers = await asyncio.gather(*(batcher.call("GET", "k") for _ in range(50)), return_exceptions=True)
-        assert all(isinstance(answer, RedisTimeoutError) for answer in answers)
+        yield batcher
     finally:
         await batcher.aclose()
         await client.aclose()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_server_that_never_answers_fails_every_caller_with_a_timeout(settings: Settings) -> None:
+    async with _batcher_on_a_silent_server(settings) as batcher:
+        answers = await asyncio.gather(*(batcher.call("GET", "k") for _ in range(50)), return_exceptions=True)
+        assert all(isinstance(answer, RedisTimeoutError) for answer in answers)
 
 
 async def _stall_the_loop(seconds: float) -> None:
@@ -148,26 +156,9 @@ async def test_a_reply_that_came_while_the_process_stalled_past_the_deadline_is_
 async def test_a_silent_server_still_times_out_when_the_process_stalled(settings: Settings) -> None:
     """The deadline is put off by the stall once at most: a server that never answers still fails
     the caller with a timeout."""
-
-    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError):
-            while await reader.read(65536):
-                pass
-        writer.close()
-
-    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    silent = settings.redis.model_copy(update={"url": f"redis://127.0.0.1:{port}/0", "socket_timeout": 0.3})
-    client = make_redis(settings.model_copy(update={"redis": silent}))
-    batcher = CommandBatcher(client)
-    try:
+    async with _batcher_on_a_silent_server(settings) as batcher:
         stall = asyncio.create_task(_stall_the_loop(1.0))
         async with asyncio.timeout(10):  # fails the test rather than hanging it
             with pytest.raises(RedisTimeoutError):
                 await batcher.call("GET", "k")
         await stall
-    finally:
-        await batcher.aclose()
-        await client.aclose()
-        server.close()
-        await server.wait_closed()
