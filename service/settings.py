@@ -243,15 +243,11 @@ class WaitingRoomSettings(BaseModel):
     """A waiting buyer who has not polled within this many times the longest interval they were told (at least
     ``poll_max_ms``) has departed: the place is lost (never admitted, not counted); coming back joins at the back."""
     opening_draw_ms: int = Field(30_000, ge=0, le=3_600_000)
-    """The room opens this long after the sale: everyone who joins before then (the pre-queue and the stampede at
-    the opening) gets a lottery place, and admissions begin then. A server absorbing a stampede reads joins in an
-    order a script sending many in parallel can win; among those drawn, being read first earns nothing. Set it to
-    how long your servers take to answer the opening's joins (``flashsale sale`` reports it); 0: the pre-queue only."""
+    """The room opens this long after the sale: who joins before then gets a lottery place, so being read first
+    in the opening's stampede earns nothing (docs/ARCHITECTURE.md, "Waiting room"); 0: the pre-queue only."""
     depart_grace_ms: int = Field(45_000, ge=0, le=3_600_000)
-    """Added to every departure deadline: how long a poll may take to reach the room when the server is the queue
-    (a stampede's backlog). The room sees when a call arrives, not when it was sent: without this, a loaded server
-    drops the buyers whose one poll waits in its queue and keeps those who keep many calls in flight. Longer costs
-    admissions: a buyer who left is found that much later, and may be admitted and hold a unit for its TTL."""
+    """Added to every departure deadline: a poll's time in a loaded server's queue. Longer finds a buyer who left
+    later (who may then be admitted and hold a unit for its TTL)."""
 
 
 class RealignSettings(BaseModel):
