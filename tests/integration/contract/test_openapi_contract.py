@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,8 +22,8 @@ import schemathesis.engine
 import schemathesis.engine.events
 
 from service.api.tokens import issue_token
-from tests.support import start_serve
-from toolkit.sale.isolation import free_port
+from tests.support import start_flashsale
+from toolkit.sale.isolation import environment, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -32,10 +33,17 @@ coverage phase adds its own boundary cases)."""
 
 
 @pytest.fixture(scope="module")
-def api(settings) -> Iterator[str]:
+def server_log(tmp_path_factory) -> Path:
+    """The API's output: a failed check prints the lines of its 5xx answers and their causes."""
+    return tmp_path_factory.mktemp("contract") / "serve.log"
+
+
+@pytest.fixture(scope="module")
+def api(settings, server_log: Path) -> Iterator[str]:
     """A ``flashsale serve`` (one worker) on the test run's isolated services; its base URL."""
     port = free_port()
-    serve = start_serve(settings, port, workers=1)
+    env = {**os.environ, **environment(settings)}
+    serve = start_flashsale(["serve", "--port", str(port), "--workers", "1"], env, log=server_log)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -110,9 +118,13 @@ def _run(url: str, authorization: str) -> tuple[int, list[str]]:
 
 
 @pytest.mark.parametrize("role", ["buyer", "admin"])
-def test_every_response_conforms_to_the_document(api, settings, role):
+def test_every_response_conforms_to_the_document(api, settings, role, server_log: Path):
     token = issue_token(settings.auth.jwt_secret, f"contract-{role}", admin=role == "admin")
     cases, failures = _run(api, f"Bearer {token}")
     print(f"schemathesis as {role}: {cases} cases")
     assert cases > 100
+    if failures:  # what the server said of its 5xx answers (a 503's cause is logged, a 500's traceback)
+        for line in server_log.read_text(errors="replace").splitlines():
+            if any(mark in line for mark in ('"status":5', "unavailable", "Traceback", '"level": "error"')):
+                print(line[:2000])
     assert sorted(set(failures)) == []
