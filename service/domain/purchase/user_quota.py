@@ -51,7 +51,7 @@ async def add_units(conn: AsyncConnection, product_id: int, units: Mapping[str, 
     back). Two statements: one multi-row upsert, one read of those over the limit."""
     if not units:
         return {}
-    payload = json_rows([[user, count] for user, count in sorted(units.items())])
+    payload = json_rows(sorted(units.items()))  # [user, units] pairs, in user order
     await on_driver(conn, _ADD_MANY, {"p": product_id, "rows": payload})
     _, over = await on_driver(conn, _OVER_LIMIT, {"p": product_id, "rows": payload})
     return {user_id: OverLimit(int(bought), int(limit)) for user_id, bought, limit in over}
